@@ -1,0 +1,62 @@
+//! # topology-claims-postgres
+//!
+//! PostgreSQL adapters of the topology-claims ports, on tokio-postgres with a deadpool pool:
+//!
+//! - [`PostgresClaimStore`]: the service's [`ClaimStore`](topology_claims::ClaimStore)
+//!   (`serve --store postgres://USER@HOST:PORT/DB`);
+//! - [`PostgresLocalLeaseStore`]: a cell's `leases_outstanding` table, recorded inside the
+//!   application's own `tokio_postgres::Transaction`, and the cell's `LocalLock`;
+//! - [`migrate`] / [`migrate_with`]: the embedded, versioned schema migrations
+//!   (`topology-claims migrate --store postgres://…`).
+//!
+//! Every transaction reads and locks the rows a request touches, asks `topology_claims::domain`
+//! for the decision and writes it: no protocol rule lives here. A BeginUpdate, CommitUpdate or
+//! RollbackUpdate costs **2 round trips** (statements pipelined; see `store.rs` for the table).
+//! All SQL is in [`sql`], so benchmarks can run the very statements the adapter runs.
+//!
+//! Schema, indexes, migrations, pool sizing and timeouts: `docs/backends/postgres.md`.
+
+pub mod cell;
+mod error;
+mod local;
+mod migrations;
+mod options;
+mod rows;
+mod session;
+pub mod sql;
+mod store;
+
+pub use local::{ensure_local_schema, PostgresLocalLeaseStore, LOCAL_LEASES_DDL};
+pub use options::{redacted_url, PostgresOptions, DEFAULT_APPLICATION_NAME};
+pub use session::StoreStats;
+pub use store::PostgresClaimStore;
+/// The driver and pool versions this crate is built on (for `Tx` and `pool()` users).
+pub use {deadpool_postgres, tokio_postgres};
+
+use topology_claims::{ClaimsError, MigrationPolicy};
+
+/// Applies the pending migrations to the database at `url` (its default search_path schema);
+/// returns the names of those applied, empty when the schema was up to date.
+pub async fn migrate(url: &str) -> Result<Vec<String>, ClaimsError> {
+    migrate_with(url, &PostgresOptions::default()).await
+}
+
+/// [`migrate`] with options (e.g. a `schema`).
+pub async fn migrate_with(
+    url: &str,
+    options: &PostgresOptions,
+) -> Result<Vec<String>, ClaimsError> {
+    let options = PostgresOptions {
+        pool_size: 1,
+        ..options.clone()
+    };
+    let settings = options::Settings::new(url, &options)?;
+    let pool = settings.pool(&options)?;
+    migrations::prepare(
+        &pool,
+        &settings.target,
+        options.schema.as_deref(),
+        MigrationPolicy::Apply,
+    )
+    .await
+}

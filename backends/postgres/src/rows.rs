@@ -1,0 +1,232 @@
+//! Rows ↔ domain values: decoding the column lists of `sql.rs` into claims, leases and outcomes,
+//! and the parallel arrays that statements take for a batch of keys or records.
+//!
+//! A row that does not decode is corrupt data, reported as `Internal`; nothing here decides.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio_postgres::Row;
+use topology_claims::domain::{LeaseRecord, Outcome};
+use topology_claims::grpc::convert::decode_request;
+use topology_claims::{
+    CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease, LeaseId,
+    LeaseOp, LeaseOutcome, OwnerType, TableName, Timestamp,
+};
+
+fn corrupt(what: &str, detail: impl std::fmt::Display) -> ClaimsError {
+    ClaimsError::internal(format!("stored {what} row is invalid: {detail}"))
+}
+
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    index: usize,
+    what: &str,
+) -> Result<T, ClaimsError> {
+    row.try_get(index).map_err(|e| corrupt(what, e))
+}
+
+fn number<T>(
+    value: i16,
+    from: fn(i64) -> Option<T>,
+    what: &str,
+    column: &str,
+) -> Result<T, ClaimsError> {
+    from(value.into()).ok_or_else(|| corrupt(what, format!("unknown {column} {value}")))
+}
+
+/// A database time as a domain timestamp (microseconds since the Unix epoch).
+pub(crate) fn timestamp(time: SystemTime) -> Timestamp {
+    let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(after) => Timestamp::from_unix_micros(micros(after)),
+        Err(before) => Timestamp::from_unix_micros(-micros(before.duration())),
+    }
+}
+
+/// A domain timestamp as a bindable time.
+pub(crate) fn system_time(ts: Timestamp) -> SystemTime {
+    let micros = ts.as_unix_micros();
+    let magnitude = Duration::from_micros(micros.unsigned_abs());
+    if micros >= 0 {
+        UNIX_EPOCH + magnitude
+    } else {
+        UNIX_EPOCH - magnitude
+    }
+}
+
+/// A row of `claim_columns!()`.
+pub(crate) fn claim(row: &Row) -> Result<Claim, ClaimsError> {
+    const W: &str = "claim";
+    let record = ClaimRecord {
+        key: ClaimKey {
+            claim_type: number(get(row, 0, W)?, ClaimType::from_number, W, "claim_type")?,
+            value: get(row, 1, W)?,
+        },
+        owner_type: number(get(row, 2, W)?, OwnerType::from_number, W, "owner_type")?,
+        owner_value: get(row, 3, W)?,
+        table_name: number(get(row, 4, W)?, TableName::from_number, W, "table_name")?,
+        table_record_id: get(row, 5, W)?,
+    };
+    let cell_id = CellId::parse(get(row, 6, W)?).map_err(|e| corrupt(W, e))?;
+    let lease = match (
+        get::<Option<uuid::Uuid>>(row, 7, W)?,
+        get::<Option<i16>>(row, 8, W)?,
+    ) {
+        (None, None) => None,
+        (Some(id), Some(op)) => Some(ClaimLease {
+            lease_id: LeaseId::from_uuid(id),
+            op: number(op, LeaseOp::from_number, W, "lease_op")?,
+        }),
+        _ => {
+            return Err(corrupt(
+                W,
+                "lease_id and lease_op must be both set or both null",
+            ))
+        }
+    };
+    Ok(Claim {
+        record,
+        cell_id,
+        lease,
+        created_at: timestamp(get(row, 9, W)?),
+        updated_at: timestamp(get(row, 10, W)?),
+    })
+}
+
+/// The claims of rows of `claim_columns!()`, by key.
+pub(crate) fn claims_by_key(rows: &[Row]) -> Result<BTreeMap<ClaimKey, Claim>, ClaimsError> {
+    rows.iter()
+        .map(|row| claim(row).map(|c| (c.record.key.clone(), c)))
+        .collect()
+}
+
+/// A row of `lease_columns!()`.
+pub(crate) fn lease(row: &Row) -> Result<Lease, ClaimsError> {
+    const W: &str = "lease";
+    let request = decode_request(get(row, 2, W)?)?;
+    Ok(Lease {
+        lease_id: LeaseId::from_uuid(get(row, 0, W)?),
+        cell_id: CellId::parse(get(row, 1, W)?).map_err(|e| corrupt(W, e))?,
+        request,
+        created_at: timestamp(get(row, 3, W)?),
+        last_renewed_at: timestamp(get(row, 4, W)?),
+    })
+}
+
+/// A row of `lease_outcomes`.
+pub(crate) fn outcome(row: &Row) -> Result<Outcome, ClaimsError> {
+    const W: &str = "lease outcome";
+    Ok(Outcome {
+        lease_id: LeaseId::from_uuid(get(row, 0, W)?),
+        cell_id: CellId::parse(get(row, 1, W)?).map_err(|e| corrupt(W, e))?,
+        outcome: number(get(row, 2, W)?, LeaseOutcome::from_number, W, "outcome")?,
+        decided_at: timestamp(get(row, 3, W)?),
+    })
+}
+
+/// What the store knows of a lease id, from its (locked) lease and outcome rows. An outstanding
+/// lease wins, as in `domain::Tables::lease_record`.
+pub(crate) fn lease_record(
+    lease_row: Option<Row>,
+    outcome_row: Option<Row>,
+) -> Result<Option<LeaseRecord>, ClaimsError> {
+    if let Some(row) = lease_row {
+        return Ok(Some(LeaseRecord::Outstanding(lease(&row)?)));
+    }
+    outcome_row
+        .map(|row| outcome(&row).map(LeaseRecord::Ended))
+        .transpose()
+}
+
+/// A protocol enum's wire number as the smallint column value.
+pub(crate) fn small(number: i32) -> i16 {
+    // Every protocol enum is a handful of small numbers (see domain::types); saturate anyway.
+    i16::try_from(number).unwrap_or(i16::MAX)
+}
+
+/// Keys as the parallel arrays `unnest($types::smallint[], $values::text[])` takes, in key order
+/// (the order locks and inserts are taken in).
+#[derive(Default)]
+pub(crate) struct KeyArrays<'a> {
+    pub types: Vec<i16>,
+    pub values: Vec<&'a str>,
+}
+
+impl<'a> KeyArrays<'a> {
+    pub fn sorted(keys: impl IntoIterator<Item = &'a ClaimKey>) -> Self {
+        let mut keys: Vec<&ClaimKey> = keys.into_iter().collect();
+        keys.sort();
+        Self {
+            types: keys.iter().map(|k| small(k.claim_type.number())).collect(),
+            values: keys.iter().map(|k| k.value.as_str()).collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.types.is_empty()
+    }
+}
+
+/// Claim records as the six parallel arrays of `sql::INSERT_CLAIMS`, in key order.
+pub(crate) struct RecordArrays<'a> {
+    pub types: Vec<i16>,
+    pub values: Vec<&'a str>,
+    pub owner_types: Vec<i16>,
+    pub owner_values: Vec<&'a str>,
+    pub table_names: Vec<i16>,
+    pub record_ids: Vec<i64>,
+}
+
+impl<'a> RecordArrays<'a> {
+    pub fn sorted(records: &'a [ClaimRecord]) -> Self {
+        let mut records: Vec<&ClaimRecord> = records.iter().collect();
+        records.sort_by(|a, b| a.key.cmp(&b.key));
+        Self {
+            types: records
+                .iter()
+                .map(|r| small(r.key.claim_type.number()))
+                .collect(),
+            values: records.iter().map(|r| r.key.value.as_str()).collect(),
+            owner_types: records
+                .iter()
+                .map(|r| small(r.owner_type.number()))
+                .collect(),
+            owner_values: records.iter().map(|r| r.owner_value.as_str()).collect(),
+            table_names: records
+                .iter()
+                .map(|r| small(r.table_name.number()))
+                .collect(),
+            record_ids: records.iter().map(|r| r.table_record_id).collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.types.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_round_trip_through_system_time() {
+        for micros in [0, 1, -1, 1_700_000_000_123_456, -86_400_000_001] {
+            let ts = Timestamp::from_unix_micros(micros);
+            assert_eq!(timestamp(system_time(ts)), ts);
+        }
+    }
+
+    #[test]
+    fn key_arrays_are_in_key_order() {
+        let keys = [
+            ClaimKey::new(ClaimType::Email, "b"),
+            ClaimKey::new(ClaimType::Routes, "z"),
+            ClaimKey::new(ClaimType::Email, "a"),
+        ];
+        let arrays = KeyArrays::sorted(&keys);
+        assert_eq!(arrays.types, vec![1, 3, 3]);
+        assert_eq!(arrays.values, vec!["z", "a", "b"]);
+    }
+}

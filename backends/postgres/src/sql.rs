@@ -1,0 +1,312 @@
+//! Every SQL text of the crate: the embedded migrations, the statements of the claim store and
+//! of the local lease store. Other modules only reference these constants, so the benchmark can
+//! run exactly the statements the adapter runs, and a reviewer reads all SQL in one place.
+//!
+//! Must not contain protocol decisions (those are the domain's) or values: every value is a
+//! `$n` parameter of a prepared statement. The only text spliced into SQL is a schema name that
+//! [`quote_schema`] has validated as a plain identifier.
+
+use crate::ClaimsError;
+
+/// One embedded, versioned migration.
+#[derive(Clone, Copy, Debug)]
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// All migrations, oldest first. Append only: a released migration never changes.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "0001_initial",
+    sql: include_str!("../migrations/0001_initial.sql"),
+}];
+
+/// Advisory lock class (first key of the two-key form) of schema migrations; the second key is
+/// `hashtext(schema)`, so parallel servers on one schema serialise and different schemas don't.
+pub const MIGRATION_LOCK_CLASS: i32 = 0x7C1A_0000;
+/// Advisory lock class of lease ids: every transaction that reads or writes a lease takes
+/// `(LEASE_LOCK_CLASS, hash(lease_id))` first (see `store.rs`, "why an advisory lock").
+pub const LEASE_LOCK_CLASS: i32 = 0x7C1A_0001;
+
+/// The bookkeeping table of applied migrations (named so it cannot clash with an application's
+/// own `schema_migrations`).
+pub const CREATE_MIGRATIONS_TABLE: &str = "\
+CREATE TABLE IF NOT EXISTS topology_claims_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)";
+
+/// Migrations may legitimately run (or wait for another server's migration) longer than the
+/// request statement timeout; this lifts it for the migration transaction only.
+pub const MIGRATION_NO_STATEMENT_TIMEOUT: &str = "SET LOCAL statement_timeout = 0";
+
+/// `$1` class, `$2` the schema name, or NULL for the connection's current schema.
+pub const LOCK_MIGRATIONS: &str =
+    "SELECT pg_advisory_xact_lock($1::int4, hashtext(coalesce($2::text, current_schema(), '')))";
+pub const MIGRATIONS_TABLE_EXISTS: &str =
+    "SELECT to_regclass('topology_claims_migrations') IS NOT NULL";
+pub const SELECT_APPLIED_MIGRATIONS: &str =
+    "SELECT version FROM topology_claims_migrations ORDER BY version";
+pub const INSERT_APPLIED_MIGRATION: &str =
+    "INSERT INTO topology_claims_migrations (version, name) VALUES ($1::int4, $2::text)";
+
+/// `CREATE SCHEMA IF NOT EXISTS "name"` for a validated schema name.
+pub fn create_schema(schema: &str) -> Result<String, ClaimsError> {
+    Ok(format!(
+        "CREATE SCHEMA IF NOT EXISTS {}",
+        quote_schema(schema)?
+    ))
+}
+
+/// Quotes a schema name after checking it is a plain lowercase identifier
+/// (`[a-z_][a-z0-9_]*`, at most 63 bytes): identifiers cannot be bound as parameters, so only
+/// names that need no escaping at all are accepted.
+pub fn quote_schema(schema: &str) -> Result<String, ClaimsError> {
+    let mut chars = schema.chars();
+    let plain = matches!(chars.next(), Some('a'..='z' | '_'))
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+        && schema.len() <= 63;
+    if plain {
+        Ok(format!("\"{schema}\""))
+    } else {
+        Err(ClaimsError::Configuration {
+            message: format!(
+                "PostgreSQL schema name {schema:?} must match [a-z_][a-z0-9_]* and be at most 63 bytes"
+            ),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claim store: transactions.
+
+pub const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+pub const COMMIT: &str = "COMMIT";
+pub const ROLLBACK: &str = "ROLLBACK";
+
+/// `$1` [`LEASE_LOCK_CLASS`], `$2` the lease id's 32-bit hash.
+pub const LOCK_LEASE_ID: &str = "SELECT pg_advisory_xact_lock($1::int4, $2::int4)";
+
+/// The columns of a claim row, in the order `rows::claim` reads them.
+macro_rules! claim_columns {
+    () => {
+        "claim_type, claim_value, owner_type, owner_value, table_name, table_record_id, \
+         cell_id, lease_id, lease_op, created_at, updated_at"
+    };
+}
+/// The columns of a lease row, in the order `rows::lease` reads them.
+macro_rules! lease_columns {
+    () => {
+        "lease_id, cell_id, request, created_at, last_renewed_at"
+    };
+}
+
+pub const SELECT_LEASE_FOR_UPDATE: &str = concat!(
+    "SELECT ",
+    lease_columns!(),
+    " FROM leases WHERE lease_id = $1::uuid FOR UPDATE"
+);
+pub const SELECT_OUTCOME_FOR_UPDATE: &str = "\
+SELECT lease_id, cell_id, outcome, decided_at FROM lease_outcomes
+WHERE lease_id = $1::uuid FOR UPDATE";
+
+/// The existing rows of a batch's keys (`$1` claim types, `$2` values), locked in key order so
+/// two batches over overlapping claims always lock in the same order and cannot deadlock.
+pub const SELECT_CLAIMS_FOR_UPDATE: &str = concat!(
+    "SELECT ",
+    claim_columns!(),
+    " FROM claims
+WHERE (claim_type, claim_value) IN (
+    SELECT k.claim_type, k.claim_value FROM unnest($1::smallint[], $2::text[]) AS k(claim_type, claim_value))
+ORDER BY claim_type, claim_value
+FOR UPDATE"
+);
+
+/// Locks the claims carried by a lease (`$1`) in key order before Commit/Rollback rewrites them.
+pub const LOCK_CLAIMS_OF_LEASE: &str = "\
+SELECT claim_type FROM claims WHERE lease_id = $1::uuid
+ORDER BY claim_type, claim_value
+FOR UPDATE";
+
+/// BeginUpdate's creates: one multi-row insert from parallel arrays (`$1..$6`, in key order),
+/// leased by `$8` with op `$9` for cell `$7`. A key inserted meanwhile by a concurrent batch
+/// raises a unique violation, which retries the whole transaction.
+pub const INSERT_CLAIMS: &str = "\
+INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
+                    cell_id, lease_id, lease_op, created_at, updated_at)
+SELECT r.claim_type, r.claim_value, r.owner_type, r.owner_value, r.table_name, r.table_record_id,
+       $7::text, $8::uuid, $9::smallint, now(), now()
+FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[])
+     WITH ORDINALITY AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id, ord)
+ORDER BY r.ord";
+
+/// BeginUpdate's destroys: lease (`$1`, op `$2`) the caller's (`$5`) unleased claims among the keys
+/// (`$3`, `$4`). The design's conditional update; it must touch every key, or the statement
+/// fails (SQLSTATE TC001) and the pipelined COMMIT becomes a rollback.
+pub const MARK_DESTROYS: &str = "\
+WITH marked AS (
+    UPDATE claims SET lease_id = $1::uuid, lease_op = $2::smallint, updated_at = now()
+    WHERE (claim_type, claim_value) IN (
+        SELECT k.claim_type, k.claim_value FROM unnest($3::smallint[], $4::text[]) AS k(claim_type, claim_value))
+      AND lease_id IS NULL
+      AND cell_id = $5::text
+    RETURNING 1)
+SELECT topology_claims_expect_rows((SELECT count(*) FROM marked), cardinality($3::smallint[])::bigint,
+                                   'marking destroys')";
+
+pub const INSERT_LEASE: &str = "\
+INSERT INTO leases (lease_id, cell_id, request, created_at, last_renewed_at)
+VALUES ($1::uuid, $2::text, $3::bytea, now(), now())
+RETURNING created_at, last_renewed_at";
+
+/// Commit's destroys / Rollback's creates: delete the keys (`$1`, `$2`) still held by lease `$3`.
+pub const DELETE_CLAIMS_OF_LEASE: &str = "\
+DELETE FROM claims
+WHERE (claim_type, claim_value) IN (
+    SELECT k.claim_type, k.claim_value FROM unnest($1::smallint[], $2::text[]) AS k(claim_type, claim_value))
+  AND lease_id = $3::uuid";
+
+/// Commit's creates / Rollback's destroys: clear lease `$3` from the keys (`$1`, `$2`).
+pub const RELEASE_CLAIMS_OF_LEASE: &str = "\
+UPDATE claims SET lease_id = NULL, lease_op = NULL, updated_at = now()
+WHERE (claim_type, claim_value) IN (
+    SELECT k.claim_type, k.claim_value FROM unnest($1::smallint[], $2::text[]) AS k(claim_type, claim_value))
+  AND lease_id = $3::uuid";
+
+pub const DELETE_LEASE: &str = "DELETE FROM leases WHERE lease_id = $1::uuid";
+
+pub const INSERT_OUTCOME: &str = "\
+INSERT INTO lease_outcomes (lease_id, cell_id, outcome, decided_at)
+VALUES ($1::uuid, $2::text, $3::smallint, now())";
+
+pub const RENEW_LEASE: &str =
+    "UPDATE leases SET last_renewed_at = now() WHERE lease_id = $1::uuid RETURNING last_renewed_at";
+
+// ---------------------------------------------------------------------------------------------
+// Claim store: reads (autocommit, no explicit transaction).
+
+pub const LIST_LEASES_FIRST: &str = concat!(
+    "SELECT ",
+    lease_columns!(),
+    " FROM leases WHERE cell_id = $1::text ORDER BY lease_id LIMIT $2::bigint"
+);
+pub const LIST_LEASES_AFTER: &str = concat!(
+    "SELECT ",
+    lease_columns!(),
+    " FROM leases WHERE cell_id = $1::text AND lease_id > $3::uuid ORDER BY lease_id LIMIT $2::bigint"
+);
+/// The store's clock, read after a page so no lease on it is newer than the answer.
+pub const SERVER_TIME: &str = "SELECT now()";
+
+pub const LOOKUP_CLAIM: &str = concat!(
+    "SELECT ",
+    claim_columns!(),
+    " FROM claims WHERE claim_type = $1::smallint AND claim_value = $2::text"
+);
+
+/// The first `$4` claims of cell `$1`, table `$2` from record id `$3` on, in ListClaims order.
+pub const LIST_CLAIMS_FROM: &str = concat!(
+    "SELECT ",
+    claim_columns!(),
+    " FROM claims
+WHERE cell_id = $1::text AND table_name = $2::smallint AND table_record_id >= $3::bigint
+ORDER BY table_record_id, claim_type, claim_value
+LIMIT $4::bigint"
+);
+/// Every claim of one record (`$3`): the boundary record of a ListClaims page.
+pub const LIST_CLAIMS_OF_RECORD: &str = concat!(
+    "SELECT ",
+    claim_columns!(),
+    " FROM claims
+WHERE cell_id = $1::text AND table_name = $2::smallint AND table_record_id = $3::bigint
+ORDER BY claim_type, claim_value"
+);
+pub const CLAIMS_AFTER_RECORD_EXIST: &str = "\
+SELECT EXISTS (SELECT 1 FROM claims
+               WHERE cell_id = $1::text AND table_name = $2::smallint AND table_record_id > $3::bigint)";
+
+/// Deletes up to `$2` outcomes decided more than `$1` microseconds ago: the SQL form of
+/// `domain::outcome_expired` (`decided_at < now - retention`), batched so one call never holds
+/// a huge delete.
+pub const COLLECT_OUTCOMES: &str = "\
+DELETE FROM lease_outcomes WHERE lease_id IN (
+    SELECT lease_id FROM lease_outcomes
+    WHERE decided_at < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2::bigint)";
+
+// ---------------------------------------------------------------------------------------------
+// Local lease store (the cell's own database).
+
+/// The cell's `leases_outstanding` table (the design's Rails schema, with a native uuid), and
+/// `topology_claims_locks`, the expiring named locks that keep one reconciler per cell.
+/// Idempotent: safe to run at every start or to copy into the application's own migrations.
+pub const LOCAL_LEASES_DDL: &str = "\
+CREATE TABLE IF NOT EXISTS leases_outstanding (
+    lease_id   uuid        PRIMARY KEY,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_leases_outstanding_created ON leases_outstanding (created_at);
+CREATE TABLE IF NOT EXISTS topology_claims_locks (
+    name       text        PRIMARY KEY,
+    holder     text        NOT NULL,
+    expires_at timestamptz NOT NULL
+);";
+
+/// Records a lease in the caller's transaction; recording the same id again is a no-op.
+pub const LOCAL_RECORD: &str = "\
+INSERT INTO leases_outstanding (lease_id, created_at, updated_at)
+VALUES ($1::uuid, clock_timestamp(), clock_timestamp())
+ON CONFLICT (lease_id) DO NOTHING";
+pub const LOCAL_DELETE: &str = "DELETE FROM leases_outstanding WHERE lease_id = $1::uuid";
+pub const LOCAL_FIND: &str =
+    "SELECT lease_id, created_at FROM leases_outstanding WHERE lease_id = ANY($1::uuid[])";
+pub const LOCAL_LIST_OLDER_THAN: &str = "\
+SELECT lease_id, created_at FROM leases_outstanding
+WHERE created_at < $1::timestamptz
+ORDER BY created_at, lease_id
+LIMIT $2::bigint";
+
+/// Takes or extends lock `$1` for holder `$2` until the database's now + `$3` microseconds, if it
+/// is free, already `$2`'s, or expired. A changed row means the lock is held.
+pub const LOCAL_TRY_LOCK: &str = "\
+INSERT INTO topology_claims_locks (name, holder, expires_at)
+VALUES ($1::text, $2::text, clock_timestamp() + $3::bigint * interval '1 microsecond')
+ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+WHERE topology_claims_locks.holder = EXCLUDED.holder
+   OR topology_claims_locks.expires_at < clock_timestamp()";
+pub const LOCAL_UNLOCK: &str =
+    "DELETE FROM topology_claims_locks WHERE name = $1::text AND holder = $2::text";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_schema_names_are_spliced_into_sql() {
+        assert_eq!(quote_schema("tc_test_1").unwrap(), "\"tc_test_1\"");
+        for bad in [
+            "",
+            "Upper",
+            "1abc",
+            "a-b",
+            "a\"b",
+            "a b",
+            "x;drop",
+            &"a".repeat(64),
+        ] {
+            assert!(quote_schema(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn migrations_are_numbered_in_order_without_gaps() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i32 + 1);
+            assert!(m.name.starts_with(&format!("{:04}_", m.version)));
+        }
+    }
+}

@@ -1,0 +1,537 @@
+//! [`PostgresClaimStore`]: the service's [`ClaimStore`] on PostgreSQL.
+//!
+//! Every operation is one READ COMMITTED transaction of the same shape as
+//! `domain::Tables` (the reference): lock and read the rows the request touches, ask the domain,
+//! write exactly its decision. It must not decide anything itself; database constraints are the
+//! second line of defence and their violations retry the whole transaction.
+//!
+//! ## Why an advisory lock on the lease id
+//! `SELECT … FOR UPDATE` locks rows that exist. A lease id that exists nowhere yet can be used by
+//! two transactions at once: BeginUpdate inserting it into `leases` and RollbackUpdate of the
+//! unknown id inserting it into `lease_outcomes` would both commit (different tables, no unique
+//! violation), leaving a lease that is outstanding and rolled back at once. Every transaction
+//! that touches a lease therefore first takes `pg_advisory_xact_lock(LEASE_LOCK_CLASS,
+//! hash(lease_id))`, pipelined with its first reads (no extra round trip).
+//!
+//! ## Lock order (no deadlocks between batches)
+//! Advisory lease lock → lease / outcome rows → claim rows in (claim_type, claim_value) order
+//! (`ORDER BY … FOR UPDATE`) → inserts of absent claims, also in key order. Commit/Rollback lock
+//! the lease's claims in key order before rewriting them. Deadlocks the planner could still
+//! produce are retried like any contention.
+//!
+//! ## Round trips (statements already prepared on the connection)
+//! | operation | round trips | flights |
+//! |---|---|---|
+//! | BeginUpdate | 2 | `BEGIN`, lease lock, lease + outcome rows, claim rows `FOR UPDATE` · inserts, marks, lease insert, `COMMIT` |
+//! | BeginUpdate refused / replayed | 1 | the first flight; `ROLLBACK` is sent without waiting |
+//! | CommitUpdate / RollbackUpdate | 2 | `BEGIN`, lease lock, lease + outcome rows, lease's claims `FOR UPDATE` · deletes, releases, lease delete, outcome insert, `COMMIT` |
+//! | CommitUpdate already done / refused | 1 | |
+//! | RenewLease | 2 | `BEGIN`, lease lock, lease + outcome rows · update, `COMMIT` |
+//! | ListOutstandingLeases | 1 | page + server time |
+//! | ListClaims | 1, or 2 when a record straddles the page end | |
+//! | LookupClaim | 1 | |
+//!
+//! A connection's first use of an operation adds one round trip that prepares all of its
+//! statements at once. [`PostgresClaimStore::round_trips`] counts flights, for tests and the
+//! benchmark.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::Pool;
+use topology_claims::domain::{self, BeginPlan, ClaimsPagePlan, EndPlan, LeaseRecord};
+use topology_claims::grpc::convert::encode_request;
+use topology_claims::{
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
+    LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy,
+};
+
+use crate::error::Failure;
+use crate::migrations;
+use crate::options::{PostgresOptions, Settings};
+use crate::rows::{self, small, KeyArrays, RecordArrays};
+use crate::session::{Shared, StoreStats};
+use crate::sql;
+
+/// Outcomes deleted per statement by `collect_outcomes`.
+const COLLECT_BATCH: i64 = 10_000;
+/// Longest retention honoured (100 years): `now() - retention` must stay a valid timestamp.
+const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+type DecideEnd = fn(&CellId, LeaseId, Option<&LeaseRecord>) -> Result<EndPlan, ClaimsError>;
+
+/// The service's store on PostgreSQL (see the module docs for the transaction shape).
+/// Cheap to clone: clones share the pool.
+#[derive(Clone)]
+pub struct PostgresClaimStore {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PostgresClaimStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresClaimStore")
+            .field("target", &self.shared.target)
+            .finish()
+    }
+}
+
+impl PostgresClaimStore {
+    /// Connects to `url` (`postgres://USER@HOST:PORT/DB`, `?host=/var/run/postgresql` for a
+    /// socket, or libpq key=value form) and applies or refuses pending migrations per `policy`.
+    ///
+    /// Fails with `Unavailable` when PostgreSQL cannot be reached, `Configuration` for a bad URL
+    /// or option, `MigrationsPending` under [`MigrationPolicy::Refuse`].
+    pub async fn connect(
+        url: &str,
+        options: PostgresOptions,
+        policy: MigrationPolicy,
+    ) -> Result<Self, ClaimsError> {
+        let settings = Settings::new(url, &options)?;
+        let pool = settings.pool(&options)?;
+        migrations::prepare(&pool, &settings.target, options.schema.as_deref(), policy).await?;
+        let shared = Shared::new(
+            pool,
+            settings.target,
+            options.statement_timeout,
+            options.connect_timeout,
+        );
+        Ok(Self {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// The connection pool (for tools and the benchmark that run `sql.rs` statements directly).
+    pub fn pool(&self) -> &Pool {
+        &self.shared.pool
+    }
+
+    /// The password-free `postgres://user@host:port/db` this store talks to.
+    pub fn target(&self) -> &str {
+        &self.shared.target
+    }
+
+    /// Pipelined flights of statements awaited since the store was created (see the module
+    /// docs). Counts every attempt, retries included.
+    pub fn round_trips(&self) -> u64 {
+        self.shared.stats().round_trips
+    }
+
+    /// Round trips, retries and reconnects since the store was created.
+    pub fn stats(&self) -> StoreStats {
+        self.shared.stats()
+    }
+
+    async fn begin_attempt(
+        &self,
+        request: &BeginUpdate,
+        lease_id: LeaseId,
+        payload: &[u8],
+    ) -> Result<Lease, Failure> {
+        let mut session = self.shared.session().await?;
+        let [lock, select_lease, select_outcome, select_claims, insert_claims, mark_destroys, insert_lease] =
+            session
+                .prepare([
+                    sql::LOCK_LEASE_ID,
+                    sql::SELECT_LEASE_FOR_UPDATE,
+                    sql::SELECT_OUTCOME_FOR_UPDATE,
+                    sql::SELECT_CLAIMS_FOR_UPDATE,
+                    sql::INSERT_CLAIMS,
+                    sql::MARK_DESTROYS,
+                    sql::INSERT_LEASE,
+                ])
+                .await?;
+        let id = lease_id.as_uuid();
+        let lock_key = lease_lock_key(lease_id);
+        let keys = KeyArrays::sorted(request.operations().map(|(_, record)| &record.key));
+        let begin = session.begin_transaction();
+        let client = session.client()?;
+        // Flight 1: open the transaction and lock + read everything the decision needs.
+        let (_, _, lease_row, outcome_row, claim_rows) = tokio::try_join!(
+            biased;
+            client.batch_execute(begin),
+            async { client.execute(&lock, &[&sql::LEASE_LOCK_CLASS, &lock_key]).await },
+            async { client.query_opt(&select_lease, &[id]).await },
+            async { client.query_opt(&select_outcome, &[id]).await },
+            async { client.query(&select_claims, &[&keys.types, &keys.values]).await },
+        )?;
+        session.round_trip();
+        let known = rows::lease_record(lease_row, outcome_row)?;
+        let current = rows::claims_by_key(&claim_rows)?;
+        let writes = match domain::decide_begin(request, lease_id, known.as_ref(), &current)? {
+            // Dropping the session rolls the read-only transaction back.
+            BeginPlan::Replay(lease) => return Ok(lease),
+            BeginPlan::Apply(writes) => writes,
+        };
+        let inserts = RecordArrays::sorted(&writes.inserts);
+        let marks = KeyArrays::sorted(&writes.marks);
+        let cell = request.cell_id.as_str();
+        let (create, destroy) = (
+            small(LeaseOp::Create.number()),
+            small(LeaseOp::Destroy.number()),
+        );
+        // Flight 2: the decision's writes and COMMIT. Any failing statement aborts the
+        // transaction, which turns the pipelined COMMIT into a rollback.
+        let (_, _, lease_row, _) = tokio::try_join!(
+            biased;
+            async {
+                if inserts.is_empty() {
+                    return Ok(0);
+                }
+                client
+                    .execute(
+                        &insert_claims,
+                        &[
+                            &inserts.types,
+                            &inserts.values,
+                            &inserts.owner_types,
+                            &inserts.owner_values,
+                            &inserts.table_names,
+                            &inserts.record_ids,
+                            &cell,
+                            id,
+                            &create,
+                        ],
+                    )
+                    .await
+            },
+            async {
+                if marks.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&mark_destroys, &[id, &destroy, &marks.types, &marks.values, &cell]).await
+            },
+            async { client.query_one(&insert_lease, &[id, &cell, &payload]).await },
+            client.batch_execute(sql::COMMIT),
+        )?;
+        session.round_trip();
+        session.committed();
+        Ok(Lease {
+            lease_id,
+            cell_id: request.cell_id.clone(),
+            created_at: rows::timestamp(lease_row.try_get(0).map_err(internal)?),
+            last_renewed_at: rows::timestamp(lease_row.try_get(1).map_err(internal)?),
+            request: request.clone(),
+        })
+    }
+
+    /// CommitUpdate and RollbackUpdate: the same transaction, decided by `decide`.
+    async fn end_attempt(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+        decide: DecideEnd,
+    ) -> Result<(), Failure> {
+        let mut session = self.shared.session().await?;
+        let [lock, select_lease, select_outcome, lock_claims, delete_claims, release_claims, delete_lease, insert_outcome] =
+            session
+                .prepare([
+                    sql::LOCK_LEASE_ID,
+                    sql::SELECT_LEASE_FOR_UPDATE,
+                    sql::SELECT_OUTCOME_FOR_UPDATE,
+                    sql::LOCK_CLAIMS_OF_LEASE,
+                    sql::DELETE_CLAIMS_OF_LEASE,
+                    sql::RELEASE_CLAIMS_OF_LEASE,
+                    sql::DELETE_LEASE,
+                    sql::INSERT_OUTCOME,
+                ])
+                .await?;
+        let id = lease_id.as_uuid();
+        let lock_key = lease_lock_key(lease_id);
+        let begin = session.begin_transaction();
+        let client = session.client()?;
+        let (_, _, lease_row, outcome_row, _) = tokio::try_join!(
+            biased;
+            client.batch_execute(begin),
+            async { client.execute(&lock, &[&sql::LEASE_LOCK_CLASS, &lock_key]).await },
+            async { client.query_opt(&select_lease, &[id]).await },
+            async { client.query_opt(&select_outcome, &[id]).await },
+            async { client.execute(&lock_claims, &[id]).await },
+        )?;
+        session.round_trip();
+        let known = rows::lease_record(lease_row, outcome_row)?;
+        let writes = match decide(cell_id, lease_id, known.as_ref())? {
+            EndPlan::AlreadyDone => return Ok(()),
+            EndPlan::Apply(writes) => writes,
+        };
+        let delete = KeyArrays::sorted(&writes.delete);
+        let release = KeyArrays::sorted(&writes.release);
+        let owner = writes.cell_id.as_str();
+        let outcome = small(writes.outcome.number());
+        tokio::try_join!(
+            biased;
+            async {
+                if delete.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&delete_claims, &[&delete.types, &delete.values, id]).await
+            },
+            async {
+                if release.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&release_claims, &[&release.types, &release.values, id]).await
+            },
+            async { client.execute(&delete_lease, &[id]).await },
+            async { client.execute(&insert_outcome, &[id, &owner, &outcome]).await },
+            client.batch_execute(sql::COMMIT),
+        )?;
+        session.round_trip();
+        session.committed();
+        Ok(())
+    }
+
+    async fn renew_attempt(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, Failure> {
+        let mut session = self.shared.session().await?;
+        let [lock, select_lease, select_outcome, renew] = session
+            .prepare([
+                sql::LOCK_LEASE_ID,
+                sql::SELECT_LEASE_FOR_UPDATE,
+                sql::SELECT_OUTCOME_FOR_UPDATE,
+                sql::RENEW_LEASE,
+            ])
+            .await?;
+        let id = lease_id.as_uuid();
+        let lock_key = lease_lock_key(lease_id);
+        let begin = session.begin_transaction();
+        let client = session.client()?;
+        let (_, _, lease_row, outcome_row) = tokio::try_join!(
+            biased;
+            client.batch_execute(begin),
+            async { client.execute(&lock, &[&sql::LEASE_LOCK_CLASS, &lock_key]).await },
+            async { client.query_opt(&select_lease, &[id]).await },
+            async { client.query_opt(&select_outcome, &[id]).await },
+        )?;
+        session.round_trip();
+        let known = rows::lease_record(lease_row, outcome_row)?;
+        let mut lease = domain::decide_renew(cell_id, lease_id, known.as_ref())?.clone();
+        let (renewed, _) = tokio::try_join!(
+            biased;
+            async { client.query_one(&renew, &[id]).await },
+            client.batch_execute(sql::COMMIT),
+        )?;
+        session.round_trip();
+        session.committed();
+        lease.last_renewed_at = rows::timestamp(renewed.try_get(0).map_err(internal)?);
+        Ok(lease)
+    }
+
+    async fn list_leases_attempt(&self, query: &LeasesQuery) -> Result<LeasesPage, Failure> {
+        let session = self.shared.session().await?;
+        let [first, after, server_time] = session
+            .prepare([
+                sql::LIST_LEASES_FIRST,
+                sql::LIST_LEASES_AFTER,
+                sql::SERVER_TIME,
+            ])
+            .await?;
+        let client = session.client()?;
+        let cell = query.cell_id.as_str();
+        // One row more than the page tells whether another page follows.
+        let fetch = i64::try_from(query.limit)
+            .unwrap_or(i64::MAX)
+            .saturating_add(1);
+        let (page_rows, time_row) = tokio::try_join!(
+            biased;
+            async {
+                match query.after {
+                    None => client.query(&first, &[&cell, &fetch]).await,
+                    Some(cursor) => client.query(&after, &[&cell, &fetch, cursor.as_uuid()]).await,
+                }
+            },
+            async { client.query_one(&server_time, &[]).await },
+        )?;
+        session.round_trip();
+        let leases = page_rows
+            .iter()
+            .map(rows::lease)
+            .collect::<Result<Vec<_>, _>>()?;
+        let server_time = rows::timestamp(time_row.try_get(0).map_err(internal)?);
+        Ok(topology_claims::domain::leases_page(
+            leases,
+            query.limit,
+            server_time,
+        ))
+    }
+
+    async fn list_claims_attempt(&self, query: &ClaimsQuery) -> Result<ClaimsPage, Failure> {
+        let session = self.shared.session().await?;
+        let [from, of_record, after_exist] = session
+            .prepare([
+                sql::LIST_CLAIMS_FROM,
+                sql::LIST_CLAIMS_OF_RECORD,
+                sql::CLAIMS_AFTER_RECORD_EXIST,
+            ])
+            .await?;
+        let client = session.client()?;
+        let cell = query.cell_id.as_str();
+        let table = small(query.table_name.number());
+        // plan_claims_page needs a positive limit (the front end never passes 0).
+        let limit = query.limit.max(1);
+        let fetch = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
+        let first_rows = client
+            .query(&from, &[&cell, &table, &query.cursor, &fetch])
+            .await?;
+        session.round_trip();
+        let first = first_rows
+            .iter()
+            .map(rows::claim)
+            .collect::<Result<Vec<Claim>, _>>()?;
+        match domain::plan_claims_page(query.cursor, limit, &first) {
+            ClaimsPagePlan::Done(page) => Ok(page),
+            ClaimsPagePlan::NeedBoundary { boundary } => {
+                let (boundary_rows, more_row) = tokio::try_join!(
+                    biased;
+                    async { client.query(&of_record, &[&cell, &table, &boundary]).await },
+                    async { client.query_one(&after_exist, &[&cell, &table, &boundary]).await },
+                )?;
+                session.round_trip();
+                let boundary_claims = boundary_rows
+                    .iter()
+                    .map(rows::claim)
+                    .collect::<Result<Vec<_>, _>>()?;
+                let more_after: bool = more_row.try_get(0).map_err(internal)?;
+                Ok(domain::finish_claims_page(
+                    query.cursor,
+                    &first,
+                    boundary,
+                    boundary_claims,
+                    more_after,
+                ))
+            }
+        }
+    }
+
+    async fn lookup_attempt(&self, key: &ClaimKey) -> Result<Claim, Failure> {
+        let session = self.shared.session().await?;
+        let [lookup] = session.prepare([sql::LOOKUP_CLAIM]).await?;
+        let client = session.client()?;
+        let row = client
+            .query_opt(
+                &lookup,
+                &[&small(key.claim_type.number()), &key.value.as_str()],
+            )
+            .await?;
+        session.round_trip();
+        match row {
+            Some(row) => Ok(rows::claim(&row)?),
+            None => Err(Failure::Final(ClaimsError::ClaimNotFound {
+                claim: key.clone(),
+            })),
+        }
+    }
+
+    async fn collect_attempt(&self, retention_micros: i64) -> Result<u64, Failure> {
+        let session = self.shared.session().await?;
+        let [collect] = session.prepare([sql::COLLECT_OUTCOMES]).await?;
+        let client = session.client()?;
+        let mut total = 0;
+        loop {
+            let deleted = client
+                .execute(&collect, &[&retention_micros, &COLLECT_BATCH])
+                .await?;
+            session.round_trip();
+            total += deleted;
+            if deleted < COLLECT_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+fn internal(error: tokio_postgres::Error) -> Failure {
+    Failure::Final(ClaimsError::internal(format!(
+        "unexpected PostgreSQL answer: {error}"
+    )))
+}
+
+/// The second key of a lease's advisory lock: the lease id folded to 32 bits. Two ids with the
+/// same fold only serialise each other; correctness never depends on it being unique.
+fn lease_lock_key(lease_id: LeaseId) -> i32 {
+    let wide = lease_id.as_uuid().as_u128();
+    let folded = (wide as u64) ^ ((wide >> 64) as u64);
+    ((folded as u32) ^ ((folded >> 32) as u32)) as i32
+}
+
+#[async_trait]
+impl ClaimStore for PostgresClaimStore {
+    async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        // Malformed batches never reach the database. The batch-size policy is the front end's.
+        domain::check_batch(&request, usize::MAX)?;
+        // Fixed before the first attempt: a retry after an unacknowledged COMMIT finds its own
+        // lease and replays it instead of leasing twice.
+        let lease_id = request.lease_id.unwrap_or_else(LeaseId::generate);
+        let payload = encode_request(&request);
+        self.shared
+            .run("BeginUpdate", || {
+                self.begin_attempt(&request, lease_id, &payload)
+            })
+            .await
+    }
+
+    async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError> {
+        self.shared
+            .run("CommitUpdate", || {
+                self.end_attempt(cell_id, lease_id, domain::decide_commit)
+            })
+            .await
+    }
+
+    async fn rollback_update(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<(), ClaimsError> {
+        self.shared
+            .run("RollbackUpdate", || {
+                self.end_attempt(cell_id, lease_id, domain::decide_rollback)
+            })
+            .await
+    }
+
+    async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {
+        self.shared
+            .run("RenewLease", || self.renew_attempt(cell_id, lease_id))
+            .await
+    }
+
+    async fn list_outstanding_leases(
+        &self,
+        query: &LeasesQuery,
+    ) -> Result<LeasesPage, ClaimsError> {
+        self.shared
+            .run("ListOutstandingLeases", || self.list_leases_attempt(query))
+            .await
+    }
+
+    async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
+        self.shared
+            .run("ListClaims", || self.list_claims_attempt(query))
+            .await
+    }
+
+    async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
+        self.shared
+            .run("LookupClaim", || self.lookup_attempt(key))
+            .await
+    }
+
+    async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
+        let micros = i64::try_from(retention.min(MAX_RETENTION).as_micros()).unwrap_or(i64::MAX);
+        self.shared
+            .run("collect_outcomes", || self.collect_attempt(micros))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_lock_key_spreads_ids() {
+        let a = lease_lock_key(LeaseId::from_uuid(uuid::Uuid::from_u128(1)));
+        let b = lease_lock_key(LeaseId::from_uuid(uuid::Uuid::from_u128(2)));
+        assert_ne!(a, b);
+    }
+}

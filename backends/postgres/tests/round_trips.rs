@@ -1,0 +1,73 @@
+//! The documented round trips per operation (statements pipelined, already prepared), counted by
+//! the store itself. A change that adds a round trip to the hot path fails here.
+
+mod common;
+
+use topology_claims::testing::fixtures::{cell, creates, destroys, username};
+use topology_claims::{BeginUpdate, ClaimStore, ClaimsError};
+use topology_claims_postgres::{PostgresClaimStore, PostgresOptions};
+
+async fn trips<T>(
+    store: &PostgresClaimStore,
+    op: impl std::future::Future<Output = T>,
+) -> (T, u64) {
+    let before = store.round_trips();
+    let out = op.await;
+    (out, store.round_trips() - before)
+}
+
+#[tokio::test]
+async fn begin_and_commit_take_two_round_trips_each() {
+    // One pooled connection: every operation finds its statements prepared after the warm-up.
+    let Some((store, schema)) =
+        common::fresh_store_with(|o| PostgresOptions { pool_size: 1, ..o }).await
+    else {
+        return;
+    };
+    let a = cell("cell-a");
+    let warm = store
+        .begin_update(creates(&a, &[username("warm")]))
+        .await
+        .unwrap();
+    store.commit_update(&a, warm.lease_id).await.unwrap();
+    store.rollback_update(&a, warm.lease_id).await.unwrap_err();
+    store.renew_lease(&a, warm.lease_id).await.unwrap_err();
+    store.lookup_claim(&username("warm").key).await.unwrap();
+
+    let request = BeginUpdate {
+        destroys: vec![username("warm")],
+        ..creates(&a, &[username("x"), username("y"), username("z")])
+    };
+    let (lease, n) = trips(&store, store.begin_update(request)).await;
+    let lease = lease.unwrap();
+    assert_eq!(n, 2, "BeginUpdate");
+    let (renewed, n) = trips(&store, store.renew_lease(&a, lease.lease_id)).await;
+    renewed.unwrap();
+    assert_eq!(n, 2, "RenewLease");
+    let (done, n) = trips(&store, store.commit_update(&a, lease.lease_id)).await;
+    done.unwrap();
+    assert_eq!(n, 2, "CommitUpdate");
+    let (again, n) = trips(&store, store.commit_update(&a, lease.lease_id)).await;
+    again.unwrap();
+    assert_eq!(n, 1, "CommitUpdate of a committed lease");
+    let (refused, n) = trips(
+        &store,
+        store.begin_update(destroys(&a, &[username("absent")])),
+    )
+    .await;
+    assert!(matches!(refused, Err(ClaimsError::ClaimNotFound { .. })));
+    assert_eq!(n, 1, "a refused BeginUpdate");
+    let lease = store
+        .begin_update(creates(&a, &[username("undo")]))
+        .await
+        .unwrap();
+    let (undone, n) = trips(&store, store.rollback_update(&a, lease.lease_id)).await;
+    undone.unwrap();
+    assert_eq!(n, 2, "RollbackUpdate");
+    let (found, n) = trips(&store, store.lookup_claim(&username("x").key)).await;
+    found.unwrap();
+    assert_eq!(n, 1, "LookupClaim");
+    if let Some(admin) = common::admin().await {
+        common::drop_schema(&admin, &schema).await;
+    }
+}

@@ -1,0 +1,31 @@
+//! # topology-claims-spanner
+//!
+//! The Cloud Spanner adapter of `topology-claims`: [`SpannerClaimStore`], the service's
+//! [`ClaimStore`](topology_claims::ClaimStore) on one Spanner database (the
+//! `spanner://projects/P/instances/I/databases/D` store of `topology-claims serve`), and
+//! [`migrate`], which applies the schema (and with `create_database` creates the database,
+//! and on the emulator its instance).
+//!
+//! The crate does I/O only. Every protocol rule lives in `topology_claims::domain`: each write
+//! is one read-write transaction that reads the rows a request touches, asks the domain, and
+//! buffers exactly the mutations it decided (the twin of `topology_claims::domain::Tables`).
+//! Time is Spanner's: every timestamp written is the commit timestamp, and `server_time` is the
+//! read timestamp of a strong snapshot. docs/backends/spanner.md has the schema, the indexes,
+//! the IAM roles and the emulator recipe.
+//!
+//! Modules: `config` (URL, options, client settings), `schema` (DDL migrations), `rows`
+//! (rows ↔ domain, mutations), `transaction` (the abort-retry loop), `store` (the port),
+//! `error` (failure classification).
+
+mod config;
+mod error;
+mod rows;
+mod schema;
+mod store;
+mod transaction;
+
+pub use config::{
+    DatabaseName, SpannerOptions, DEFAULT_RPC_TIMEOUT, DEFAULT_SESSION_POOL_SIZE,
+    DEFAULT_TRANSACTION_DEADLINE, EMULATOR_HOST_ENV, URL_SCHEME,
+};
+pub use store::{migrate, SpannerClaimStore};

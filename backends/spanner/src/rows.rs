@@ -1,0 +1,267 @@
+//! Rows ↔ domain values: the column lists, decoding of `claims` / `leases_outstanding` /
+//! `lease_outcomes` rows, keys, and the mutations that write each decision.
+//!
+//! Owns the mapping between the schema (see `schema.rs`) and the domain types. Must not decide
+//! which rows to write: callers pass what `topology_claims::domain` decided.
+
+use gcloud_googleapis::spanner::v1::Mutation;
+use gcloud_spanner::key::Key;
+use gcloud_spanner::mutation::{delete, insert, update};
+use gcloud_spanner::row::Row;
+use gcloud_spanner::value::CommitTimestamp;
+use topology_claims::domain::{LeaseOutcome, Outcome};
+use topology_claims::grpc::convert::{decode_request, encode_request, timestamp_from_pb};
+use topology_claims::{
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease,
+    LeaseId, LeaseOp, OwnerType, TableName, Timestamp,
+};
+
+pub(crate) const CLAIMS: &str = "claims";
+pub(crate) const LEASES: &str = "leases_outstanding";
+pub(crate) const OUTCOMES: &str = "lease_outcomes";
+
+/// `claims.lease_op` of a claim under no lease (the design's "no-op").
+const NO_LEASE_OP: i64 = 0;
+
+pub(crate) const CLAIM_COLUMNS: [&str; 11] = [
+    "claim_type",
+    "claim_value",
+    "owner_type",
+    "owner_value",
+    "cell_id",
+    "table_name",
+    "table_record_id",
+    "lease_id",
+    "lease_op",
+    "created_at",
+    "updated_at",
+];
+pub(crate) const LEASE_COLUMNS: [&str; 5] = [
+    "lease_id",
+    "cell_id",
+    "request",
+    "created_at",
+    "last_renewed_at",
+];
+pub(crate) const OUTCOME_COLUMNS: [&str; 4] = ["lease_id", "cell_id", "outcome", "decided_at"];
+
+/// The comma-separated column list for SQL.
+pub(crate) fn select_list(columns: &[&str]) -> String {
+    columns.join(", ")
+}
+
+fn corrupt(what: &str, detail: impl std::fmt::Display) -> ClaimsError {
+    ClaimsError::internal(format!("stored {what} is invalid: {detail}"))
+}
+
+fn column<T: gcloud_spanner::row::TryFromValue>(row: &Row, name: &str) -> Result<T, ClaimsError> {
+    row.column_by_name(name).map_err(|e| corrupt("row", e))
+}
+
+fn timestamp(row: &Row, name: &str) -> Result<Timestamp, ClaimsError> {
+    let value: prost_types::Timestamp = column(row, name)?;
+    Ok(timestamp_from_pb(&value))
+}
+
+fn lease_id(text: &str) -> Result<LeaseId, ClaimsError> {
+    LeaseId::parse(text).map_err(|e| corrupt("lease id", e))
+}
+
+fn cell_id(text: &str) -> Result<CellId, ClaimsError> {
+    CellId::parse(text).map_err(|e| corrupt("cell id", e))
+}
+
+fn enum_value<T>(number: i64, what: &str, from: fn(i64) -> Option<T>) -> Result<T, ClaimsError> {
+    from(number).ok_or_else(|| corrupt(what, format!("unknown value {number}")))
+}
+
+/// A `claims` row read with [`CLAIM_COLUMNS`].
+pub(crate) fn claim_from_row(row: &Row) -> Result<Claim, ClaimsError> {
+    let claim_type = enum_value(
+        column(row, "claim_type")?,
+        "claim_type",
+        ClaimType::from_number,
+    )?;
+    let lease_id: Option<String> = column(row, "lease_id")?;
+    let lease_op: i64 = column(row, "lease_op")?;
+    let lease = match (lease_id, lease_op) {
+        (None, NO_LEASE_OP) => None,
+        (Some(id), op) => Some(ClaimLease {
+            lease_id: self::lease_id(&id)?,
+            op: enum_value(op, "lease_op", LeaseOp::from_number)?,
+        }),
+        (None, op) => {
+            return Err(corrupt(
+                "claim",
+                format!("lease_op {op} without a lease_id"),
+            ))
+        }
+    };
+    Ok(Claim {
+        record: ClaimRecord {
+            key: ClaimKey::new(claim_type, column::<String>(row, "claim_value")?),
+            owner_type: enum_value(
+                column(row, "owner_type")?,
+                "owner_type",
+                OwnerType::from_number,
+            )?,
+            owner_value: column(row, "owner_value")?,
+            table_name: enum_value(
+                column(row, "table_name")?,
+                "table_name",
+                TableName::from_number,
+            )?,
+            table_record_id: column(row, "table_record_id")?,
+        },
+        cell_id: cell_id(&column::<String>(row, "cell_id")?)?,
+        lease,
+        created_at: timestamp(row, "created_at")?,
+        updated_at: timestamp(row, "updated_at")?,
+    })
+}
+
+/// A `leases_outstanding` row read with [`LEASE_COLUMNS`].
+pub(crate) fn lease_from_row(row: &Row) -> Result<Lease, ClaimsError> {
+    let request: Vec<u8> = column(row, "request")?;
+    Ok(Lease {
+        lease_id: lease_id(&column::<String>(row, "lease_id")?)?,
+        cell_id: cell_id(&column::<String>(row, "cell_id")?)?,
+        created_at: timestamp(row, "created_at")?,
+        last_renewed_at: timestamp(row, "last_renewed_at")?,
+        request: decode_request(&request)?,
+    })
+}
+
+/// A `lease_outcomes` row read with [`OUTCOME_COLUMNS`].
+pub(crate) fn outcome_from_row(row: &Row) -> Result<Outcome, ClaimsError> {
+    Ok(Outcome {
+        lease_id: lease_id(&column::<String>(row, "lease_id")?)?,
+        cell_id: cell_id(&column::<String>(row, "cell_id")?)?,
+        outcome: enum_value(
+            column(row, "outcome")?,
+            "outcome",
+            LeaseOutcome::from_number,
+        )?,
+        decided_at: timestamp(row, "decided_at")?,
+    })
+}
+
+/// The primary key of a claim.
+pub(crate) fn claim_key(key: &ClaimKey) -> Key {
+    Key::composite(&[&i64::from(key.claim_type.number()), &key.value])
+}
+
+/// The primary key of a lease (and of its outcome).
+pub(crate) fn lease_key(lease_id: LeaseId) -> Key {
+    Key::new(&lease_id.to_string())
+}
+
+/// A new claim, leased for creation by `lease_id`. `insert` fails at commit if the row exists:
+/// the primary key is the second line of defence behind the domain's check.
+pub(crate) fn insert_claim(record: &ClaimRecord, owner: &CellId, lease_id: LeaseId) -> Mutation {
+    insert(
+        CLAIMS,
+        &CLAIM_COLUMNS,
+        &[
+            &i64::from(record.key.claim_type.number()),
+            &record.key.value,
+            &i64::from(record.owner_type.number()),
+            &record.owner_value,
+            &owner.as_str(),
+            &i64::from(record.table_name.number()),
+            &record.table_record_id,
+            &lease_id.to_string(),
+            &i64::from(LeaseOp::Create.number()),
+            &CommitTimestamp::new(),
+            &CommitTimestamp::new(),
+        ],
+    )
+}
+
+/// Marks a committed claim as leased by `lease_id` for destruction (`update` fails at commit if
+/// the row is gone).
+pub(crate) fn mark_claim(key: &ClaimKey, lease_id: LeaseId) -> Mutation {
+    set_claim_lease(
+        key,
+        Some(lease_id.to_string()),
+        i64::from(LeaseOp::Destroy.number()),
+    )
+}
+
+/// Clears the lease from a claim (it becomes, or stays, committed).
+pub(crate) fn release_claim(key: &ClaimKey) -> Mutation {
+    set_claim_lease(key, None, NO_LEASE_OP)
+}
+
+fn set_claim_lease(key: &ClaimKey, lease_id: Option<String>, lease_op: i64) -> Mutation {
+    update(
+        CLAIMS,
+        &[
+            "claim_type",
+            "claim_value",
+            "lease_id",
+            "lease_op",
+            "updated_at",
+        ],
+        &[
+            &i64::from(key.claim_type.number()),
+            &key.value,
+            &lease_id,
+            &lease_op,
+            &CommitTimestamp::new(),
+        ],
+    )
+}
+
+pub(crate) fn delete_claims(keys: Vec<Key>) -> Mutation {
+    delete(CLAIMS, keys)
+}
+
+/// The lease row of a BeginUpdate, holding the original request as sent.
+pub(crate) fn insert_lease(lease_id: LeaseId, request: &BeginUpdate) -> Mutation {
+    insert(
+        LEASES,
+        &LEASE_COLUMNS,
+        &[
+            &lease_id.to_string(),
+            &request.cell_id.as_str(),
+            &encode_request(request),
+            &CommitTimestamp::new(),
+            &CommitTimestamp::new(),
+        ],
+    )
+}
+
+pub(crate) fn renew_lease(lease_id: LeaseId) -> Mutation {
+    update(
+        LEASES,
+        &["lease_id", "last_renewed_at"],
+        &[&lease_id.to_string(), &CommitTimestamp::new()],
+    )
+}
+
+pub(crate) fn delete_lease(lease_id: LeaseId) -> Mutation {
+    delete(LEASES, lease_key(lease_id))
+}
+
+/// The remembered end of a lease, decided now (commit timestamp).
+pub(crate) fn insert_outcome(
+    lease_id: LeaseId,
+    cell_id: &CellId,
+    outcome: LeaseOutcome,
+) -> Mutation {
+    insert(
+        OUTCOMES,
+        &["lease_id", "cell_id", "outcome", "decided_at"],
+        &[
+            &lease_id.to_string(),
+            &cell_id.as_str(),
+            &i64::from(outcome.number()),
+            &CommitTimestamp::new(),
+        ],
+    )
+}
+
+pub(crate) fn delete_outcomes(keys: Vec<Key>) -> Mutation {
+    delete(OUTCOMES, keys)
+}

@@ -1,0 +1,406 @@
+//! The schema as versioned DDL migrations, and applying them: through `UpdateDatabaseDdl`, each
+//! recorded in `schema_migrations` once done; `--create-database` creates the database (and, on
+//! the emulator only, the instance) with the whole schema in one operation.
+//!
+//! Owns the DDL and the migration bookkeeping. Must not read or write claims, leases or outcomes.
+//! A migration is never edited once released: changes are new migrations appended to
+//! [`MIGRATIONS`]. Every statement is idempotent (`IF NOT EXISTS`), so a migration that was
+//! applied but not yet recorded (a crash in between, two migrators at once) is simply re-run.
+
+use std::future::Future;
+use std::time::Duration;
+
+use gcloud_gax::grpc::{Code, Status};
+use gcloud_gax::retry::RetrySetting;
+use gcloud_googleapis::spanner::admin::database::v1::{
+    CreateDatabaseRequest, DatabaseDialect, UpdateDatabaseDdlRequest,
+};
+use gcloud_googleapis::spanner::admin::instance::v1::{CreateInstanceRequest, Instance};
+use gcloud_spanner::admin::client::Client as AdminClient;
+use gcloud_spanner::client::Client;
+use gcloud_spanner::key::all_keys;
+use gcloud_spanner::mutation::insert_or_update;
+use gcloud_spanner::statement::Statement;
+use gcloud_spanner::transaction::{QueryOptions, ReadOptions};
+use gcloud_spanner::value::CommitTimestamp;
+use topology_claims::{ClaimsError, MigrationPolicy};
+
+use crate::config::{DatabaseName, SpannerOptions};
+use crate::error::{client_error, status_error};
+use crate::transaction::Attempts;
+
+/// One schema version: DDL statements applied together in one `UpdateDatabaseDdl`.
+pub(crate) struct Migration {
+    pub version: i64,
+    pub name: &'static str,
+    pub statements: &'static [&'static str],
+}
+
+pub(crate) const MIGRATIONS_TABLE: &str = "schema_migrations";
+
+/// Every migration, in order. The design's Spanner schema (docs/backends/spanner.md explains
+/// each table and index, and why none of them is a write hotspot).
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "0001_initial",
+    statements: &[
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+            version INT64 NOT NULL,
+            name STRING(100) NOT NULL,
+            applied_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
+        ) PRIMARY KEY (version)",
+        // One row per claim key, leased or not. lease_op: 0 none, 1 create, 2 destroy.
+        "CREATE TABLE IF NOT EXISTS claims (
+            claim_type INT64 NOT NULL,
+            claim_value STRING(255) NOT NULL,
+            owner_type INT64 NOT NULL,
+            owner_value STRING(255) NOT NULL,
+            cell_id STRING(100) NOT NULL,
+            table_name INT64 NOT NULL,
+            table_record_id INT64 NOT NULL,
+            lease_id STRING(36),
+            lease_op INT64 NOT NULL DEFAULT (0),
+            created_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
+            updated_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
+            CONSTRAINT claims_lease_marker CHECK (
+                (lease_id IS NULL AND lease_op = 0) OR (lease_id IS NOT NULL AND lease_op IN (1, 2))
+            ),
+        ) PRIMARY KEY (claim_type, claim_value)",
+        // request: the protobuf BeginUpdateRequest exactly as the cell sent it.
+        "CREATE TABLE IF NOT EXISTS leases_outstanding (
+            lease_id STRING(36) NOT NULL,
+            cell_id STRING(100) NOT NULL,
+            request BYTES(MAX) NOT NULL,
+            created_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
+            last_renewed_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
+        ) PRIMARY KEY (lease_id)",
+        // outcome: 1 committed, 2 rolled back. decided_shard spreads the decided_at index.
+        "CREATE TABLE IF NOT EXISTS lease_outcomes (
+            lease_id STRING(36) NOT NULL,
+            cell_id STRING(100) NOT NULL,
+            outcome INT64 NOT NULL,
+            decided_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
+            decided_shard INT64 NOT NULL AS (ABS(MOD(FARM_FINGERPRINT(lease_id), 16))) STORED,
+            CONSTRAINT lease_outcomes_known CHECK (outcome IN (1, 2)),
+        ) PRIMARY KEY (lease_id)",
+        "CREATE INDEX IF NOT EXISTS claims_by_cell ON claims (cell_id)",
+        "CREATE NULL_FILTERED INDEX IF NOT EXISTS claims_by_lease ON claims (lease_id) STORING (lease_op)",
+        "CREATE INDEX IF NOT EXISTS claims_by_table_record
+            ON claims (cell_id, table_name, table_record_id, claim_type, claim_value)",
+        "CREATE INDEX IF NOT EXISTS leases_by_cell ON leases_outstanding (cell_id, lease_id)",
+        "CREATE INDEX IF NOT EXISTS lease_outcomes_by_decided_at ON lease_outcomes (decided_shard, decided_at)",
+    ],
+}];
+
+/// How many values `lease_outcomes.decided_shard` takes (`0..OUTCOME_SHARDS`).
+pub(crate) const OUTCOME_SHARDS: i64 = 16;
+
+/// Schema changes on a live database can take minutes (index backfills): poll the operation at
+/// growing intervals (100 ms, 200 ms, … 5 s) for up to about 15 minutes.
+fn ddl_polling() -> RetrySetting {
+    RetrySetting {
+        from_millis: 2,
+        max_delay: Some(Duration::from_secs(5)),
+        factor: 50,
+        take: 200,
+        codes: vec![Code::DeadlineExceeded],
+    }
+}
+
+/// Schema changes are refused while another one (or, on the emulator, any transaction) is in
+/// progress: try again a few times before giving up.
+const DDL_ATTEMPTS: u32 = 8;
+
+/// Brings the schema up to date (or refuses, per `policy`); returns the names applied.
+pub(crate) async fn ensure(
+    client: &Client,
+    name: &DatabaseName,
+    options: &SpannerOptions,
+    policy: MigrationPolicy,
+) -> Result<Vec<String>, ClaimsError> {
+    let pending = pending(client, options).await?;
+    if pending.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<String> = pending.iter().map(|m| m.name.to_owned()).collect();
+    if policy == MigrationPolicy::Refuse {
+        return Err(ClaimsError::MigrationsPending { pending: names });
+    }
+    let admin = admin_client(options).await?;
+    for migration in pending {
+        update_ddl(&admin, name, options, migration).await?;
+        record(client, options, &[migration]).await?;
+        tracing::info!(migration = migration.name, database = %name, "applied Spanner schema migration");
+    }
+    Ok(names)
+}
+
+/// The migrations not recorded in `schema_migrations` (all of them on an empty database).
+async fn pending(
+    client: &Client,
+    options: &SpannerOptions,
+) -> Result<Vec<&'static Migration>, ClaimsError> {
+    let context = "reading the schema version";
+    let mut tx = client
+        .single()
+        .await
+        .map_err(|e| client_error(context, &e))?;
+    let mut exists = Statement::new(
+        "SELECT COUNT(*) AS n FROM information_schema.tables
+         WHERE table_catalog = '' AND table_schema = '' AND table_name = @table",
+    );
+    exists.add_param("table", &MIGRATIONS_TABLE);
+    let query_options = QueryOptions {
+        call_options: options.call_options(),
+        ..Default::default()
+    };
+    let mut rows = tx
+        .query_with_option(exists, query_options)
+        .await
+        .map_err(|s| status_error(context, &s))?;
+    let count: i64 = match rows.next().await.map_err(|s| status_error(context, &s))? {
+        Some(row) => row
+            .column_by_name("n")
+            .map_err(|e| ClaimsError::internal(format!("{context}: {e}")))?,
+        None => 0,
+    };
+    drop(rows);
+    if count == 0 {
+        return Ok(MIGRATIONS.iter().collect());
+    }
+    // A single-use transaction serves one read: take a fresh one for the versions.
+    drop(tx);
+    let mut tx = client
+        .single()
+        .await
+        .map_err(|e| client_error(context, &e))?;
+    let read_options = ReadOptions {
+        call_options: options.call_options(),
+        ..Default::default()
+    };
+    let mut rows = tx
+        .read_with_option(MIGRATIONS_TABLE, &["version"], all_keys(), read_options)
+        .await
+        .map_err(|s| status_error(context, &s))?;
+    let mut applied = Vec::new();
+    while let Some(row) = rows.next().await.map_err(|s| status_error(context, &s))? {
+        let version: i64 = row
+            .column_by_name("version")
+            .map_err(|e| ClaimsError::internal(format!("{context}: {e}")))?;
+        applied.push(version);
+    }
+    if let Some(newer) = applied
+        .iter()
+        .find(|v| !MIGRATIONS.iter().any(|m| m.version == **v))
+    {
+        return Err(ClaimsError::Configuration {
+            message: format!(
+                "the Spanner database has schema version {newer}, unknown to this binary: it was migrated by a newer topology-claims"
+            ),
+        });
+    }
+    Ok(MIGRATIONS
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .collect())
+}
+
+/// Records migrations as applied.
+async fn record(
+    client: &Client,
+    options: &SpannerOptions,
+    migrations: &[&Migration],
+) -> Result<(), ClaimsError> {
+    let mutations: Vec<_> = migrations
+        .iter()
+        .map(|m| {
+            insert_or_update(
+                MIGRATIONS_TABLE,
+                &["version", "name", "applied_at"],
+                &[&m.version, &m.name, &CommitTimestamp::new()],
+            )
+        })
+        .collect();
+    let mut attempts = Attempts::new(options, "recording schema migrations");
+    loop {
+        let Some(mut tx) = attempts.begin(client).await? else {
+            continue;
+        };
+        tx.buffer_write(mutations.clone());
+        if attempts.end(&mut tx, Ok(())).await?.is_some() {
+            return Ok(());
+        }
+    }
+}
+
+/// An admin client (instance, database and DDL operations).
+pub(crate) async fn admin_client(options: &SpannerOptions) -> Result<AdminClient, ClaimsError> {
+    let config = options.admin_config().await?;
+    AdminClient::new(config).await.map_err(|e| {
+        ClaimsError::unavailable(format!("cannot connect to the Spanner admin API: {e}"))
+    })
+}
+
+async fn update_ddl(
+    admin: &AdminClient,
+    name: &DatabaseName,
+    options: &SpannerOptions,
+    migration: &Migration,
+) -> Result<(), ClaimsError> {
+    let context = format!("applying schema migration {}", migration.name);
+    let request = UpdateDatabaseDdlRequest {
+        database: name.database_path(),
+        statements: migration
+            .statements
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+        ..Default::default()
+    };
+    let update = || async {
+        let mut operation = admin
+            .database()
+            .update_database_ddl(request.clone(), Some(options.rpc_retry()))
+            .await?;
+        operation.wait(Some(ddl_polling())).await.map(|_| ())
+    };
+    retry_while_busy(&context, update)
+        .await
+        .map_err(|status| status_error(&context, &status))
+}
+
+/// Runs a schema operation to completion, again while Spanner refuses it because another schema
+/// change (or, on the emulator, any transaction) is in progress.
+async fn retry_while_busy<F, Fut>(context: &str, operation: F) -> Result<(), Status>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), Status>>,
+{
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match operation().await {
+            Err(status) if is_busy(status.code()) && attempt < DDL_ATTEMPTS => {
+                tracing::info!(%context, status = %status.message(), "schema change refused for now; retrying");
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A schema change refused because another change or transaction is in progress.
+fn is_busy(code: Code) -> bool {
+    matches!(code, Code::Aborted | Code::FailedPrecondition)
+}
+
+/// Creates the database with the whole schema if it does not exist (and, on the emulator, its
+/// instance). Returns whether it was created; if so, every migration is applied and recorded.
+pub(crate) async fn create_database(
+    name: &DatabaseName,
+    options: &SpannerOptions,
+) -> Result<bool, ClaimsError> {
+    let admin = admin_client(options).await?;
+    if options.emulator().is_some() {
+        create_emulator_instance(&admin, name, options).await?;
+    }
+    let context = format!("creating database {name}");
+    let request = CreateDatabaseRequest {
+        parent: name.instance_path(),
+        create_statement: format!("CREATE DATABASE `{}`", name.database),
+        extra_statements: MIGRATIONS
+            .iter()
+            .flat_map(|m| m.statements.iter().map(|s| (*s).to_owned()))
+            .collect(),
+        database_dialect: DatabaseDialect::GoogleStandardSql as i32,
+        ..Default::default()
+    };
+    let create = || async {
+        let mut operation = admin
+            .database()
+            .create_database(request.clone(), Some(options.rpc_retry()))
+            .await?;
+        operation.wait(Some(ddl_polling())).await.map(|_| ())
+    };
+    match retry_while_busy(&context, create).await {
+        Ok(()) => Ok(true),
+        Err(status) if status.code() == Code::AlreadyExists => Ok(false),
+        Err(status) if status.code() == Code::NotFound => Err(ClaimsError::Configuration {
+            message: format!(
+                "{context}: instance {} does not exist ({}); create it first, e.g. `gcloud spanner instances create`",
+                name.instance_path(),
+                status.message()
+            ),
+        }),
+        Err(status) => Err(status_error(&context, &status)),
+    }
+}
+
+/// The emulator starts empty: create the instance the URL names. Never done on Google Cloud,
+/// where an instance is billed capacity an operator chooses deliberately.
+async fn create_emulator_instance(
+    admin: &AdminClient,
+    name: &DatabaseName,
+    options: &SpannerOptions,
+) -> Result<(), ClaimsError> {
+    let request = CreateInstanceRequest {
+        parent: name.project_path(),
+        instance_id: name.instance.clone(),
+        instance: Some(Instance {
+            name: name.instance_path(),
+            config: format!("{}/instanceConfigs/emulator-config", name.project_path()),
+            display_name: name.instance.clone(),
+            node_count: 1,
+            ..Default::default()
+        }),
+    };
+    let context = format!("creating emulator instance {}", name.instance_path());
+    match admin
+        .instance()
+        .create_instance(request, Some(options.rpc_retry()))
+        .await
+    {
+        Ok(mut operation) => match operation.wait(Some(ddl_polling())).await {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == Code::AlreadyExists => Ok(()),
+            Err(status) => Err(status_error(&context, &status)),
+        },
+        Err(status) if status.code() == Code::AlreadyExists => Ok(()),
+        Err(status) => Err(status_error(&context, &status)),
+    }
+}
+
+/// Records every migration as applied (after [`create_database`] created the whole schema).
+pub(crate) async fn record_all(
+    client: &Client,
+    options: &SpannerOptions,
+) -> Result<Vec<String>, ClaimsError> {
+    let all: Vec<&Migration> = MIGRATIONS.iter().collect();
+    record(client, options, &all).await?;
+    Ok(all.iter().map(|m| m.name.to_owned()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_in_order_and_idempotent() {
+        for (i, migration) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(migration.version, i as i64 + 1, "{}", migration.name);
+            assert!(migration
+                .name
+                .starts_with(&format!("{:04}_", migration.version)));
+            for statement in migration.statements {
+                assert!(
+                    statement.contains("IF NOT EXISTS"),
+                    "re-runnable: {statement}"
+                );
+                assert!(
+                    !statement.trim_end().ends_with(';'),
+                    "UpdateDatabaseDdl takes no ';': {statement}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,657 @@
+//! [`SpannerClaimStore`]: the [`ClaimStore`] port on one Spanner database.
+//!
+//! Every write is one read-write transaction that reads the rows the request touches (point
+//! reads by primary key, which lock them), asks `topology_claims::domain`, and buffers exactly
+//! the mutations the decision names; the commit timestamp is the time of everything written.
+//! Reads are strong read-only snapshots. Owns the transaction shapes; must not decide protocol
+//! questions (that is `domain`) nor classify errors (that is `error.rs`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use gcloud_spanner::client::{Client, ReadOnlyTransactionOption};
+use gcloud_spanner::key::Key;
+use gcloud_spanner::row::Row;
+use gcloud_spanner::statement::Statement;
+use gcloud_spanner::transaction::{QueryOptions, ReadOptions, Transaction};
+use gcloud_spanner::transaction_rw::ReadWriteTransaction;
+use gcloud_spanner::value::TimestampBound;
+use topology_claims::domain::{
+    self, BeginPlan, ClaimsPagePlan, EndPlan, EndWrites, LeaseOutcome, LeaseRecord,
+};
+use topology_claims::{
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
+    LeaseId, LeasesPage, LeasesQuery, MigrationPolicy, Timestamp,
+};
+
+use crate::config::{DatabaseName, SpannerOptions};
+use crate::error::{client_error, status_error, TxError};
+use crate::rows::{self, CLAIMS, CLAIM_COLUMNS, LEASES, LEASE_COLUMNS, OUTCOMES, OUTCOME_COLUMNS};
+use crate::schema::{self, OUTCOME_SHARDS};
+use crate::transaction::Attempts;
+
+/// Outcomes deleted per transaction by `collect_outcomes` (far below Spanner's mutation limit).
+const COLLECT_BATCH: usize = 1000;
+/// Spanner's earliest TIMESTAMP, 0001-01-01T00:00:00Z: a cutoff at or before it selects nothing
+/// (and could not be sent as a parameter).
+const SPANNER_MIN_TIMESTAMP: Timestamp = Timestamp::from_unix_micros(-62_135_596_800_000_000);
+
+/// The service's store on Cloud Spanner (or its emulator).
+pub struct SpannerClaimStore {
+    client: Client,
+    options: SpannerOptions,
+    name: DatabaseName,
+}
+
+impl std::fmt::Debug for SpannerClaimStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpannerClaimStore")
+            .field("database", &self.name.to_string())
+            .finish()
+    }
+}
+
+/// Opens a data client on an existing database.
+pub(crate) async fn data_client(
+    name: &DatabaseName,
+    options: &SpannerOptions,
+) -> Result<Client, ClaimsError> {
+    let config = options.client_config().await?;
+    let opened = Client::new(name.database_path(), config).await;
+    opened.map_err(|e| match client_error(&format!("opening {name}"), &e) {
+        // The usual first-run mistake: say how to create the database.
+        ClaimsError::Unavailable { message } if message.contains("not found") => {
+            let fix = format!(
+                "create it with `topology-claims migrate --create-database --store {name}`"
+            );
+            ClaimsError::Unavailable {
+                message: format!("{message}; {fix}"),
+            }
+        }
+        other => other,
+    })
+}
+
+/// Applies pending migrations; with `create_database`, first creates the database with the
+/// whole schema if it does not exist (and, on the emulator, its instance). Returns the names of
+/// the migrations applied (empty if the schema was current).
+pub async fn migrate(
+    url: &str,
+    options: SpannerOptions,
+    create_database: bool,
+) -> Result<Vec<String>, ClaimsError> {
+    let name = DatabaseName::parse(url)?;
+    options.check()?;
+    let created = create_database && schema::create_database(&name, &options).await?;
+    let client = data_client(&name, &options).await?;
+    let applied = if created {
+        schema::record_all(&client, &options).await
+    } else {
+        schema::ensure(&client, &name, &options, MigrationPolicy::Apply).await
+    };
+    client.close().await;
+    applied
+}
+
+impl SpannerClaimStore {
+    /// Connects to `spanner://projects/P/instances/I/databases/D`, then applies pending schema
+    /// migrations or refuses with `MigrationsPending`, per `policy`.
+    pub async fn connect(
+        url: &str,
+        options: SpannerOptions,
+        policy: MigrationPolicy,
+    ) -> Result<Self, ClaimsError> {
+        let name = DatabaseName::parse(url)?;
+        options.check()?;
+        let client = data_client(&name, &options).await?;
+        if let Err(error) = schema::ensure(&client, &name, &options, policy).await {
+            client.close().await;
+            return Err(error);
+        }
+        Ok(Self {
+            client,
+            options,
+            name,
+        })
+    }
+
+    /// The database this store uses.
+    pub fn database(&self) -> &DatabaseName {
+        &self.name
+    }
+
+    /// Deletes the store's Spanner sessions. Dropping the store without closing leaves them to
+    /// expire on the server (about an hour).
+    pub async fn close(self) {
+        self.client.close().await;
+    }
+
+    fn read_options(&self) -> ReadOptions {
+        ReadOptions {
+            call_options: self.options.call_options(),
+            ..Default::default()
+        }
+    }
+
+    fn query_options(&self) -> QueryOptions {
+        QueryOptions {
+            call_options: self.options.call_options(),
+            ..Default::default()
+        }
+    }
+
+    /// A strong read-only snapshot and its read timestamp (the store's "now").
+    async fn snapshot(
+        &self,
+        context: &str,
+    ) -> Result<
+        (
+            gcloud_spanner::transaction_ro::ReadOnlyTransaction,
+            Timestamp,
+        ),
+        ClaimsError,
+    > {
+        let option = ReadOnlyTransactionOption {
+            timestamp_bound: TimestampBound::strong_read(),
+            call_options: self.options.call_options(),
+        };
+        let tx = self
+            .client
+            .read_only_transaction_with_option(option)
+            .await
+            .map_err(|e| client_error(context, &e))?;
+        let read_at = tx.rts.ok_or_else(|| {
+            ClaimsError::internal(format!("{context}: Spanner returned no read timestamp"))
+        })?;
+        let micros = read_at.unix_timestamp_nanos().div_euclid(1000);
+        let now = Timestamp::from_unix_micros(i64::try_from(micros).unwrap_or(i64::MAX));
+        Ok((tx, now))
+    }
+
+    /// Runs a query and decodes every row it returns.
+    async fn query_all<T>(
+        &self,
+        tx: &mut Transaction,
+        stmt: Statement,
+        context: &str,
+        decode: impl Fn(&Row) -> Result<T, ClaimsError>,
+    ) -> Result<Vec<T>, ClaimsError> {
+        let failed = |s: gcloud_gax::grpc::Status| status_error(context, &s);
+        let mut found = tx
+            .query_with_option(stmt, self.query_options())
+            .await
+            .map_err(failed)?;
+        let mut decoded = Vec::new();
+        while let Some(row) = found.next().await.map_err(failed)? {
+            decoded.push(decode(&row)?);
+        }
+        Ok(decoded)
+    }
+
+    /// What is known of a lease id: its outstanding row, else its remembered outcome.
+    async fn lease_record(
+        &self,
+        tx: &mut Transaction,
+        lease_id: LeaseId,
+    ) -> Result<Option<LeaseRecord>, TxError> {
+        let key = rows::lease_key(lease_id);
+        if let Some(row) = tx
+            .read_row_with_option(LEASES, &LEASE_COLUMNS, key.clone(), self.read_options())
+            .await?
+        {
+            return Ok(Some(LeaseRecord::Outstanding(rows::lease_from_row(&row)?)));
+        }
+        match tx
+            .read_row_with_option(OUTCOMES, &OUTCOME_COLUMNS, key, self.read_options())
+            .await?
+        {
+            Some(row) => Ok(Some(LeaseRecord::Ended(rows::outcome_from_row(&row)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// The current rows of these claims (absent keys are simply missing from the map).
+    async fn claims(
+        &self,
+        tx: &mut Transaction,
+        keys: &BTreeSet<&ClaimKey>,
+    ) -> Result<BTreeMap<ClaimKey, Claim>, TxError> {
+        let mut current = BTreeMap::new();
+        if keys.is_empty() {
+            return Ok(current);
+        }
+        let keys: Vec<Key> = keys.iter().map(|k| rows::claim_key(k)).collect();
+        let mut found = tx
+            .read_with_option(CLAIMS, &CLAIM_COLUMNS, keys, self.read_options())
+            .await?;
+        while let Some(row) = found.next().await? {
+            let claim = rows::claim_from_row(&row)?;
+            current.insert(claim.record.key.clone(), claim);
+        }
+        Ok(current)
+    }
+
+    /// One attempt of BeginUpdate: read, decide, buffer the writes.
+    async fn begin_attempt(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        request: &BeginUpdate,
+        lease_id: LeaseId,
+    ) -> Result<Result<BeginPlan, ClaimsError>, TxError> {
+        let known = self.lease_record(tx, lease_id).await?;
+        // A known lease id is answered from the lease alone (see decide_begin): skip the claims.
+        let current = if known.is_some() {
+            BTreeMap::new()
+        } else {
+            let keys = request.operations().map(|(_, r)| &r.key).collect();
+            self.claims(tx, &keys).await?
+        };
+        let plan = match domain::decide_begin(request, lease_id, known.as_ref(), &current) {
+            Ok(plan) => plan,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        if let BeginPlan::Apply(writes) = &plan {
+            let mut mutations = Vec::with_capacity(writes.inserts.len() + writes.marks.len() + 1);
+            mutations.push(rows::insert_lease(writes.lease_id, request));
+            mutations.extend(
+                writes
+                    .inserts
+                    .iter()
+                    .map(|r| rows::insert_claim(r, &request.cell_id, writes.lease_id)),
+            );
+            mutations.extend(
+                writes
+                    .marks
+                    .iter()
+                    .map(|k| rows::mark_claim(k, writes.lease_id)),
+            );
+            tx.buffer_write(mutations);
+        }
+        Ok(Ok(plan))
+    }
+
+    /// One attempt of CommitUpdate / RollbackUpdate.
+    async fn end_attempt(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        caller: &CellId,
+        lease_id: LeaseId,
+        outcome: LeaseOutcome,
+    ) -> Result<Result<(), ClaimsError>, TxError> {
+        let known = self.lease_record(tx, lease_id).await?;
+        let decided = match outcome {
+            LeaseOutcome::Committed => domain::decide_commit(caller, lease_id, known.as_ref()),
+            LeaseOutcome::RolledBack => domain::decide_rollback(caller, lease_id, known.as_ref()),
+        };
+        let writes = match decided {
+            Err(refusal) => return Ok(Err(refusal)),
+            Ok(EndPlan::AlreadyDone) => return Ok(Ok(())),
+            Ok(EndPlan::Apply(writes)) => writes,
+        };
+        let EndWrites {
+            lease_id,
+            cell_id,
+            outcome,
+            delete,
+            release,
+        } = writes;
+        // Claim writes are conditional on the claim still carrying this lease (as in Tables).
+        let keys = delete.iter().chain(&release).collect();
+        let current = self.claims(tx, &keys).await?;
+        let held = |key: &ClaimKey| {
+            current
+                .get(key)
+                .and_then(|c| c.lease)
+                .is_some_and(|l| l.lease_id == lease_id)
+        };
+        let mut mutations = Vec::with_capacity(release.len() + 3);
+        let doomed: Vec<Key> = delete
+            .iter()
+            .filter(|k| held(k))
+            .map(rows::claim_key)
+            .collect();
+        if !doomed.is_empty() {
+            mutations.push(rows::delete_claims(doomed));
+        }
+        mutations.extend(release.iter().filter(|k| held(k)).map(rows::release_claim));
+        if matches!(known, Some(LeaseRecord::Outstanding(_))) {
+            mutations.push(rows::delete_lease(lease_id));
+        }
+        mutations.push(rows::insert_outcome(lease_id, &cell_id, outcome));
+        tx.buffer_write(mutations);
+        Ok(Ok(()))
+    }
+
+    async fn end_lease(
+        &self,
+        caller: &CellId,
+        lease_id: LeaseId,
+        outcome: LeaseOutcome,
+    ) -> Result<(), ClaimsError> {
+        let what = match outcome {
+            LeaseOutcome::Committed => "CommitUpdate",
+            LeaseOutcome::RolledBack => "RollbackUpdate",
+        };
+        let mut attempts = Attempts::new(&self.options, what);
+        let (answer, _) = loop {
+            let Some(mut tx) = attempts.begin(&self.client).await? else {
+                continue;
+            };
+            let result = self.end_attempt(&mut tx, caller, lease_id, outcome).await;
+            if let Some(done) = attempts.end(&mut tx, result).await? {
+                break done;
+            }
+        };
+        answer
+    }
+
+    /// One attempt of RenewLease.
+    async fn renew_attempt(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        caller: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<Result<Lease, ClaimsError>, TxError> {
+        let known = self.lease_record(tx, lease_id).await?;
+        match domain::decide_renew(caller, lease_id, known.as_ref()) {
+            Err(refusal) => Ok(Err(refusal)),
+            Ok(lease) => {
+                tx.buffer_write(vec![rows::renew_lease(lease_id)]);
+                Ok(Ok(lease.clone()))
+            }
+        }
+    }
+
+    /// One attempt of deleting candidate outcomes: re-read them under lock and delete the ones
+    /// the domain says are past retention. Returns how many were deleted.
+    async fn collect_attempt(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        candidates: &[LeaseId],
+        now: Timestamp,
+        retention: Duration,
+    ) -> Result<u64, TxError> {
+        let keys: Vec<Key> = candidates.iter().map(|id| rows::lease_key(*id)).collect();
+        let mut found = tx
+            .read_with_option(OUTCOMES, &OUTCOME_COLUMNS, keys, self.read_options())
+            .await?;
+        let mut expired = Vec::new();
+        while let Some(row) = found.next().await? {
+            let outcome = rows::outcome_from_row(&row)?;
+            if domain::outcome_expired(outcome.decided_at, now, retention) {
+                expired.push(rows::lease_key(outcome.lease_id));
+            }
+        }
+        drop(found);
+        let count = expired.len() as u64;
+        if !expired.is_empty() {
+            tx.buffer_write(vec![rows::delete_outcomes(expired)]);
+        }
+        Ok(count)
+    }
+
+    /// Up to `COLLECT_BATCH` outcomes decided before `now - retention`, found through the
+    /// sharded `lease_outcomes_by_decided_at` index in a read-only snapshot (no locks).
+    async fn expired_outcomes(
+        &self,
+        retention: Duration,
+    ) -> Result<(Vec<LeaseId>, Timestamp), ClaimsError> {
+        let context = "finding expired lease outcomes";
+        let (mut tx, now) = self.snapshot(context).await?;
+        let cutoff = now.saturating_sub(retention);
+        if cutoff <= SPANNER_MIN_TIMESTAMP {
+            // Nothing was decided before the first representable timestamp.
+            return Ok((Vec::new(), now));
+        }
+        let mut stmt = Statement::new(
+            "SELECT lease_id, decided_at FROM lease_outcomes@{FORCE_INDEX=lease_outcomes_by_decided_at}
+             WHERE decided_shard IN UNNEST(@shards) AND decided_at < @cutoff
+             LIMIT @limit",
+        );
+        let shards: Vec<i64> = (0..OUTCOME_SHARDS).collect();
+        stmt.add_param("shards", &shards);
+        stmt.add_param(
+            "cutoff",
+            &topology_claims::grpc::convert::timestamp_to_pb(cutoff),
+        );
+        stmt.add_param("limit", &(COLLECT_BATCH as i64));
+        let candidates = self
+            .query_all(&mut tx, stmt, context, |row| {
+                let id: String = row
+                    .column_by_name("lease_id")
+                    .map_err(|e| ClaimsError::internal(format!("{context}: {e}")))?;
+                LeaseId::parse(&id).map_err(|e| ClaimsError::internal(format!("{context}: {e}")))
+            })
+            .await?;
+        Ok((candidates, now))
+    }
+
+    /// The first `limit` claims at or after `cursor` plus one more (to see whether the page ends
+    /// inside a record id), or all claims of exactly `at` when given.
+    async fn claims_in_range(
+        &self,
+        tx: &mut Transaction,
+        query: &ClaimsQuery,
+        from: i64,
+        exact: bool,
+        limit: Option<usize>,
+    ) -> Result<Vec<Claim>, ClaimsError> {
+        let comparison = if exact { "=" } else { ">=" };
+        let limit_clause = if limit.is_some() { "LIMIT @limit" } else { "" };
+        let mut stmt = Statement::new(format!(
+            "SELECT {} FROM claims@{{FORCE_INDEX=claims_by_table_record}}
+             WHERE cell_id = @cell_id AND table_name = @table_name AND table_record_id {comparison} @from
+             ORDER BY table_record_id, claim_type, claim_value {limit_clause}",
+            rows::select_list(&CLAIM_COLUMNS)
+        ));
+        stmt.add_param("cell_id", &query.cell_id.as_str());
+        stmt.add_param("table_name", &i64::from(query.table_name.number()));
+        stmt.add_param("from", &from);
+        if let Some(limit) = limit {
+            stmt.add_param("limit", &i64::try_from(limit).unwrap_or(i64::MAX));
+        }
+        self.query_all(tx, stmt, "ListClaims", rows::claim_from_row)
+            .await
+    }
+
+    async fn any_claim_after(
+        &self,
+        tx: &mut Transaction,
+        query: &ClaimsQuery,
+        boundary: i64,
+    ) -> Result<bool, ClaimsError> {
+        let mut stmt = Statement::new(
+            "SELECT 1 AS one FROM claims@{FORCE_INDEX=claims_by_table_record}
+             WHERE cell_id = @cell_id AND table_name = @table_name AND table_record_id > @boundary
+             LIMIT 1",
+        );
+        stmt.add_param("cell_id", &query.cell_id.as_str());
+        stmt.add_param("table_name", &i64::from(query.table_name.number()));
+        stmt.add_param("boundary", &boundary);
+        let found = self.query_all(tx, stmt, "ListClaims", |_| Ok(())).await?;
+        Ok(!found.is_empty())
+    }
+}
+
+#[async_trait]
+impl ClaimStore for SpannerClaimStore {
+    async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        // The batch-size policy is the front end's (`--max-batch`); stores accept any size.
+        domain::check_batch(&request, usize::MAX)?;
+        let lease_id = request.lease_id.unwrap_or_else(LeaseId::generate);
+        let mut attempts = Attempts::new(&self.options, "BeginUpdate");
+        let (answer, committed_at) = loop {
+            let Some(mut tx) = attempts.begin(&self.client).await? else {
+                continue;
+            };
+            let result = self.begin_attempt(&mut tx, &request, lease_id).await;
+            if let Some(done) = attempts.end(&mut tx, result).await? {
+                break done;
+            }
+        };
+        match answer? {
+            BeginPlan::Replay(lease) => Ok(lease),
+            BeginPlan::Apply(writes) => Ok(Lease {
+                lease_id: writes.lease_id,
+                cell_id: request.cell_id.clone(),
+                created_at: committed_at,
+                last_renewed_at: committed_at,
+                request,
+            }),
+        }
+    }
+
+    async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError> {
+        self.end_lease(cell_id, lease_id, LeaseOutcome::Committed)
+            .await
+    }
+
+    async fn rollback_update(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<(), ClaimsError> {
+        self.end_lease(cell_id, lease_id, LeaseOutcome::RolledBack)
+            .await
+    }
+
+    async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {
+        let mut attempts = Attempts::new(&self.options, "RenewLease");
+        let (answer, committed_at) = loop {
+            let Some(mut tx) = attempts.begin(&self.client).await? else {
+                continue;
+            };
+            let result = self.renew_attempt(&mut tx, cell_id, lease_id).await;
+            if let Some(done) = attempts.end(&mut tx, result).await? {
+                break done;
+            }
+        };
+        let mut lease = answer?;
+        lease.last_renewed_at = committed_at;
+        Ok(lease)
+    }
+
+    async fn list_outstanding_leases(
+        &self,
+        query: &LeasesQuery,
+    ) -> Result<LeasesPage, ClaimsError> {
+        let context = "ListOutstandingLeases";
+        let (mut tx, server_time) = self.snapshot(context).await?;
+        let mut stmt = Statement::new(format!(
+            "SELECT {} FROM leases_outstanding@{{FORCE_INDEX=leases_by_cell}}
+             WHERE cell_id = @cell_id AND lease_id > @after
+             ORDER BY lease_id LIMIT @limit",
+            rows::select_list(&LEASE_COLUMNS)
+        ));
+        stmt.add_param("cell_id", &query.cell_id.as_str());
+        // Lease ids are lowercase hyphenated UUIDs: their text order is their UUID order, and
+        // every one sorts after the empty string.
+        stmt.add_param(
+            "after",
+            &query.after.map(|id| id.to_string()).unwrap_or_default(),
+        );
+        stmt.add_param(
+            "limit",
+            &i64::try_from(query.limit.saturating_add(1)).unwrap_or(i64::MAX),
+        );
+        let mut leases = self
+            .query_all(&mut tx, stmt, context, rows::lease_from_row)
+            .await?;
+        // The same paging as the reference (domain::Tables::list_outstanding_leases).
+        let next_cursor = if leases.len() > query.limit {
+            leases.truncate(query.limit);
+            leases.last().map(|l| l.lease_id)
+        } else {
+            None
+        };
+        Ok(LeasesPage {
+            leases,
+            next_cursor,
+            server_time,
+        })
+    }
+
+    async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
+        if query.limit == 0 {
+            // plan_claims_page needs a positive limit; the front end never sends 0 (page_limit).
+            return Err(ClaimsError::invalid("limit", "must be positive"));
+        }
+        // One snapshot for the page and its boundary, so the page is consistent.
+        let (mut tx, _) = self.snapshot("ListClaims").await?;
+        let first = self
+            .claims_in_range(
+                &mut tx,
+                query,
+                query.cursor,
+                false,
+                Some(query.limit.saturating_add(1)),
+            )
+            .await?;
+        match domain::plan_claims_page(query.cursor, query.limit, &first) {
+            ClaimsPagePlan::Done(page) => Ok(page),
+            ClaimsPagePlan::NeedBoundary { boundary } => {
+                let boundary_claims = self
+                    .claims_in_range(&mut tx, query, boundary, true, None)
+                    .await?;
+                let more_after = self.any_claim_after(&mut tx, query, boundary).await?;
+                Ok(domain::finish_claims_page(
+                    query.cursor,
+                    &first,
+                    boundary,
+                    boundary_claims,
+                    more_after,
+                ))
+            }
+        }
+    }
+
+    async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
+        let context = "LookupClaim";
+        let mut tx = self
+            .client
+            .single()
+            .await
+            .map_err(|e| client_error(context, &e))?;
+        let row = tx
+            .read_row_with_option(
+                CLAIMS,
+                &CLAIM_COLUMNS,
+                rows::claim_key(key),
+                self.read_options(),
+            )
+            .await
+            .map_err(|s| status_error(context, &s))?;
+        match row {
+            Some(row) => rows::claim_from_row(&row),
+            None => Err(ClaimsError::ClaimNotFound { claim: key.clone() }),
+        }
+    }
+
+    async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
+        let mut total = 0;
+        loop {
+            let (candidates, now) = self.expired_outcomes(retention).await?;
+            if candidates.is_empty() {
+                return Ok(total);
+            }
+            let mut attempts = Attempts::new(&self.options, "collecting lease outcomes");
+            let (deleted, _) = loop {
+                let Some(mut tx) = attempts.begin(&self.client).await? else {
+                    continue;
+                };
+                let result = self
+                    .collect_attempt(&mut tx, &candidates, now, retention)
+                    .await;
+                if let Some(done) = attempts.end(&mut tx, result).await? {
+                    break done;
+                }
+            };
+            total += deleted;
+            // A full batch of which nothing expired (a clock step on the store?) would repeat.
+            if candidates.len() < COLLECT_BATCH || deleted == 0 {
+                return Ok(total);
+            }
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! The read-write transaction loop: begin, run one attempt, commit, and on `Aborted` start over
+//! with jittered backoff until the overall deadline.
+//!
+//! Why not gcloud-spanner's `read_write_transaction`: its retry stops after 6 attempts (about
+//! 3 s, no jitter, not configurable), which a busy database, and the emulator's one transaction
+//! at a time, exhaust routinely. Owns attempt counting, backoff and the commit timestamp; must not
+//! look at rows or decide anything about claims.
+
+use std::time::{Duration, Instant};
+
+use gcloud_spanner::client::Client;
+use gcloud_spanner::transaction_rw::{CommitOptions, ReadWriteTransaction};
+use topology_claims::{ClaimsError, Timestamp};
+
+use crate::config::SpannerOptions;
+use crate::error::{classify, client_error, tx_error, Failure, TxError};
+
+/// First backoff after an abort; doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(400);
+/// How often a transaction is re-run because a mutation's own check fired at commit before the
+/// failure is reported as `Internal` (it means the rows changed under the transaction's locks).
+const MAX_CONSTRAINT_RETRIES: u32 = 3;
+
+/// One write operation's attempts. Use as
+///
+/// ```ignore
+/// let mut attempts = Attempts::new(&options, "BeginUpdate");
+/// let (value, commit_ts) = loop {
+///     let Some(mut tx) = attempts.begin(&client).await? else { continue };
+///     let result = attempt(&mut tx).await;
+///     if let Some(done) = attempts.end(&mut tx, result).await? { break done; }
+/// };
+/// ```
+///
+/// Every attempt is finished with [`end`](Self::end) (commit or rollback): a transaction is
+/// never dropped half-way, which on the emulator would hold its single lock until it restarts.
+pub(crate) struct Attempts<'a> {
+    options: &'a SpannerOptions,
+    what: &'static str,
+    started: Instant,
+    attempts: u32,
+    constraint_retries: u32,
+    backoff: Duration,
+}
+
+impl<'a> Attempts<'a> {
+    pub(crate) fn new(options: &'a SpannerOptions, what: &'static str) -> Self {
+        Self {
+            options,
+            what,
+            started: Instant::now(),
+            attempts: 0,
+            constraint_retries: 0,
+            backoff: FIRST_BACKOFF,
+        }
+    }
+
+    /// Begins the next attempt's transaction. `Ok(None)`: the begin failed in a retryable way
+    /// (and the backoff was slept); call again.
+    pub(crate) async fn begin(
+        &mut self,
+        client: &Client,
+    ) -> Result<Option<ReadWriteTransaction>, ClaimsError> {
+        self.attempts += 1;
+        // gcloud-spanner offers no per-call retry setting for BeginTransaction (its default
+        // retries `Unavailable` for minutes), so bound it from outside. Cancelling here is safe:
+        // a transaction takes no lock before its first read.
+        let begun = tokio::time::timeout(
+            self.options.rpc_timeout,
+            client.begin_read_write_transaction(),
+        )
+        .await;
+        match begun {
+            Ok(Ok(tx)) => Ok(Some(tx)),
+            Ok(Err(error)) => match TxError::from(error) {
+                TxError::Status(status) => self.retry_or_fail(status).await.map(|()| None),
+                TxError::Claims(error) => Err(error),
+            },
+            Err(_elapsed) => Err(ClaimsError::unavailable(format!(
+                "{}: Spanner did not begin a transaction within {:?}",
+                self.what, self.options.rpc_timeout
+            ))),
+        }
+    }
+
+    /// Commits (`Ok`) or rolls back (`Err`) the attempt. `Ok(Some((value, commit_ts)))`: done;
+    /// `Ok(None)`: the attempt was aborted and the backoff slept, run another one.
+    pub(crate) async fn end<T>(
+        &mut self,
+        tx: &mut ReadWriteTransaction,
+        result: Result<T, TxError>,
+    ) -> Result<Option<(T, Timestamp)>, ClaimsError> {
+        let options = CommitOptions {
+            call_options: self.options.call_options(),
+            ..Default::default()
+        };
+        match tx.end(result, Some(options)).await {
+            Ok((commit, value)) => {
+                let timestamp = commit.timestamp.ok_or_else(|| {
+                    ClaimsError::internal(format!(
+                        "{}: Spanner returned no commit timestamp",
+                        self.what
+                    ))
+                })?;
+                Ok(Some((value, commit_timestamp(timestamp))))
+            }
+            Err(TxError::Status(status)) => self.retry_or_fail(status).await.map(|()| None),
+            Err(error) => Err(tx_error(self.what, error)),
+        }
+    }
+
+    async fn retry_or_fail(&mut self, status: gcloud_gax::grpc::Status) -> Result<(), ClaimsError> {
+        match classify(&status) {
+            Failure::Aborted | Failure::SessionLost => {
+                let pause = self.next_pause();
+                if self.started.elapsed() + pause >= self.options.transaction_deadline {
+                    return Err(ClaimsError::unavailable(format!(
+                        "{}: Spanner kept aborting the transaction for {:?} ({} attempts; last: {})",
+                        self.what,
+                        self.started.elapsed(),
+                        self.attempts,
+                        status.message()
+                    )));
+                }
+                tracing::debug!(
+                    what = self.what,
+                    attempt = self.attempts,
+                    ?pause,
+                    "transaction aborted; retrying"
+                );
+                tokio::time::sleep(pause).await;
+                Ok(())
+            }
+            Failure::Constraint if self.constraint_retries < MAX_CONSTRAINT_RETRIES => {
+                self.constraint_retries += 1;
+                tracing::warn!(what = self.what, status = %status.message(), "a write's own check fired; re-running the transaction");
+                Ok(())
+            }
+            _ => Err(client_error(
+                self.what,
+                &gcloud_spanner::client::Error::GRPC(status),
+            )),
+        }
+    }
+
+    /// "Equal jitter": half the current backoff plus a random part of the other half, so
+    /// contenders that aborted together do not come back together.
+    fn next_pause(&mut self) -> Duration {
+        let half = self.backoff / 2;
+        let jitter = Duration::from_micros(fastrand::u64(0..=half.as_micros() as u64));
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        half + jitter
+    }
+}
+
+/// A commit timestamp as a domain timestamp (Spanner keeps nanoseconds; the domain microseconds,
+/// truncated the same way as every TIMESTAMP read back, so the two always compare equal).
+pub(crate) fn commit_timestamp(timestamp: gcloud_spanner::value::Timestamp) -> Timestamp {
+    let timestamp: prost_types::Timestamp = timestamp.into();
+    topology_claims::grpc::convert::timestamp_from_pb(&timestamp)
+}

@@ -1,0 +1,13 @@
+//! The shared ClaimStore conformance suite and model-based property test, against the Cloud
+//! Spanner emulator (a fresh database per store). Fewer model cases than the default: the
+//! emulator runs one transaction at a time.
+
+mod common;
+
+use topology_claims_spanner::SpannerClaimStore;
+
+async fn store() -> SpannerClaimStore {
+    common::fresh_store(common::Mode::Plain).await
+}
+
+topology_claims::claim_store_conformance!(store, model_cases = 8);

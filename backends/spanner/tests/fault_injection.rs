@@ -1,0 +1,63 @@
+//! The shared ClaimStore conformance suite and model-based property test against an emulator
+//! started with `--enable_fault_injection`, which aborts a share of commits at random: every
+//! case must still pass (the adapter retries aborted transactions), and the suite's invariants,
+//! checked after every step of the model test, show that no batch is ever half-applied.
+
+mod common;
+
+use topology_claims_spanner::SpannerClaimStore;
+
+async fn store() -> SpannerClaimStore {
+    common::fresh_store(common::Mode::FaultInjection).await
+}
+
+topology_claims::claim_store_conformance!(store, model_cases = 8);
+
+/// Guards the guard: the emulator of this binary really aborts commits, so the suite above ran
+/// under injected faults (a single attempt per transaction here, no retry).
+#[test]
+fn the_emulator_really_aborts_commits() {
+    use gcloud_gax::conn::Environment;
+    use gcloud_gax::grpc::Code;
+    use gcloud_gax::retry::TryAs;
+    use gcloud_spanner::client::{Client, ClientConfig, Error};
+    use gcloud_spanner::mutation::insert_or_update;
+    use gcloud_spanner::value::CommitTimestamp;
+
+    topology_claims::testing::run_async(async {
+        let emulator = common::shared(common::Mode::FaultInjection);
+        let url = common::fresh_url();
+        topology_claims_spanner::migrate(&url, common::options(emulator), true)
+            .await
+            .unwrap();
+        let config = ClientConfig {
+            environment: Environment::Emulator(emulator.host.clone()),
+            ..ClientConfig::default()
+        };
+        let database = url.trim_start_matches("spanner://").to_owned();
+        let client = Client::new(database, config).await.unwrap();
+        let (mut committed, mut aborted) = (0, 0);
+        for version in 1000..1300i64 {
+            let mut tx = client.begin_read_write_transaction().await.unwrap();
+            tx.buffer_write(vec![insert_or_update(
+                "schema_migrations",
+                &["version", "name", "applied_at"],
+                &[&version, &"probe", &CommitTimestamp::new()],
+            )]);
+            match tx.end(Ok::<(), Error>(()), None).await {
+                Ok(_) => committed += 1,
+                Err(e) if e.try_as().is_some_and(|s| s.code() == Code::Aborted) => aborted += 1,
+                Err(e) => panic!("unexpected failure: {e}"),
+            }
+        }
+        println!(
+            "fault injection: {aborted} of {} commits aborted",
+            committed + aborted
+        );
+        assert!(
+            aborted > 0,
+            "no commit aborted in {committed}: fault injection is off"
+        );
+        client.close().await;
+    });
+}

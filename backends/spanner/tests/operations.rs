@@ -1,0 +1,301 @@
+//! What is particular to the Spanner store beyond the shared suite: schema migrations through
+//! UpdateDatabaseDdl (idempotent, refused on request), the database's commit timestamps as the
+//! only clock, and failing `Unavailable` (not hanging) when Spanner is gone.
+
+mod common;
+
+use std::time::Duration;
+
+use gcloud_gax::conn::Environment;
+use gcloud_googleapis::spanner::admin::database::v1::{CreateDatabaseRequest, DatabaseDialect};
+use gcloud_spanner::admin::client::Client as AdminClient;
+use gcloud_spanner::admin::AdminClientConfig;
+use topology_claims::testing::fixtures::{cell, creates, username};
+use topology_claims::{
+    ClaimStore, ClaimsError, ClaimsQuery, LeasesQuery, MigrationPolicy, TableName,
+};
+use topology_claims_spanner::{SpannerClaimStore, SpannerOptions};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// Creates the database of `url` with no schema at all, as an operator might by hand.
+async fn create_empty_database(emulator: &common::Emulator, url: &str) {
+    // The shared instance exists once any store was created through `migrate`.
+    let scratch = common::fresh_url();
+    topology_claims_spanner::migrate(&scratch, common::options(emulator), true)
+        .await
+        .unwrap();
+    let config = AdminClientConfig {
+        environment: Environment::Emulator(emulator.host.clone()),
+        ..AdminClientConfig::default()
+    };
+    let admin = AdminClient::new(config).await.unwrap();
+    let database = url.rsplit('/').next().unwrap();
+    let request = CreateDatabaseRequest {
+        parent: format!(
+            "projects/{}/instances/{}",
+            common::PROJECT,
+            common::INSTANCE
+        ),
+        create_statement: format!("CREATE DATABASE `{database}`"),
+        database_dialect: DatabaseDialect::GoogleStandardSql as i32,
+        ..Default::default()
+    };
+    admin
+        .database()
+        .create_database(request, None)
+        .await
+        .unwrap()
+        .wait(None)
+        .await
+        .unwrap();
+}
+
+#[test]
+fn migrate_creates_the_database_once_and_is_idempotent() {
+    runtime().block_on(async {
+        let emulator = common::shared(common::Mode::Plain);
+        let url = common::fresh_url();
+        let options = common::options(emulator);
+        let first = topology_claims_spanner::migrate(&url, options.clone(), true)
+            .await
+            .unwrap();
+        assert_eq!(first, ["0001_initial"]);
+        let again = topology_claims_spanner::migrate(&url, options.clone(), true)
+            .await
+            .unwrap();
+        assert!(again.is_empty(), "nothing pending: {again:?}");
+        let without_create = topology_claims_spanner::migrate(&url, options.clone(), false)
+            .await
+            .unwrap();
+        assert!(
+            without_create.is_empty(),
+            "nothing pending: {without_create:?}"
+        );
+        let store = SpannerClaimStore::connect(&url, options, MigrationPolicy::Refuse)
+            .await
+            .unwrap();
+        store.close().await;
+    });
+}
+
+#[test]
+fn pending_migrations_are_refused_or_applied_through_update_database_ddl() {
+    runtime().block_on(async {
+        let emulator = common::shared(common::Mode::Plain);
+        let url = common::fresh_url();
+        create_empty_database(emulator, &url).await;
+        let options = common::options(emulator);
+
+        let refused =
+            SpannerClaimStore::connect(&url, options.clone(), MigrationPolicy::Refuse).await;
+        assert_eq!(
+            refused.unwrap_err(),
+            ClaimsError::MigrationsPending {
+                pending: vec!["0001_initial".into()]
+            }
+        );
+
+        let store = SpannerClaimStore::connect(&url, options.clone(), MigrationPolicy::Apply)
+            .await
+            .unwrap();
+        let a = cell("cell-a");
+        let lease = store
+            .begin_update(creates(&a, &[username("migrated")]))
+            .await
+            .unwrap();
+        store.commit_update(&a, lease.lease_id).await.unwrap();
+        store.close().await;
+
+        let store = SpannerClaimStore::connect(&url, options.clone(), MigrationPolicy::Refuse)
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .lookup_claim(&username("migrated").key)
+                .await
+                .unwrap()
+                .cell_id,
+            a
+        );
+        store.close().await;
+        let applied = topology_claims_spanner::migrate(&url, options, false)
+            .await
+            .unwrap();
+        assert!(applied.is_empty(), "recorded as applied: {applied:?}");
+    });
+}
+
+#[test]
+fn a_missing_database_is_unavailable_and_names_the_fix() {
+    runtime().block_on(async {
+        let emulator = common::shared(common::Mode::Plain);
+        // Make sure the instance exists, so only the database is missing.
+        topology_claims_spanner::migrate(&common::fresh_url(), common::options(emulator), true)
+            .await
+            .unwrap();
+        let url = common::fresh_url();
+        let err =
+            SpannerClaimStore::connect(&url, common::options(emulator), MigrationPolicy::Apply)
+                .await
+                .unwrap_err();
+        match err {
+            ClaimsError::Unavailable { message } => {
+                assert!(message.contains("--create-database"), "{message}")
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+    });
+}
+
+#[test]
+fn malformed_urls_and_options_are_configuration_errors() {
+    runtime().block_on(async {
+        let emulator = common::shared(common::Mode::Plain);
+        let bad_url = SpannerClaimStore::connect(
+            "spanner://projects/p/databases/d",
+            common::options(emulator),
+            MigrationPolicy::Apply,
+        )
+        .await;
+        assert!(
+            matches!(bad_url, Err(ClaimsError::Configuration { .. })),
+            "{bad_url:?}"
+        );
+        let no_sessions = SpannerOptions {
+            session_pool_size: 0,
+            ..common::options(emulator)
+        };
+        let bad_options =
+            topology_claims_spanner::migrate(&common::fresh_url(), no_sessions, true).await;
+        assert!(
+            matches!(bad_options, Err(ClaimsError::Configuration { .. })),
+            "{bad_options:?}"
+        );
+    });
+}
+
+#[test]
+fn every_timestamp_is_a_spanner_commit_timestamp() {
+    runtime().block_on(async {
+        let store = common::fresh_store(common::Mode::Plain).await;
+        let a = cell("cell-a");
+        let lease = store
+            .begin_update(creates(&a, &[username("t1"), username("t2")]))
+            .await
+            .unwrap();
+        for name in ["t1", "t2"] {
+            let claim = store.lookup_claim(&username(name).key).await.unwrap();
+            // One transaction, one commit timestamp: the lease's and its claims' times agree.
+            assert_eq!(
+                (claim.created_at, claim.updated_at),
+                (lease.created_at, lease.created_at)
+            );
+        }
+        store.commit_update(&a, lease.lease_id).await.unwrap();
+        let committed = store.lookup_claim(&username("t1").key).await.unwrap();
+        assert_eq!(
+            committed.created_at, lease.created_at,
+            "creation time is kept"
+        );
+        assert!(
+            committed.updated_at > lease.created_at,
+            "a later transaction, a later commit timestamp"
+        );
+        let page = store
+            .list_outstanding_leases(&LeasesQuery {
+                cell_id: a,
+                after: None,
+                limit: 10,
+            })
+            .await
+            .unwrap();
+        assert!(
+            page.server_time >= committed.updated_at,
+            "a strong read sees the commit"
+        );
+        store.close().await;
+    });
+}
+
+#[test]
+fn a_store_whose_spanner_is_gone_answers_unavailable_instead_of_hanging() {
+    runtime().block_on(async {
+        // An emulator of its own, to kill.
+        let emulator = common::Emulator::start(common::Mode::Plain);
+        let url = common::fresh_url();
+        let options = SpannerOptions {
+            rpc_timeout: Duration::from_secs(2),
+            ..common::options(&emulator)
+        };
+        topology_claims_spanner::migrate(&url, options.clone(), true)
+            .await
+            .unwrap();
+        let store = SpannerClaimStore::connect(&url, options.clone(), MigrationPolicy::Refuse)
+            .await
+            .unwrap();
+        let a = cell("cell-a");
+        let lease = store
+            .begin_update(creates(&a, &[username("before")]))
+            .await
+            .unwrap();
+
+        emulator.kill();
+        // A generous bound: it catches a hang (the crate's default retries run for minutes),
+        // not a slow answer.
+        let bound = Duration::from_secs(60);
+        let answers = async {
+            let begin = store
+                .begin_update(creates(&a, &[username("after")]))
+                .await
+                .map(|_| ());
+            let commit = store.commit_update(&a, lease.lease_id).await;
+            let lookup = store
+                .lookup_claim(&username("before").key)
+                .await
+                .map(|_| ());
+            let leases = store
+                .list_outstanding_leases(&LeasesQuery {
+                    cell_id: a.clone(),
+                    after: None,
+                    limit: 10,
+                })
+                .await
+                .map(|_| ());
+            let claims = store
+                .list_claims(&ClaimsQuery {
+                    cell_id: a.clone(),
+                    table_name: TableName::Users,
+                    cursor: 0,
+                    limit: 10,
+                })
+                .await
+                .map(|_| ());
+            let collect = store
+                .collect_outcomes(Duration::from_secs(1))
+                .await
+                .map(|_| ());
+            [begin, commit, lookup, leases, claims, collect]
+        };
+        let answers = tokio::time::timeout(bound, answers)
+            .await
+            .expect("requests to a dead Spanner must not hang");
+        for answer in answers {
+            assert!(
+                matches!(answer, Err(ClaimsError::Unavailable { .. })),
+                "{answer:?}"
+            );
+        }
+        let reconnect = SpannerClaimStore::connect(&url, options, MigrationPolicy::Refuse).await;
+        assert!(
+            matches!(reconnect, Err(ClaimsError::Unavailable { .. })),
+            "{reconnect:?}"
+        );
+    });
+}

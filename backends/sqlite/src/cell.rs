@@ -1,0 +1,207 @@
+//! The cell side for a cell whose local database is SQLite: the three-phase transaction as one
+//! call around the application's closure ([`transact`]) and a verifier [`ClaimSource`] made of
+//! one SQL query per table ([`SqliteQuerySource`]).
+//!
+//! The protocol itself (phases, staleness guard, reconciliation) is `topology_claims::cell`'s;
+//! this module only opens, commits and rolls back SQLite transactions around it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, TransactionBehavior};
+use topology_claims::cell::{
+    ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd, PendingUpdate,
+    TransactionError, UpdateConfig,
+};
+use topology_claims::{
+    BeginUpdate, ClaimKey, ClaimRecord, ClaimType, ClaimsError, OwnerType, TableName, Timestamp,
+};
+
+use crate::error::{open_error, sqlite_to_claims};
+use crate::SqliteLocalLeaseStore;
+
+/// Runs the three-phase transaction: BeginUpdate; then, in one local SQLite transaction on `db`,
+/// the application's `body` and the lease record; the staleness guard; the local COMMIT; then
+/// CommitUpdate and the deletion of the local lease row. Any local failure rolls back locally
+/// and then the lease. `leases` must be the `leases_outstanding` store of the same database.
+///
+/// ```ignore
+/// let (user_id, _) = transact(&client, &mut db, &leases, request, UpdateConfig::default(), |tx| {
+///     tx.execute("INSERT INTO users (name, email) VALUES (?1, ?2)", (&name, &email))?;
+///     Ok::<_, rusqlite::Error>(tx.last_insert_rowid())
+/// }).await?;
+/// ```
+pub async fn transact<T, E>(
+    client: &ClaimsClient,
+    db: &mut Connection,
+    leases: &SqliteLocalLeaseStore,
+    request: BeginUpdate,
+    config: UpdateConfig,
+    body: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E>,
+) -> Result<(T, CommitOutcome), TransactionError<E>>
+where
+    E: From<rusqlite::Error>,
+{
+    let pending = PendingUpdate::begin(client, request, config)
+        .await
+        .map_err(TransactionError::Claims)?;
+    let local_end = local_phase(db, leases, &pending, body);
+    pending.finish(local_end, leases).await
+}
+
+/// Phase 2, synchronous so that the `!Send` transaction never lives across an await.
+fn local_phase<T, E: From<rusqlite::Error>>(
+    db: &mut Connection,
+    leases: &SqliteLocalLeaseStore,
+    pending: &PendingUpdate,
+    body: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E>,
+) -> LocalEnd<T, E> {
+    // IMMEDIATE: take the write lock up front, so the commit cannot fail on a lock upgrade.
+    let tx = match db.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => return LocalEnd::Failed(e.into()),
+    };
+    let value = match body(&tx) {
+        Ok(value) => value,
+        Err(e) => return LocalEnd::Failed(e),
+    };
+    if let Err(e) = leases.record_sync(&tx, pending.lease_id()) {
+        return LocalEnd::Failed(e.into());
+    }
+    if let Err(elapsed) = pending.check_fresh() {
+        return LocalEnd::Stale { elapsed };
+    }
+    match tx.commit() {
+        Ok(()) => LocalEnd::Committed(value),
+        Err(e) => LocalEnd::Failed(e.into()),
+    }
+}
+
+/// A verifier claim source: for each table, one SQL query over the cell's SQLite database with
+/// the id range bound to `?1` (inclusive) and `?2` (exclusive), returning the columns
+/// `table_record_id, claim_type, claim_value, owner_type, owner_value, created_at`.
+/// Enum columns may be names (`'username'`) or numbers; `created_at` is unix seconds (INTEGER
+/// or REAL, e.g. `CAST(strftime('%s', created_at) AS INTEGER)`).
+pub struct SqliteQuerySource {
+    conn: Arc<Mutex<Connection>>,
+    queries: BTreeMap<TableName, String>,
+}
+
+impl SqliteQuerySource {
+    /// Opens its own connection to the cell's database (read only) with these queries; each
+    /// query is prepared once here so a typo fails now, not halfway through a run.
+    pub fn open(path: &Path, queries: BTreeMap<TableName, String>) -> Result<Self, ClaimsError> {
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| open_error(path, &e))?;
+        for (table, sql) in &queries {
+            conn.prepare(sql).map_err(|e| ClaimsError::Configuration {
+                message: format!("verify query for table {table} does not prepare: {e}"),
+            })?;
+        }
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            queries,
+        })
+    }
+}
+
+fn enum_column<T>(
+    value: ValueRef<'_>,
+    column: &str,
+    by_name: impl Fn(&str) -> Option<T>,
+    by_number: impl Fn(i64) -> Option<T>,
+) -> Result<T, ClaimsError> {
+    let parsed = match value {
+        ValueRef::Integer(n) => by_number(n),
+        ValueRef::Text(text) => std::str::from_utf8(text).ok().and_then(&by_name),
+        _ => None,
+    };
+    parsed.ok_or_else(|| ClaimsError::Configuration {
+        message: format!(
+            "verify query column {column} has a value that is not a known name or number"
+        ),
+    })
+}
+
+fn read_claim(row: &rusqlite::Row<'_>, table: TableName) -> Result<LocalClaim, ClaimsError> {
+    let get = |i: usize| row.get_ref(i).map_err(|e| sqlite_to_claims(&e));
+    let text = |i: usize, column: &str| -> Result<String, ClaimsError> {
+        match get(i)? {
+            ValueRef::Text(t) => Ok(String::from_utf8_lossy(t).into_owned()),
+            ValueRef::Integer(n) => Ok(n.to_string()),
+            _ => Err(ClaimsError::Configuration {
+                message: format!("verify query column {column} must be text"),
+            }),
+        }
+    };
+    let record_id = match get(0)? {
+        ValueRef::Integer(n) => n,
+        _ => {
+            return Err(ClaimsError::Configuration {
+                message: "verify query column table_record_id must be an integer".into(),
+            })
+        }
+    };
+    let created_at = match get(5)? {
+        ValueRef::Integer(secs) => Timestamp::from_unix_micros(secs.saturating_mul(1_000_000)),
+        ValueRef::Real(secs) => Timestamp::from_unix_micros((secs * 1e6) as i64),
+        _ => {
+            return Err(ClaimsError::Configuration {
+                message: "verify query column created_at must be unix seconds".into(),
+            })
+        }
+    };
+    let record = ClaimRecord {
+        key: ClaimKey {
+            claim_type: enum_column(
+                get(1)?,
+                "claim_type",
+                ClaimType::from_name,
+                ClaimType::from_number,
+            )?,
+            value: text(2, "claim_value")?,
+        },
+        owner_type: enum_column(
+            get(3)?,
+            "owner_type",
+            OwnerType::from_name,
+            OwnerType::from_number,
+        )?,
+        owner_value: text(4, "owner_value")?,
+        table_name: table,
+        table_record_id: record_id,
+    };
+    Ok(LocalClaim { record, created_at })
+}
+
+impl ClaimSource for SqliteQuerySource {
+    async fn claims_in_range(
+        &self,
+        table: TableName,
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<LocalClaim>, ClaimsError> {
+        let Some(sql) = self.queries.get(&table).cloned() else {
+            return Ok(Vec::new());
+        };
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+            let mut statement = conn
+                .prepare_cached(&sql)
+                .map_err(|e| sqlite_to_claims(&e))?;
+            let mut rows = statement
+                .query((start, end))
+                .map_err(|e| sqlite_to_claims(&e))?;
+            let mut claims = Vec::new();
+            while let Some(row) = rows.next().map_err(|e| sqlite_to_claims(&e))? {
+                claims.push(read_claim(row, table)?);
+            }
+            Ok(claims)
+        })
+        .await
+        .map_err(|e| ClaimsError::internal(format!("verify query thread failed: {e}")))?
+    }
+}

@@ -1,0 +1,120 @@
+//! Opening the service's database file: path checks, the connection settings, and the mutex that
+//! makes the one connection usable from async code through `spawn_blocking`.
+//!
+//! Owns every PRAGMA of the service's connection. Must not know any table.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rusqlite::Connection;
+use topology_claims::ClaimsError;
+
+use crate::error::open_error;
+
+/// How long a statement waits for another connection's lock before SQLite answers BUSY.
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Refuses paths that cannot be a database file before SQLite is asked, so the message says
+/// what is wrong instead of SQLite's generic "unable to open database file".
+pub(crate) fn check_path(path: &Path) -> Result<(), ClaimsError> {
+    let configuration = |message: String| Err(ClaimsError::Configuration { message });
+    if path.as_os_str().is_empty() {
+        return configuration("the SQLite database path is empty".to_owned());
+    }
+    if path.is_dir() {
+        return configuration(format!(
+            "{} is a directory, not a SQLite database file",
+            path.display()
+        ));
+    }
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => configuration(format!(
+            "cannot create SQLite database {}: directory {} does not exist",
+            path.display(),
+            dir.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Opens (creating if needed) and configures the service's connection.
+pub(crate) fn open_service_connection(path: &Path) -> Result<Connection, ClaimsError> {
+    check_path(path)?;
+    let conn = Connection::open(path).map_err(|e| open_error(path, &e))?;
+    configure(&conn).map_err(|e| open_error(path, &e))?;
+    Ok(conn)
+}
+
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // WAL: readers never block the writer and a commit appends to the log instead of rewriting
+    // pages. It is also the first statement that reads the file, so a file that is not a
+    // database fails here (NotADatabase) rather than in the first request.
+    let mode: String =
+        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        // In-memory databases answer "memory"; they have no file to be durable in anyway.
+        tracing::warn!(journal_mode = %mode, "SQLite did not switch to WAL");
+    }
+    // Durability choice. With WAL, synchronous=NORMAL writes every commit to the WAL file before
+    // COMMIT returns but fsyncs only at checkpoints. A committed transaction therefore survives
+    // a crash of this process (the OS holds the written pages), and the database can never be
+    // corrupted. What it trades away: on power loss or an OS crash, the last transactions before
+    // the latest fsync may roll back (a lease BeginUpdate answered may be gone, and the cell's
+    // CommitUpdate then gets LEASE_NOT_FOUND and reconciles). FULL would fsync on every commit,
+    // costing a disk flush per BeginUpdate/CommitUpdate; a deployment that must survive power
+    // loss without losing answered requests belongs on PostgreSQL or Spanner anyway.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // Enforces claims.lease_id -> leases_outstanding: SQLite checks foreign keys only when asked.
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(())
+}
+
+/// The one connection, shared by clones of a store. A `std` mutex, not an async one: it is only
+/// ever locked on a blocking thread, for the span of one transaction.
+#[derive(Clone)]
+pub(crate) struct SharedConnection {
+    conn: Arc<Mutex<Connection>>,
+    path: Arc<PathBuf>,
+}
+
+impl SharedConnection {
+    pub(crate) fn new(conn: Connection, path: PathBuf) -> Self {
+        Self {
+            conn: Arc::new(Mutex::new(conn)),
+            path: Arc::new(path),
+        }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `work` with the connection on a blocking thread. If the caller's future is dropped
+    /// (a cancelled request), `work` still runs to the end: a transaction is never cut in half,
+    /// and every operation is safe for the client to retry.
+    pub(crate) async fn run<T, F>(&self, work: F) -> Result<T, ClaimsError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, ClaimsError> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || work(&mut lock(&conn)))
+            .await
+            .map_err(|e| ClaimsError::internal(format!("SQLite worker thread failed: {e}")))?
+    }
+}
+
+fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    // A panic while the lock was held unwound through rusqlite's Transaction, whose drop rolls
+    // back, so the connection itself is sound: take it back from the poisoned mutex.
+    let guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if !guard.is_autocommit() {
+        // Belt and braces: never start a request inside a transaction a failed one left open.
+        if let Err(error) = guard.execute_batch("ROLLBACK") {
+            tracing::warn!(%error, "could not roll back a transaction left open");
+        }
+    }
+    guard
+}

@@ -1,0 +1,448 @@
+//! [`SqliteClaimStore`]: the service's [`ClaimStore`] on one SQLite file.
+//!
+//! Every method is one SQLite transaction on the store's single connection: write methods read
+//! the rows the request touches inside `BEGIN IMMEDIATE`, ask `topology_claims::domain` for the
+//! decision, and write exactly that (the statement-for-statement twin of
+//! `topology_claims::domain::Tables`). This module must not decide any protocol question itself;
+//! its conditional `WHERE` clauses only double-check what the domain already decided.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, TransactionBehavior};
+use topology_claims::domain::{self, BeginPlan, ClaimsPagePlan, EndPlan, EndWrites};
+use topology_claims::grpc::convert::encode_request;
+use topology_claims::{
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Clock,
+    Lease, LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy, SystemClock, Timestamp,
+};
+
+use crate::connection::{open_service_connection, SharedConnection};
+use crate::error::{retry, StoreError};
+use crate::migrations;
+use crate::rows::{self, lease_id_text, LeaseRow, LEASE_COLUMNS};
+
+/// The service's store on a SQLite file (see the crate docs for the schema and durability).
+///
+/// Cheap to clone: clones share the one connection.
+#[derive(Clone)]
+pub struct SqliteClaimStore {
+    conn: SharedConnection,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for SqliteClaimStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteClaimStore")
+            .field("path", &self.conn.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteClaimStore {
+    /// Opens (creating if needed) the database at `path`, with pending schema migrations
+    /// applied or refused as `policy` says. Timestamps come from the system clock.
+    pub async fn open(
+        path: impl AsRef<Path>,
+        policy: MigrationPolicy,
+    ) -> Result<Self, ClaimsError> {
+        Self::open_with_clock(path, policy, Arc::new(SystemClock)).await
+    }
+
+    /// [`open`](Self::open) with the clock that stamps `created_at`, `updated_at`,
+    /// `last_renewed_at`, `decided_at` and `server_time` (tests pass a controllable one).
+    pub async fn open_with_clock(
+        path: impl AsRef<Path>,
+        policy: MigrationPolicy,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, ClaimsError> {
+        let path = path.as_ref().to_path_buf();
+        let (conn, _applied) = open_migrated(path.clone(), policy, Arc::clone(&clock)).await?;
+        Ok(Self {
+            conn: SharedConnection::new(conn, path),
+            clock,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        self.conn.path()
+    }
+
+    /// Runs one write transaction (with the bounded retry) on a blocking thread.
+    async fn write<T, F>(&self, op: F) -> Result<T, ClaimsError>
+    where
+        T: Send + 'static,
+        F: FnMut(&Connection, Timestamp) -> Result<T, StoreError> + Send + 'static,
+    {
+        let clock = Arc::clone(&self.clock);
+        self.conn
+            .run(move |conn| write_transaction(conn, &*clock, op))
+            .await
+    }
+
+    /// Runs one read transaction (with the bounded retry) on a blocking thread.
+    async fn read<T, F>(&self, op: F) -> Result<T, ClaimsError>
+    where
+        T: Send + 'static,
+        F: FnMut(&Connection, Timestamp) -> Result<T, StoreError> + Send + 'static,
+    {
+        let clock = Arc::clone(&self.clock);
+        self.conn
+            .run(move |conn| read_transaction(conn, &*clock, op))
+            .await
+    }
+}
+
+/// Opens the file and brings its schema up to date (or refuses); returns the names applied.
+pub(crate) async fn open_migrated(
+    path: PathBuf,
+    policy: MigrationPolicy,
+    clock: Arc<dyn Clock>,
+) -> Result<(Connection, Vec<String>), ClaimsError> {
+    tokio::task::spawn_blocking(move || {
+        let mut conn = open_service_connection(&path)?;
+        // More statements than rusqlite's default cache of 16 are in regular use.
+        conn.set_prepared_statement_cache_capacity(64);
+        let applied =
+            retry(|| migrations::run(&mut conn, policy, &*clock)).map_err(|e| match e {
+                ClaimsError::Internal { message } => ClaimsError::Internal {
+                    message: format!("migrating {}: {message}", path.display()),
+                },
+                other => other,
+            })?;
+        Ok((conn, applied))
+    })
+    .await
+    .map_err(|e| ClaimsError::internal(format!("SQLite open thread failed: {e}")))?
+}
+
+/// `BEGIN IMMEDIATE; op; COMMIT`, re-run while it fails for a retryable reason. IMMEDIATE takes
+/// the write lock before the first read, so the rows the decision is based on cannot change
+/// before its writes land (a DEFERRED transaction could read, then fail to upgrade with BUSY).
+fn write_transaction<T>(
+    conn: &mut Connection,
+    clock: &dyn Clock,
+    mut op: impl FnMut(&Connection, Timestamp) -> Result<T, StoreError>,
+) -> Result<T, ClaimsError> {
+    retry(|| {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // Read under the write lock, so timestamps follow the order transactions commit in.
+        let now = clock.now();
+        let value = op(&tx, now)?;
+        tx.commit()?;
+        Ok(value)
+    })
+}
+
+/// `BEGIN; op; COMMIT` for reads: one WAL snapshot across the statements of a page.
+fn read_transaction<T>(
+    conn: &mut Connection,
+    clock: &dyn Clock,
+    mut op: impl FnMut(&Connection, Timestamp) -> Result<T, StoreError>,
+) -> Result<T, ClaimsError> {
+    retry(|| {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+        let value = op(&tx, clock.now())?;
+        tx.commit()?;
+        Ok(value)
+    })
+}
+
+/// An SQL bound for a count of rows (`LIMIT`), saturating: a larger limit than SQLite can hold
+/// means "all rows" anyway.
+fn sql_limit(rows: usize) -> i64 {
+    i64::try_from(rows).unwrap_or(i64::MAX)
+}
+
+fn begin(
+    tx: &Connection,
+    request: &BeginUpdate,
+    fresh_id: LeaseId,
+    now: Timestamp,
+) -> Result<Lease, StoreError> {
+    let lease_id = request.lease_id.unwrap_or(fresh_id);
+    let known = rows::lease_record(tx, lease_id)?;
+    let mut current = BTreeMap::new();
+    for (_, record) in request.operations() {
+        if let Some(claim) = rows::claim_by_key(tx, &record.key)? {
+            current.insert(record.key.clone(), claim);
+        }
+    }
+    let writes = match domain::decide_begin(request, lease_id, known.as_ref(), &current)? {
+        BeginPlan::Replay(lease) => return Ok(lease),
+        BeginPlan::Apply(writes) => writes,
+    };
+    let id = lease_id_text(lease_id);
+    let now_micros = now.as_unix_micros();
+    // The lease row first: the claims' foreign key points at it.
+    tx.prepare_cached(&format!(
+        "INSERT INTO leases_outstanding ({LEASE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?4)"
+    ))?
+    .execute((
+        &id,
+        request.cell_id.as_str(),
+        encode_request(request),
+        now_micros,
+    ))?;
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO claims (claim_type, claim_value, cell_id, owner_type, owner_value, \
+         table_name, table_record_id, lease_id, lease_op, created_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+    )?;
+    for record in &writes.inserts {
+        // A primary-key violation here means another writer got in between: retried.
+        insert.execute((
+            record.key.claim_type.number(),
+            &record.key.value,
+            request.cell_id.as_str(),
+            record.owner_type.number(),
+            &record.owner_value,
+            record.table_name.number(),
+            record.table_record_id,
+            &id,
+            LeaseOp::Create.number(),
+            now_micros,
+        ))?;
+    }
+    let mut mark = tx.prepare_cached(
+        "UPDATE claims SET lease_id = ?1, lease_op = ?2, updated_at = ?3 \
+         WHERE claim_type = ?4 AND claim_value = ?5 AND lease_id IS NULL AND cell_id = ?6",
+    )?;
+    for key in &writes.marks {
+        let marked = mark.execute((
+            &id,
+            LeaseOp::Destroy.number(),
+            now_micros,
+            key.claim_type.number(),
+            &key.value,
+            request.cell_id.as_str(),
+        ))?;
+        if marked != 1 {
+            return Err(StoreError::Conflict(format!(
+                "claim {key} was no longer an unleased claim of cell {}",
+                request.cell_id
+            )));
+        }
+    }
+    Ok(Lease {
+        lease_id,
+        cell_id: request.cell_id.clone(),
+        created_at: now,
+        last_renewed_at: now,
+        request: request.clone(),
+    })
+}
+
+/// Writes what commit or rollback decided. Claim writes are conditional on the claim still
+/// carrying the lease, exactly as `Tables::apply_end` skips claims that do not.
+fn end(tx: &Connection, plan: EndPlan, now: Timestamp) -> Result<(), StoreError> {
+    let EndPlan::Apply(EndWrites {
+        lease_id,
+        cell_id,
+        outcome,
+        delete,
+        release,
+    }) = plan
+    else {
+        return Ok(());
+    };
+    let id = lease_id_text(lease_id);
+    let now_micros = now.as_unix_micros();
+    let mut delete_claim = tx.prepare_cached(
+        "DELETE FROM claims WHERE claim_type = ?1 AND claim_value = ?2 AND lease_id = ?3",
+    )?;
+    for key in &delete {
+        delete_claim.execute((key.claim_type.number(), &key.value, &id))?;
+    }
+    let mut release_claim = tx.prepare_cached(
+        "UPDATE claims SET lease_id = NULL, lease_op = 0, updated_at = ?1 \
+         WHERE claim_type = ?2 AND claim_value = ?3 AND lease_id = ?4",
+    )?;
+    for key in &release {
+        release_claim.execute((now_micros, key.claim_type.number(), &key.value, &id))?;
+    }
+    // After the claims: the foreign key forbids removing a lease that claims still carry.
+    tx.prepare_cached("DELETE FROM leases_outstanding WHERE lease_id = ?1")?
+        .execute([&id])?;
+    tx.prepare_cached(
+        "INSERT INTO lease_outcomes (lease_id, cell_id, outcome, decided_at) \
+         VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute((&id, cell_id.as_str(), outcome.number(), now_micros))?;
+    Ok(())
+}
+
+fn renew(
+    tx: &Connection,
+    cell_id: &CellId,
+    lease_id: LeaseId,
+    now: Timestamp,
+) -> Result<Lease, StoreError> {
+    let known = rows::lease_record(tx, lease_id)?;
+    let mut lease = domain::decide_renew(cell_id, lease_id, known.as_ref())?.clone();
+    let renewed = tx
+        .prepare_cached("UPDATE leases_outstanding SET last_renewed_at = ?1 WHERE lease_id = ?2")?
+        .execute((now.as_unix_micros(), lease_id_text(lease_id)))?;
+    if renewed != 1 {
+        return Err(
+            ClaimsError::internal(format!("lease {lease_id} vanished during renew")).into(),
+        );
+    }
+    lease.last_renewed_at = now;
+    Ok(lease)
+}
+
+fn outstanding_leases(
+    conn: &Connection,
+    query: &LeasesQuery,
+    now: Timestamp,
+) -> Result<LeasesPage, StoreError> {
+    // Every stored id sorts after the empty string, so "no cursor" needs no second statement.
+    let after = query.after.map(lease_id_text).unwrap_or_default();
+    let mut statement = conn.prepare_cached(&format!(
+        "SELECT {LEASE_COLUMNS} FROM leases_outstanding \
+         WHERE cell_id = ?1 AND lease_id > ?2 ORDER BY lease_id LIMIT ?3"
+    ))?;
+    let rows = statement
+        .query_map(
+            (
+                query.cell_id.as_str(),
+                &after,
+                sql_limit(query.limit.saturating_add(1)),
+            ),
+            LeaseRow::read,
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let leases = rows
+        .into_iter()
+        .map(LeaseRow::into_lease)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(domain::leases_page(leases, query.limit, now))
+}
+
+fn claims_page(conn: &Connection, query: &ClaimsQuery) -> Result<ClaimsPage, StoreError> {
+    let cell = query.cell_id.as_str();
+    let table = query.table_name.number();
+    let first = rows::select_claims(
+        conn,
+        "WHERE cell_id = ?1 AND table_name = ?2 AND table_record_id >= ?3 \
+         ORDER BY table_record_id, claim_type, claim_value LIMIT ?4",
+        &[
+            &cell,
+            &table,
+            &query.cursor,
+            &sql_limit(query.limit.saturating_add(1)),
+        ],
+    )?;
+    let boundary = match domain::plan_claims_page(query.cursor, query.limit, &first) {
+        ClaimsPagePlan::Done(page) => return Ok(page),
+        ClaimsPagePlan::NeedBoundary { boundary } => boundary,
+    };
+    let boundary_claims = rows::select_claims(
+        conn,
+        "WHERE cell_id = ?1 AND table_name = ?2 AND table_record_id = ?3 \
+         ORDER BY claim_type, claim_value",
+        &[&cell, &table, &boundary],
+    )?;
+    let more_after: bool = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM claims \
+             WHERE cell_id = ?1 AND table_name = ?2 AND table_record_id > ?3)",
+        )?
+        .query_row((cell, table, boundary), |row| row.get(0))?;
+    Ok(domain::finish_claims_page(
+        query.cursor,
+        &first,
+        boundary,
+        boundary_claims,
+        more_after,
+    ))
+}
+
+#[async_trait]
+impl ClaimStore for SqliteClaimStore {
+    async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        // Before any I/O: a malformed batch never reaches the file. The batch-size policy is the
+        // front end's, so the store accepts any size.
+        domain::check_batch(&request, usize::MAX)?;
+        let fresh_id = LeaseId::generate();
+        self.write(move |tx, now| begin(tx, &request, fresh_id, now))
+            .await
+    }
+
+    async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError> {
+        let cell_id = cell_id.clone();
+        self.write(move |tx, now| {
+            let known = rows::lease_record(tx, lease_id)?;
+            end(
+                tx,
+                domain::decide_commit(&cell_id, lease_id, known.as_ref())?,
+                now,
+            )
+        })
+        .await
+    }
+
+    async fn rollback_update(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<(), ClaimsError> {
+        let cell_id = cell_id.clone();
+        self.write(move |tx, now| {
+            let known = rows::lease_record(tx, lease_id)?;
+            end(
+                tx,
+                domain::decide_rollback(&cell_id, lease_id, known.as_ref())?,
+                now,
+            )
+        })
+        .await
+    }
+
+    async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {
+        let cell_id = cell_id.clone();
+        self.write(move |tx, now| renew(tx, &cell_id, lease_id, now))
+            .await
+    }
+
+    async fn list_outstanding_leases(
+        &self,
+        query: &LeasesQuery,
+    ) -> Result<LeasesPage, ClaimsError> {
+        let query = query.clone();
+        self.read(move |conn, now| outstanding_leases(conn, &query, now))
+            .await
+    }
+
+    async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
+        let query = query.clone();
+        self.read(move |conn, _| claims_page(conn, &query)).await
+    }
+
+    async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
+        let key = key.clone();
+        self.read(move |conn, _| {
+            rows::claim_by_key(conn, &key)?
+                .ok_or_else(|| ClaimsError::ClaimNotFound { claim: key.clone() }.into())
+        })
+        .await
+    }
+
+    async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
+        self.write(move |tx, now| {
+            // `domain::outcome_expired` as a range over the decided_at index.
+            let cutoff = now.saturating_sub(retention).as_unix_micros();
+            let deleted = tx
+                .prepare_cached("DELETE FROM lease_outcomes WHERE decided_at < ?1")?
+                .execute([cutoff])?;
+            Ok(deleted as u64)
+        })
+        .await
+    }
+}

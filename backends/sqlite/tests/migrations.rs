@@ -1,0 +1,246 @@
+//! Opening a SQLite file: migrations applied or refused, bad paths refused with a clear error,
+//! and data that outlives the store that wrote it.
+
+use rusqlite::Connection;
+use tempfile::TempDir;
+use topology_claims::testing::fixtures::{cell, creates, destroys, email, username};
+use topology_claims::{ClaimState, ClaimStore, ClaimsError, LeasesQuery, MigrationPolicy};
+use topology_claims_sqlite::{migrate, SqliteClaimStore, SqliteLocalLeaseStore};
+
+const ALL_MIGRATIONS: &[&str] = &["0001_initial"];
+
+fn temp_dir() -> TempDir {
+    TempDir::new().expect("a temporary directory")
+}
+
+#[tokio::test]
+async fn refuse_on_a_fresh_file_reports_pending_migrations_until_migrate_runs() {
+    let dir = temp_dir();
+    let path = dir.path().join("claims.db");
+
+    let refused = SqliteClaimStore::open(&path, MigrationPolicy::Refuse)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused,
+        ClaimsError::MigrationsPending {
+            pending: vec!["0001_initial".into()]
+        }
+    );
+
+    assert_eq!(migrate(&path).await.unwrap(), ALL_MIGRATIONS);
+    assert_eq!(
+        migrate(&path).await.unwrap(),
+        Vec::<String>::new(),
+        "nothing left to apply"
+    );
+    SqliteClaimStore::open(&path, MigrationPolicy::Refuse)
+        .await
+        .expect("an up-to-date file opens");
+}
+
+#[tokio::test]
+async fn open_with_apply_migrates_and_records_every_migration() {
+    let dir = temp_dir();
+    let path = dir.path().join("claims.db");
+    drop(
+        SqliteClaimStore::open(&path, MigrationPolicy::Apply)
+            .await
+            .unwrap(),
+    );
+
+    let conn = Connection::open(&path).unwrap();
+    let mut statement = conn
+        .prepare("SELECT name FROM schema_migrations ORDER BY version")
+        .unwrap();
+    let names: Vec<String> = statement
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(names, ALL_MIGRATIONS);
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal", "WAL is persistent in the file");
+}
+
+#[tokio::test]
+async fn concurrent_migrations_apply_each_migration_once() {
+    let dir = temp_dir();
+    let path = dir.path().join("claims.db");
+    let runs: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(migrate(path.clone())))
+        .collect();
+    let mut applied = Vec::new();
+    for run in runs {
+        applied.extend(
+            run.await
+                .unwrap()
+                .expect("every concurrent migrate succeeds"),
+        );
+    }
+    assert_eq!(applied, ALL_MIGRATIONS);
+}
+
+#[tokio::test]
+async fn a_schema_from_a_newer_binary_is_refused() {
+    let dir = temp_dir();
+    let path = dir.path().join("claims.db");
+    migrate(&path).await.unwrap();
+    Connection::open(&path)
+        .unwrap()
+        .execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (999, '0999_future', 0)",
+            [],
+        )
+        .unwrap();
+    for policy in [MigrationPolicy::Apply, MigrationPolicy::Refuse] {
+        match SqliteClaimStore::open(&path, policy).await.unwrap_err() {
+            ClaimsError::Configuration { message } => {
+                assert!(message.contains("0999_future"), "{message}")
+            }
+            other => panic!("expected a configuration error, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn data_survives_closing_and_reopening_the_file() {
+    let dir = temp_dir();
+    let path = dir.path().join("claims.db");
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+
+    let store = SqliteClaimStore::open(&path, MigrationPolicy::Apply)
+        .await
+        .unwrap();
+    let kept = store
+        .begin_update(creates(&a, &[username("kept"), email("kept@example.com")]))
+        .await
+        .unwrap();
+    store.commit_update(&a, kept.lease_id).await.unwrap();
+    let outstanding = store
+        .begin_update(destroys(&a, &[username("kept")]))
+        .await
+        .unwrap();
+    let undone = store
+        .begin_update(creates(&b, &[username("undone")]))
+        .await
+        .unwrap();
+    store.rollback_update(&b, undone.lease_id).await.unwrap();
+    drop(store);
+
+    let store = SqliteClaimStore::open(&path, MigrationPolicy::Refuse)
+        .await
+        .unwrap();
+    let claim = store.lookup_claim(&username("kept").key).await.unwrap();
+    assert_eq!(
+        (claim.cell_id.clone(), claim.state()),
+        (a.clone(), ClaimState::Destroying)
+    );
+    assert_eq!(
+        store
+            .lookup_claim(&email("kept@example.com").key)
+            .await
+            .unwrap()
+            .state(),
+        ClaimState::Active
+    );
+    let page = store
+        .list_outstanding_leases(&LeasesQuery {
+            cell_id: a.clone(),
+            after: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        page.leases,
+        vec![outstanding.clone()],
+        "the lease and its original request are kept"
+    );
+    store
+        .commit_update(&a, kept.lease_id)
+        .await
+        .expect("the commit outcome is remembered");
+    assert_eq!(
+        store.commit_update(&b, undone.lease_id).await.unwrap_err(),
+        ClaimsError::LeaseRolledBack {
+            lease_id: undone.lease_id
+        }
+    );
+    assert_eq!(
+        store
+            .lookup_claim(&username("undone").key)
+            .await
+            .unwrap_err(),
+        ClaimsError::ClaimNotFound {
+            claim: username("undone").key
+        }
+    );
+    store.commit_update(&a, outstanding.lease_id).await.unwrap();
+    assert!(
+        store.lookup_claim(&username("kept").key).await.is_err(),
+        "destroyed after reopening"
+    );
+}
+
+fn assert_configuration(error: ClaimsError, expected: &str) {
+    match error {
+        ClaimsError::Configuration { message } => {
+            assert!(
+                message.contains(expected),
+                "{message:?} should mention {expected:?}"
+            )
+        }
+        other => panic!("expected a configuration error mentioning {expected:?}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_missing_directory_is_a_configuration_error() {
+    let dir = temp_dir();
+    let path = dir.path().join("no-such-dir").join("claims.db");
+    let error = SqliteClaimStore::open(&path, MigrationPolicy::Apply)
+        .await
+        .unwrap_err();
+    assert_configuration(error, "does not exist");
+    assert_configuration(migrate(&path).await.unwrap_err(), "does not exist");
+    assert_configuration(
+        SqliteLocalLeaseStore::open(&path).await.unwrap_err(),
+        "does not exist",
+    );
+    assert!(!path.parent().unwrap().exists(), "nothing is created");
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_a_configuration_error() {
+    let dir = temp_dir();
+    let path = dir.path().join("notes.txt");
+    std::fs::write(
+        &path,
+        "these are not the pages you are looking for\n".repeat(100),
+    )
+    .unwrap();
+    let error = SqliteClaimStore::open(&path, MigrationPolicy::Apply)
+        .await
+        .unwrap_err();
+    assert_configuration(error, "is not a SQLite database");
+    assert_configuration(
+        SqliteLocalLeaseStore::open(&path).await.unwrap_err(),
+        "is not a SQLite database",
+    );
+}
+
+#[tokio::test]
+async fn a_directory_or_an_empty_path_is_a_configuration_error() {
+    let dir = temp_dir();
+    let error = SqliteClaimStore::open(dir.path(), MigrationPolicy::Apply)
+        .await
+        .unwrap_err();
+    assert_configuration(error, "is a directory");
+    let error = SqliteClaimStore::open("", MigrationPolicy::Apply)
+        .await
+        .unwrap_err();
+    assert_configuration(error, "path is empty");
+}

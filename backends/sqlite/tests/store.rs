@@ -1,0 +1,204 @@
+//! What the shared suite cannot see: the stored encodings (which operators query by hand), the
+//! injected clock, corrupt rows, and concurrent callers sharing the one connection.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use rusqlite::Connection;
+use tempfile::TempDir;
+use topology_claims::grpc::convert::decode_request;
+use topology_claims::testing::fixtures::{cell, creates, email, lease_id, username};
+use topology_claims::{ClaimStore, ClaimsError, Clock, LeasesQuery, MigrationPolicy, Timestamp};
+use topology_claims_sqlite::SqliteClaimStore;
+
+/// A clock that only moves when told to.
+struct ManualClock(AtomicI64);
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_unix_micros(self.0.load(Ordering::SeqCst))
+    }
+}
+
+impl ManualClock {
+    fn set(&self, micros: i64) {
+        self.0.store(micros, Ordering::SeqCst);
+    }
+}
+
+async fn store_with_clock(dir: &TempDir, start: i64) -> (SqliteClaimStore, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock(AtomicI64::new(start)));
+    let store = SqliteClaimStore::open_with_clock(
+        dir.path().join("claims.db"),
+        MigrationPolicy::Apply,
+        Arc::clone(&clock) as Arc<dyn Clock>,
+    )
+    .await
+    .expect("a fresh SQLite store");
+    (store, clock)
+}
+
+#[tokio::test]
+async fn timestamps_come_from_the_injected_clock() {
+    let dir = TempDir::new().unwrap();
+    let (store, clock) = store_with_clock(&dir, 1_700_000_000_000_001).await;
+    let a = cell("cell-a");
+
+    let lease = store
+        .begin_update(creates(&a, &[username("clocked")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        lease.created_at,
+        Timestamp::from_unix_micros(1_700_000_000_000_001)
+    );
+
+    clock.set(1_700_000_000_500_000);
+    let renewed = store.renew_lease(&a, lease.lease_id).await.unwrap();
+    assert_eq!(renewed.created_at, lease.created_at);
+    assert_eq!(
+        renewed.last_renewed_at,
+        Timestamp::from_unix_micros(1_700_000_000_500_000)
+    );
+
+    clock.set(1_700_000_001_000_000);
+    let page = store
+        .list_outstanding_leases(&LeasesQuery {
+            cell_id: a.clone(),
+            after: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        page.server_time,
+        Timestamp::from_unix_micros(1_700_000_001_000_000)
+    );
+    assert_eq!(page.leases, vec![renewed]);
+
+    store.commit_update(&a, lease.lease_id).await.unwrap();
+    let claim = store.lookup_claim(&username("clocked").key).await.unwrap();
+    assert_eq!(claim.created_at, lease.created_at);
+    assert_eq!(
+        claim.updated_at,
+        Timestamp::from_unix_micros(1_700_000_001_000_000)
+    );
+}
+
+#[tokio::test]
+async fn rows_are_stored_in_the_documented_encodings() {
+    let dir = TempDir::new().unwrap();
+    let (store, _clock) = store_with_clock(&dir, 42).await;
+    let a = cell("cell-a");
+    let mut request = creates(&a, &[email("enc@example.com")]);
+    request.lease_id = Some(lease_id(0xABC));
+    store.begin_update(request.clone()).await.unwrap();
+
+    let conn = Connection::open(dir.path().join("claims.db")).unwrap();
+    let (claim_type, lease_text, lease_op, created_at): (i64, String, i64, i64) = conn
+        .query_row(
+            "SELECT claim_type, lease_id, lease_op, created_at FROM claims WHERE claim_value = ?1",
+            ["enc@example.com"],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+        )
+        .unwrap();
+    assert_eq!(claim_type, 3, "the ClaimType wire number");
+    assert_eq!(lease_text, lease_id(0xABC).to_string());
+    assert_eq!(lease_text, lease_text.to_lowercase());
+    assert_eq!(lease_op, 1, "create");
+    assert_eq!(created_at, 42, "unix microseconds");
+    let bytes: Vec<u8> = conn
+        .query_row(
+            "SELECT request FROM leases_outstanding WHERE lease_id = ?1",
+            [&lease_text],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(decode_request(&bytes).unwrap(), request);
+
+    store.commit_update(&a, lease_id(0xABC)).await.unwrap();
+    let outcome: i64 = conn
+        .query_row(
+            "SELECT outcome FROM lease_outcomes WHERE lease_id = ?1",
+            [&lease_text],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(outcome, 1, "committed");
+}
+
+#[tokio::test]
+async fn a_corrupt_row_is_an_internal_error_not_a_panic() {
+    let dir = TempDir::new().unwrap();
+    let (store, _clock) = store_with_clock(&dir, 1).await;
+    Connection::open(dir.path().join("claims.db"))
+        .unwrap()
+        .execute(
+            "INSERT INTO claims (claim_type, claim_value, cell_id, owner_type, owner_value, \
+             table_name, table_record_id, created_at, updated_at) \
+             VALUES (2, 'broken', 'cell-a', 99, 'o', 1, 1, 1, 1)",
+            [],
+        )
+        .unwrap();
+    match store
+        .lookup_claim(&username("broken").key)
+        .await
+        .unwrap_err()
+    {
+        ClaimsError::Internal { message } => {
+            assert!(message.contains("owner_type = 99"), "{message}")
+        }
+        other => panic!("expected an internal error, got {other:?}"),
+    }
+    let taken = store
+        .begin_update(creates(&cell("cell-b"), &[username("broken")]))
+        .await;
+    assert!(
+        matches!(taken, Err(ClaimsError::Internal { .. })),
+        "{taken:?}"
+    );
+    // The connection is still usable afterwards.
+    store
+        .begin_update(creates(&cell("cell-b"), &[username("fine")]))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_callers_get_exactly_one_winner_per_claim() {
+    let dir = TempDir::new().unwrap();
+    let store = SqliteClaimStore::open(dir.path().join("claims.db"), MigrationPolicy::Apply)
+        .await
+        .unwrap();
+    let contenders: Vec<_> = (0..16)
+        .map(|n| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let me = cell(&format!("cell-{n}"));
+                let mut won = Vec::new();
+                for claim in 0..20 {
+                    let record = username(&format!("race-{claim}"));
+                    match store.begin_update(creates(&me, &[record])).await {
+                        Ok(lease) => {
+                            store.commit_update(&me, lease.lease_id).await.unwrap();
+                            won.push(claim);
+                        }
+                        Err(ClaimsError::ClaimTaken { .. } | ClaimsError::ClaimLeased { .. }) => {}
+                        Err(other) => panic!("unexpected error: {other:?}"),
+                    }
+                }
+                won
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for contender in contenders {
+        winners.extend(contender.await.unwrap());
+    }
+    winners.sort_unstable();
+    assert_eq!(
+        winners,
+        (0..20).collect::<Vec<_>>(),
+        "every claim has exactly one winner"
+    );
+}

@@ -1,0 +1,18 @@
+//! Compiles `proto/topology/claims/v1/claims.proto` with a vendored `protoc`, so a fresh machine
+//! needs no system protobuf compiler.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    std::env::set_var("PROTOC", protoc);
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    let include = protoc_bin_vendored::include_path()?;
+    let include = include.to_str().ok_or("protoc include path is not UTF-8")?;
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("claims_descriptor.bin"))
+        .compile_protos(
+            &["proto/topology/claims/v1/claims.proto"],
+            &["proto", include],
+        )?;
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

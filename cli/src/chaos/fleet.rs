@@ -1,0 +1,343 @@
+//! The service under test: the store the servers share (a SQLite file, a fresh PostgreSQL
+//! schema, or memory), and the real server processes — this very binary run as
+//! `serve --listen 127.0.0.1:0 --store URL` — which can be SIGKILLed and restarted on the same
+//! store. Also the PostgreSQL administration the faults need (terminating the servers'
+//! connections) and the clean-up of the schema.
+//!
+//! Owns processes and store set-up. Must not talk gRPC (cells and checkers do).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use topology_claims_postgres::tokio_postgres::{self, NoTls};
+
+use crate::chaos::proxy::Proxy;
+
+/// The store the servers share.
+pub enum Backing {
+    /// `memory:`: one server, never killed (a restart would forget everything).
+    Memory,
+    Sqlite(PathBuf),
+    Postgres {
+        /// The URL as given (may hold a password: never printed).
+        admin_url: String,
+        /// `tc_chaos_<unix seconds>_<random>`; also the servers' `application_name`.
+        schema: String,
+        admin: tokio_postgres::Client,
+    },
+}
+
+impl Backing {
+    /// Prepares the store named by `--store` (default: a SQLite file in `work_dir`).
+    pub async fn prepare(store: Option<&str>, work_dir: &Path) -> Result<Backing, String> {
+        match store {
+            None => Ok(Backing::Sqlite(work_dir.join("claims.db"))),
+            Some("memory:") | Some("memory://") => Ok(Backing::Memory),
+            Some(url) if url.starts_with("sqlite://") && url.len() > "sqlite://".len() => {
+                Ok(Backing::Sqlite(PathBuf::from(&url["sqlite://".len()..])))
+            }
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                let (admin, connection) = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    tokio_postgres::connect(url, NoTls),
+                )
+                .await
+                .map_err(|_| "PostgreSQL did not answer within 10s".to_owned())?
+                .map_err(|e| {
+                    format!(
+                        "cannot connect to {}: {e}",
+                        topology_claims_postgres::redacted_url(url)
+                    )
+                })?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                let secs = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                sweep_old_schemas(&admin, secs).await;
+                let schema = format!("tc_chaos_{secs}_{:08x}", fastrand::u32(..));
+                admin
+                    .batch_execute(&format!("CREATE SCHEMA \"{schema}\""))
+                    .await
+                    .map_err(|e| format!("creating schema {schema}: {e}"))?;
+                Ok(Backing::Postgres {
+                    admin_url: url.to_owned(),
+                    schema,
+                    admin,
+                })
+            }
+            Some(other) => {
+                let scheme = other.split_once(':').map_or("", |(s, _)| s);
+                Err(format!(
+                    "unsupported chaos store (scheme {scheme:?}); use memory:, sqlite://PATH or postgres://USER@HOST:PORT/DB"
+                ))
+            }
+        }
+    }
+
+    /// The `--store` URL the servers get.
+    pub fn server_url(&self) -> String {
+        match self {
+            Backing::Memory => "memory:".to_owned(),
+            Backing::Sqlite(path) => format!("sqlite://{}", path.display()),
+            Backing::Postgres {
+                admin_url, schema, ..
+            } => {
+                let sep = if admin_url.contains('?') { '&' } else { '?' };
+                format!(
+                    "{admin_url}{sep}options=-csearch_path%3D{schema}&application_name={schema}"
+                )
+            }
+        }
+    }
+
+    /// The store for people: never a password.
+    pub fn describe(&self) -> String {
+        match self {
+            Backing::Memory => "memory:".to_owned(),
+            Backing::Sqlite(path) => format!("sqlite://{}", path.display()),
+            Backing::Postgres {
+                admin_url, schema, ..
+            } => format!(
+                "{} (schema {schema})",
+                topology_claims_postgres::redacted_url(admin_url)
+            ),
+        }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        matches!(self, Backing::Postgres { .. })
+    }
+
+    pub fn survives_restarts(&self) -> bool {
+        !matches!(self, Backing::Memory)
+    }
+
+    /// Terminates every PostgreSQL connection of the servers (`pg_terminate_backend`); returns
+    /// how many. Nothing for other stores.
+    pub async fn terminate_connections(&self) -> Result<u64, String> {
+        let Backing::Postgres { schema, admin, .. } = self else {
+            return Ok(0);
+        };
+        let row = admin
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                &[schema],
+            )
+            .await
+            .map_err(|e| format!("pg_terminate_backend: {e}"))?;
+        let n: i64 = row
+            .try_get(0)
+            .map_err(|e| format!("pg_terminate_backend: {e}"))?;
+        Ok(n as u64)
+    }
+
+    /// Drops the PostgreSQL schema (after a passing run; a failing one keeps it for study).
+    pub async fn drop_schema(&self) {
+        if let Backing::Postgres { schema, admin, .. } = self {
+            if let Err(e) = admin
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .await
+            {
+                tracing::warn!(%schema, error = %e, "could not drop the campaign schema");
+            }
+        }
+    }
+}
+
+/// A failing run keeps its schema for study; the next runs drop those older than a day, so the
+/// database does not grow forever.
+async fn sweep_old_schemas(admin: &tokio_postgres::Client, now_secs: u64) {
+    let Ok(rows) = admin
+        .query(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tc\\_chaos\\_%'",
+            &[],
+        )
+        .await
+    else {
+        return;
+    };
+    for row in rows {
+        let Ok(name) = row.try_get::<_, String>(0) else {
+            continue;
+        };
+        let created = name
+            .strip_prefix("tc_chaos_")
+            .and_then(|rest| rest.split('_').next())
+            .and_then(|secs| secs.parse::<u64>().ok());
+        let plain = name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if plain && created.is_some_and(|secs| secs + 24 * 3600 < now_secs) {
+            let _ = admin
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+                .await;
+        }
+    }
+}
+
+/// The server processes, each behind one upstream slot of the proxy.
+pub struct Fleet {
+    exe: PathBuf,
+    store_url: String,
+    /// Extra `serve` flags (a small pool per server for PostgreSQL).
+    store_args: Vec<String>,
+    log_dir: PathBuf,
+    children: Vec<Option<Child>>,
+    proxy: Arc<Proxy>,
+    pub restarts: u64,
+    /// Starts that failed and were retried.
+    pub start_retries: u64,
+}
+
+impl Fleet {
+    /// Starts `servers` processes on `backing` and points the proxy's slots at them.
+    pub async fn start(
+        servers: usize,
+        backing: &Backing,
+        proxy: Arc<Proxy>,
+        log_dir: &Path,
+    ) -> Result<Fleet, String> {
+        let exe = std::env::current_exe()
+            .map_err(|e| format!("cannot find this executable to start servers: {e}"))?;
+        let mut fleet = Fleet {
+            exe,
+            store_url: backing.server_url(),
+            store_args: if backing.is_postgres() {
+                vec!["--pg-pool-size".to_owned(), "4".to_owned()]
+            } else {
+                Vec::new()
+            },
+            log_dir: log_dir.to_path_buf(),
+            children: (0..servers).map(|_| None).collect(),
+            proxy,
+            restarts: 0,
+            start_retries: 0,
+        };
+        for slot in 0..servers {
+            fleet.spawn(slot).await?;
+        }
+        Ok(fleet)
+    }
+
+    pub fn len(&self) -> usize {
+        self.children.len()
+    }
+
+    /// Starts server `slot`, as a supervisor would: a process that exits before listening (say
+    /// its start-up migration check lost its PostgreSQL connection to `pg-terminate`) is
+    /// started again, up to 5 times.
+    async fn spawn(&mut self, slot: usize) -> Result<(), String> {
+        let mut attempt = 0;
+        loop {
+            match self.spawn_once(slot).await {
+                Ok(()) => return Ok(()),
+                Err(error) if attempt < 4 => {
+                    attempt += 1;
+                    self.start_retries += 1;
+                    tracing::warn!(slot, attempt, %error, "server did not start; starting it again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn spawn_once(&mut self, slot: usize) -> Result<(), String> {
+        let log_path = self.log_dir.join(format!("server-{slot}.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("opening {}: {e}", log_path.display()))?;
+        let mut command = Command::new(&self.exe);
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("TOPOLOGY_CLAIMS_") {
+                command.env_remove(name);
+            }
+        }
+        command
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--store",
+                &self.store_url,
+            ])
+            .args(["--drain-timeout", "1s"])
+            .args(&self.store_args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("starting server {slot}: {e}"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| format!("server {slot}: no stdout"))?;
+        let mut lines = BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await;
+        let line = match first {
+            Ok(Ok(Some(line))) => line,
+            other => {
+                let _ = child.start_kill();
+                return Err(format!(
+                    "server {slot} printed no `listening on` line ({other:?}); see {}",
+                    log_path.display()
+                ));
+            }
+        };
+        let addr: SocketAddr = line
+            .strip_prefix("listening on ")
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| format!("server {slot}: unexpected first line {line:?}"))?;
+        // Keep draining stdout so the server never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        self.children[slot] = Some(child);
+        self.proxy.set_upstream(slot, Some(addr));
+        Ok(())
+    }
+
+    /// SIGKILLs server `slot` (no drain, no goodbye) and waits for it to be gone.
+    pub async fn kill(&mut self, slot: usize) {
+        self.proxy.set_upstream(slot, None);
+        if let Some(mut child) = self.children[slot].take() {
+            // tokio's `kill` is SIGKILL on Unix.
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Starts server `slot` again if it is down.
+    pub async fn ensure_running(&mut self, slot: usize) -> Result<(), String> {
+        if self.children[slot].is_some() {
+            return Ok(());
+        }
+        self.restarts += 1;
+        self.spawn(slot).await
+    }
+
+    pub async fn ensure_all_running(&mut self) -> Result<(), String> {
+        for slot in 0..self.len() {
+            self.ensure_running(slot).await?;
+        }
+        Ok(())
+    }
+
+    /// Stops every server (SIGKILL: the campaign is over, nothing is in flight).
+    pub async fn stop_all(&mut self) {
+        for slot in 0..self.len() {
+            self.kill(slot).await;
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Checker (1): the state after healing. Once faults stopped and every cell's reconciler ran
+//! once past the staleness threshold:
+//! - no claim has two owners (no key is recorded locally by two cells);
+//! - every locally committed record's claim is held, committed, by its cell;
+//! - no claim exists without the local record of the cell that holds it;
+//! - no lease is outstanding on the service and no row is left in any `leases_outstanding`;
+//! - no lease was reported lost (local commit after the service rolled the lease back).
+//!
+//! Owns these rules over plain data gathered by the campaign. Must not do I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use topology_claims::{ClaimState, LeaseId};
+
+/// What the campaign read back after healing.
+#[derive(Clone, Debug, Default)]
+pub struct FinalState {
+    /// Every key of the key space: the service's claim (holder, state), or `None`.
+    pub claims: BTreeMap<u32, Option<(u16, ClaimState)>>,
+    /// Per cell: the keys of its committed local records.
+    pub local_records: Vec<BTreeSet<u32>>,
+    /// Per cell: rows left in its `leases_outstanding`.
+    pub local_lease_rows: Vec<usize>,
+    /// Per cell: leases still outstanding on the service.
+    pub outstanding_leases: Vec<usize>,
+    /// Leases whose claims were lost (reported by a cell's CommitUpdate or a reconciler).
+    pub lost: Vec<(u16, LeaseId)>,
+}
+
+/// One broken rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub rule: &'static str,
+    /// The key concerned, if any (its history is printed with the violation).
+    pub key: Option<u32>,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.key {
+            Some(key) => write!(f, "{} (k{key}): {}", self.rule, self.detail),
+            None => write!(f, "{}: {}", self.rule, self.detail),
+        }
+    }
+}
+
+pub fn check(state: &FinalState) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    let mut owners: BTreeMap<u32, Vec<u16>> = BTreeMap::new();
+    for (cell, keys) in state.local_records.iter().enumerate() {
+        for &key in keys {
+            owners.entry(key).or_default().push(cell as u16);
+        }
+    }
+    for (&key, cells) in &owners {
+        if cells.len() > 1 {
+            violations.push(Violation {
+                rule: "claim with two owners",
+                key: Some(key),
+                detail: format!("recorded locally by cells {cells:?}"),
+            });
+        }
+        for &cell in cells {
+            match state.claims.get(&key).copied().flatten() {
+                Some((holder, ClaimState::Active)) if holder == cell => {}
+                other => violations.push(Violation {
+                    rule: "local record without its claim",
+                    key: Some(key),
+                    detail: format!("cell c{cell:02} has the record; the service has {other:?}"),
+                }),
+            }
+        }
+    }
+    for (&key, claim) in &state.claims {
+        let Some((holder, claim_state)) = claim else {
+            continue;
+        };
+        let recorded = state
+            .local_records
+            .get(usize::from(*holder))
+            .is_some_and(|keys| keys.contains(&key));
+        if !recorded {
+            violations.push(Violation {
+                rule: "claim without a local record",
+                key: Some(key),
+                detail: format!(
+                    "held by c{holder:02} ({}), which has no record of it",
+                    claim_state.name()
+                ),
+            });
+        }
+        if *claim_state != ClaimState::Active {
+            violations.push(Violation {
+                rule: "claim still leased",
+                key: Some(key),
+                detail: format!("c{holder:02} {}", claim_state.name()),
+            });
+        }
+    }
+    for (cell, &n) in state.outstanding_leases.iter().enumerate() {
+        if n > 0 {
+            violations.push(Violation {
+                rule: "outstanding lease left",
+                key: None,
+                detail: format!("cell c{cell:02} has {n} outstanding on the service"),
+            });
+        }
+    }
+    for (cell, &n) in state.local_lease_rows.iter().enumerate() {
+        if n > 0 {
+            violations.push(Violation {
+                rule: "local lease row left",
+                key: None,
+                detail: format!("cell c{cell:02} has {n} rows in leases_outstanding"),
+            });
+        }
+    }
+    for (cell, lease) in &state.lost {
+        violations.push(Violation {
+            rule: "claims lost",
+            key: None,
+            detail: format!(
+                "cell c{cell:02} lease {lease}: committed locally, rolled back by the service"
+            ),
+        });
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn healthy() -> FinalState {
+        FinalState {
+            claims: [(1, Some((0, ClaimState::Active))), (2, None)].into(),
+            local_records: vec![[1].into(), BTreeSet::new()],
+            local_lease_rows: vec![0, 0],
+            outstanding_leases: vec![0, 0],
+            lost: vec![],
+        }
+    }
+
+    #[test]
+    fn a_healed_state_has_no_violation() {
+        assert_eq!(check(&healthy()), vec![]);
+    }
+
+    #[test]
+    fn each_rule_is_enforced() {
+        let mut two_owners = healthy();
+        two_owners.local_records[1].insert(1);
+        let rules = |s: &FinalState| check(s).iter().map(|v| v.rule).collect::<Vec<_>>();
+        assert!(rules(&two_owners).contains(&"claim with two owners"));
+
+        let mut orphan = healthy();
+        orphan.claims.insert(2, Some((1, ClaimState::Active)));
+        assert_eq!(rules(&orphan), ["claim without a local record"]);
+
+        let mut missing = healthy();
+        missing.claims.insert(1, None);
+        assert_eq!(rules(&missing), ["local record without its claim"]);
+
+        let mut leased = healthy();
+        leased.claims.insert(1, Some((0, ClaimState::Creating)));
+        assert!(rules(&leased).contains(&"claim still leased"));
+
+        let mut leftovers = healthy();
+        leftovers.outstanding_leases[1] = 2;
+        leftovers.local_lease_rows[0] = 1;
+        leftovers.lost.push((0, LeaseId::generate()));
+        assert_eq!(
+            rules(&leftovers),
+            [
+                "outstanding lease left",
+                "local lease row left",
+                "claims lost"
+            ]
+        );
+    }
+}

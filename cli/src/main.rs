@@ -1,0 +1,146 @@
+//! The `topology-claims` binary: `serve` (the gRPC server over a store chosen by URL),
+//! `migrate`, and operator commands against a running server (`lookup`, `leases`).
+//!
+//! Owns argument parsing, process wiring (logging, signals, exit codes) and printing. Must not
+//! hold protocol rules or storage code: those are the core's and the backends'.
+
+mod bench;
+mod chaos;
+mod duration;
+mod ops;
+mod serve;
+mod sidecar;
+mod store;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use crate::store::StoreUrl;
+
+/// Globally unique claims (usernames, emails, routes) owned by exactly one cell:
+/// lease-first, commit-later coordination for cell-based platforms.
+#[derive(Parser, Debug)]
+#[command(name = "topology-claims", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the gRPC server (ClaimsService, grpc.health.v1, server reflection).
+    ///
+    /// Prints one line `listening on HOST:PORT` to stdout once it accepts connections; logs go to
+    /// stderr (filter with RUST_LOG, default info). SIGINT/SIGTERM drain in-flight requests and
+    /// exit 0.
+    Serve(serve::ServeArgs),
+    /// Apply the store's pending schema migrations and exit.
+    Migrate(MigrateArgs),
+    /// Show which cell holds a claim. Exit status: 0 found, 1 not found, 2 error.
+    Lookup(ops::LookupArgs),
+    /// List a cell's outstanding leases with their age by the server's clock.
+    Leases(ops::LeasesArgs),
+    /// Sidecar: heal a cell's leases left between the three phases (commit those recorded
+    /// locally, roll back stale ones that are not). One reconciler per cell acts at a time.
+    Reconcile(sidecar::ReconcileArgs),
+    /// Sidecar: compare a cell's records with the service's claims and correct drift.
+    Verify(sidecar::VerifyArgs),
+    /// Load generator: N concurrent gRPC clients doing BeginUpdate + CommitUpdate pairs against
+    /// the service, interleaved with raw-SQL and etcd baselines; prints tables, writes JSON and a
+    /// PNG plot (docs/benchmarks.md).
+    Bench(bench::BenchArgs),
+    /// Fault campaign: simulated cells against real server processes while clients crash at
+    /// every phase, servers are killed, connections dropped, delayed and reset; then checks the
+    /// healed state and per-key linearizability. Prints a summary; exit 1 on any violation
+    /// (docs/reliability.md).
+    Chaos(chaos::ChaosArgs),
+}
+
+#[derive(Args, Debug)]
+struct MigrateArgs {
+    /// Store URL: memory:, sqlite://PATH (sqlite:///abs/path for an absolute path) or
+    /// postgres://USER@HOST:PORT/DB.
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_STORE",
+        default_value = "sqlite://topology-claims.db"
+    )]
+    store: String,
+
+    #[command(flatten)]
+    store_options: store::StoreOptions,
+
+    /// Spanner stores: create the database (and, on the emulator, its instance) with the whole
+    /// schema if it does not exist. For development and the emulator.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CREATE_DATABASE")]
+    create_database: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::Migrate(args) => migrate(args).await,
+            Command::Lookup(args) => ops::lookup(args).await,
+            Command::Leases(args) => ops::leases(args).await,
+            Command::Reconcile(args) => sidecar::reconcile(args).await,
+            Command::Verify(args) => sidecar::verify(args).await,
+            Command::Bench(args) => bench::run(args).await,
+            Command::Chaos(args) => chaos::run(args).await,
+        }
+    })
+}
+
+/// Logs to stderr (stdout is for results and the `listening on` line), filtered by RUST_LOG.
+fn init_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+async fn migrate(args: MigrateArgs) -> ExitCode {
+    let store: StoreUrl = match args.store.parse() {
+        Ok(store) => store,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match store
+        .migrate(&args.store_options, args.create_database)
+        .await
+    {
+        Ok(applied) if applied.is_empty() => {
+            println!("schema is up to date");
+            ExitCode::SUCCESS
+        }
+        Ok(applied) => {
+            for name in applied {
+                println!("applied migration {name}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: migrating {store}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Operator commands against a running server: `lookup` (which cell holds a claim) and `leases`
+//! (a cell's outstanding leases and their age by the server's clock).
+//!
+//! Owns the gRPC client calls and human-readable printing. Server errors are printed with their
+//! ErrorInfo reason (read back by `grpc::status::from_status`), never as Debug dumps.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use tonic::transport::{Channel, Endpoint};
+use topology_claims::grpc::convert::timestamp_from_pb;
+use topology_claims::grpc::pb;
+use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
+use topology_claims::grpc::status::from_status;
+use topology_claims::{ClaimType, ClaimsError, OwnerType, TableName};
+
+use crate::duration::format_duration;
+
+#[derive(Args, Debug)]
+pub struct LookupArgs {
+    /// The server's URL.
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_SERVER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    server: String,
+
+    /// The claim type: routes, username or email.
+    #[arg(long = "type", value_name = "TYPE", value_parser = parse_claim_type)]
+    claim_type: ClaimType,
+
+    /// The claimed value, e.g. a@example.com.
+    #[arg(long)]
+    value: String,
+}
+
+#[derive(Args, Debug)]
+pub struct LeasesArgs {
+    /// The server's URL.
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_SERVER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    server: String,
+
+    /// The cell whose outstanding leases to list.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID")]
+    cell_id: String,
+
+    /// Page size of each ListOutstandingLeases request (1..=1000; 0 means the server's default,
+    /// 100). All pages are printed.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_PAGE_SIZE", default_value_t = 0,
+          value_parser = clap::value_parser!(i32).range(0..=1000))]
+    limit: i32,
+}
+
+fn parse_claim_type(text: &str) -> Result<ClaimType, String> {
+    ClaimType::from_name(text).ok_or_else(|| {
+        let names: Vec<&str> = ClaimType::ALL.iter().map(|t| t.name()).collect();
+        format!("unknown claim type {text:?}; one of: {}", names.join(", "))
+    })
+}
+
+/// Operator commands give up on an unreachable or hung server instead of waiting forever.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn connect(server: &str) -> Result<ClaimsServiceClient<Channel>, String> {
+    let endpoint = Endpoint::from_shared(server.to_owned())
+        .map_err(|e| format!("invalid --server URL {server:?}: {e}"))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect to {server}: {}", error_chain(&e)))?;
+    Ok(ClaimsServiceClient::new(channel))
+}
+
+/// "outer: inner: root cause": transport errors hide the useful part in their sources.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// A server error as `REASON: message`.
+fn describe(status: &tonic::Status) -> String {
+    let error = from_status(status);
+    format!("{}: {error}", error.reason())
+}
+
+pub async fn lookup(args: LookupArgs) -> ExitCode {
+    const NOT_FOUND: u8 = 1;
+    const FAILED: u8 = 2;
+    let mut client = match connect(&args.server).await {
+        Ok(client) => client,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(FAILED);
+        }
+    };
+    let request = pb::LookupClaimRequest {
+        claim_type: args.claim_type.number(),
+        claim_value: args.value.clone(),
+    };
+    match client.lookup_claim(request).await {
+        Ok(response) => {
+            print!(
+                "{}",
+                format_lookup(args.claim_type, &args.value, response.get_ref())
+            );
+            ExitCode::SUCCESS
+        }
+        Err(status) => match from_status(&status) {
+            ClaimsError::ClaimNotFound { claim } => {
+                eprintln!(
+                    "not found: no cell holds {} {}",
+                    claim.claim_type, claim.value
+                );
+                ExitCode::from(NOT_FOUND)
+            }
+            _ => {
+                eprintln!("error: {}", describe(&status));
+                ExitCode::from(FAILED)
+            }
+        },
+    }
+}
+
+fn state_name(number: i32) -> String {
+    match pb::ClaimState::try_from(number) {
+        Ok(pb::ClaimState::Active) => "active".to_owned(),
+        Ok(pb::ClaimState::Creating) => "creating (leased, not yet committed)".to_owned(),
+        Ok(pb::ClaimState::Destroying) => "destroying (leased for destruction)".to_owned(),
+        _ => format!("unknown ({number})"),
+    }
+}
+
+fn timestamp_text(ts: Option<&prost_types::Timestamp>) -> String {
+    ts.map_or_else(|| "-".to_owned(), ToString::to_string)
+}
+
+fn format_lookup(claim_type: ClaimType, value: &str, response: &pb::LookupClaimResponse) -> String {
+    let name_of = |n: i32, name: Option<&'static str>| {
+        name.map_or_else(|| format!("unknown ({n})"), str::to_owned)
+    };
+    let mut text = format!("claim:      {claim_type} {value}\n");
+    text.push_str(&format!("cell:       {}\n", response.cell_id));
+    text.push_str(&format!("state:      {}\n", state_name(response.state)));
+    if let Some(claim) = &response.claim {
+        let owner = name_of(
+            claim.owner_type,
+            OwnerType::from_number(claim.owner_type.into()).map(OwnerType::name),
+        );
+        let table = name_of(
+            claim.table_name,
+            TableName::from_number(claim.table_name.into()).map(TableName::name),
+        );
+        text.push_str(&format!("owner:      {owner} {}\n", claim.owner_value));
+        text.push_str(&format!(
+            "record:     {table} id {}\n",
+            claim.table_record_id
+        ));
+        text.push_str(&format!(
+            "created_at: {}\n",
+            timestamp_text(claim.created_at.as_ref())
+        ));
+        text.push_str(&format!(
+            "updated_at: {}\n",
+            timestamp_text(claim.updated_at.as_ref())
+        ));
+    }
+    text
+}
+
+pub async fn leases(args: LeasesArgs) -> ExitCode {
+    match list_all_leases(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn list_all_leases(args: &LeasesArgs) -> Result<(), String> {
+    let mut client = connect(&args.server).await?;
+    let mut cursor = String::new();
+    let mut count = 0usize;
+    let mut last_server_time;
+    loop {
+        let request = pb::ListOutstandingLeasesRequest {
+            cell_id: args.cell_id.clone(),
+            cursor: cursor.clone(),
+            limit: args.limit,
+        };
+        let page = client
+            .list_outstanding_leases(request)
+            .await
+            .map_err(|s| describe(&s))?
+            .into_inner();
+        if count == 0 && !page.leases.is_empty() {
+            println!(
+                "{:<36}  {:<27}  {:>9}  {:>9}  CLAIMS",
+                "LEASE_ID", "CREATED_AT", "AGE", "IDLE"
+            );
+        }
+        for lease in &page.leases {
+            println!("{}", format_lease(lease, page.server_time.as_ref()));
+        }
+        count += page.leases.len();
+        last_server_time = page.server_time;
+        if page.next_cursor.is_empty() {
+            break;
+        }
+        if page.next_cursor == cursor {
+            return Err(format!("the server repeated cursor {cursor}; stopping"));
+        }
+        cursor = page.next_cursor;
+    }
+    let at = timestamp_text(last_server_time.as_ref());
+    match count {
+        0 => println!(
+            "cell {} has no outstanding leases (server time {at})",
+            args.cell_id
+        ),
+        n => println!(
+            "{n} outstanding lease(s) of cell {} (server time {at}; IDLE = since last renewal)",
+            args.cell_id
+        ),
+    }
+    Ok(())
+}
+
+/// One row: id, creation time, age since creation and since last renewal by the server's clock
+/// (staleness counts from the last renewal), and what the lease does.
+fn format_lease(
+    lease: &pb::OutstandingLease,
+    server_time: Option<&prost_types::Timestamp>,
+) -> String {
+    let payload = lease.lease_payload.clone().unwrap_or_default();
+    let since = |ts: Option<&prost_types::Timestamp>| match (server_time, ts) {
+        (Some(now), Some(then)) => {
+            format_duration(timestamp_from_pb(now).saturating_since(timestamp_from_pb(then)))
+        }
+        _ => "-".to_owned(),
+    };
+    let request = payload.original_request.unwrap_or_default();
+    format!(
+        "{:<36}  {:<27}  {:>9}  {:>9}  {} create(s), {} destroy(s)",
+        payload.lease_id,
+        timestamp_text(payload.created_at.as_ref()),
+        since(payload.created_at.as_ref()),
+        since(lease.last_renewed_at.as_ref()),
+        request.creates_claims.len(),
+        request.destroys_claims.len(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(seconds: i64) -> prost_types::Timestamp {
+        prost_types::Timestamp { seconds, nanos: 0 }
+    }
+
+    #[test]
+    fn claim_types_are_parsed_by_name_and_unknown_ones_listed() {
+        assert_eq!(parse_claim_type("email"), Ok(ClaimType::Email));
+        assert_eq!(parse_claim_type("Username"), Ok(ClaimType::Username));
+        let error = parse_claim_type("phone").unwrap_err();
+        assert!(error.contains("routes, username, email"), "{error}");
+    }
+
+    #[test]
+    fn lookup_prints_cell_state_owner_record_and_timestamps() {
+        let response = pb::LookupClaimResponse {
+            claim: Some(pb::ClaimInfo {
+                claim_type: ClaimType::Email.number(),
+                claim_value: "a@example.com".into(),
+                owner_type: OwnerType::User.number(),
+                owner_value: "u-1".into(),
+                table_name: TableName::Emails.number(),
+                table_record_id: 17,
+                created_at: Some(ts(0)),
+                updated_at: Some(ts(60)),
+                state: pb::ClaimState::Creating.into(),
+            }),
+            cell_id: "cell-a".into(),
+            state: pb::ClaimState::Creating.into(),
+        };
+        let text = format_lookup(ClaimType::Email, "a@example.com", &response);
+        for expected in [
+            "claim:      email a@example.com",
+            "cell:       cell-a",
+            "state:      creating",
+            "owner:      user u-1",
+            "record:     emails id 17",
+            "created_at: 1970-01-01T00:00:00Z",
+            "updated_at: 1970-01-01T00:01:00Z",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn lease_age_and_idle_time_count_by_the_server_clock() {
+        let lease = pb::OutstandingLease {
+            lease_payload: Some(pb::LeasePayload {
+                lease_id: "0b8a1f1e-3c2d-4f5a-9b6c-7d8e9fa0b1c2".into(),
+                cell_id: "cell-a".into(),
+                created_at: Some(ts(1_000)),
+                original_request: Some(pb::BeginUpdateRequest {
+                    creates_claims: vec![pb::ClaimRecord::default(); 2],
+                    ..Default::default()
+                }),
+            }),
+            last_renewed_at: Some(ts(1_500)),
+        };
+        let row = format_lease(&lease, Some(&ts(1_000 + 12 * 60 + 5)));
+        assert!(
+            row.starts_with("0b8a1f1e-3c2d-4f5a-9b6c-7d8e9fa0b1c2"),
+            "{row}"
+        );
+        assert!(row.contains("12m5s"), "age since creation: {row}");
+        assert!(row.contains("3m45s"), "idle since renewal: {row}");
+        assert!(row.contains("2 create(s), 0 destroy(s)"), "{row}");
+    }
+}

@@ -1,0 +1,355 @@
+//! The sidecar commands any cell runs next to its application, whatever its language:
+//! `reconcile` (heal leases left between the three phases) and `verify` (compare the cell's
+//! records with the service and correct drift). Both talk to the service over gRPC and to the
+//! cell's own database (`--local-db sqlite://PATH` or `postgres://…`).
+//!
+//! Owns flags, local-database wiring and progress printing; the logic is `topology_claims::cell`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use topology_claims::cell::{
+    ClaimSource, ClaimsClient, ClientConfig, Reconciler, ReconcilerConfig, Verifier, VerifierConfig,
+};
+use topology_claims::{CellId, ClaimsError, LocalLeaseStore, LocalLock, TableName};
+
+use crate::duration::parse_duration;
+
+/// Where the cell's own database is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LocalDbUrl {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+impl std::str::FromStr for LocalDbUrl {
+    type Err = String;
+
+    fn from_str(url: &str) -> Result<Self, String> {
+        if let Some(path) = url.strip_prefix("sqlite://").filter(|p| !p.is_empty()) {
+            return Ok(Self::Sqlite(PathBuf::from(path)));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Self::Postgres(url.to_owned()));
+        }
+        let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+        Err(format!(
+            "unsupported local database URL (scheme {scheme:?}); use sqlite://PATH or postgres://USER@HOST:PORT/DB"
+        ))
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CellArgs {
+    /// The claims service's URL.
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_SERVER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    server: String,
+
+    /// This cell's id.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID", value_parser = parse_cell_id)]
+    cell_id: CellId,
+
+    /// The cell's own database, holding its `leases_outstanding` table: sqlite://PATH or
+    /// postgres://USER@HOST:PORT/DB (also ?host=/var/run/postgresql).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_LOCAL_DB")]
+    local_db: LocalDbUrl,
+
+    /// Deadline of one call to the service (each call is retried on UNAVAILABLE).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CALL_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    call_timeout: Duration,
+}
+
+fn parse_cell_id(text: &str) -> Result<CellId, String> {
+    CellId::parse(text).map_err(|e| e.to_string())
+}
+
+#[derive(Args, Debug)]
+pub struct ReconcileArgs {
+    #[command(flatten)]
+    cell: CellArgs,
+
+    /// Leases missing locally are rolled back once unrenewed for this long (by the server's
+    /// clock). Must equal the staleness the cell's application uses.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_STALENESS", default_value = "10m", value_parser = parse_duration)]
+    staleness: Duration,
+
+    /// Time between passes.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_RECONCILE_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    interval: Duration,
+
+    /// Run one pass and exit (exit status 0 if it ran or another reconciler held the lock).
+    #[arg(long)]
+    once: bool,
+
+    /// Leases per ListOutstandingLeases page (1..=1000).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_PAGE_SIZE", default_value_t = 100,
+          value_parser = clap::value_parser!(u16).range(1..=1000))]
+    page_size: u16,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    cell: CellArgs,
+
+    /// The verifier's source of truth: a TOML file with one SQL query per table (see
+    /// docs/cell-integration.md).
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_VERIFY_SOURCE",
+        default_value = "verify.toml"
+    )]
+    source: PathBuf,
+
+    /// Print the differences and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+
+    /// Records and claims younger than this are left alone (they may still be in flight).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_RECENT", default_value = "1h", value_parser = parse_duration)]
+    recent: Duration,
+
+    /// Stop after this long (resumable from the saved cursor). Default: no limit.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_TIME_BUDGET", value_parser = parse_duration)]
+    time_budget: Option<Duration>,
+
+    /// Where the cursor is saved so an interrupted run resumes. Default:
+    /// .topology-claims-verify-<cell>.cursor in the working directory.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_CURSOR_FILE")]
+    cursor_file: Option<PathBuf>,
+
+    /// ListClaims page size (1..=10000).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_PAGE_SIZE", default_value_t = 1000,
+          value_parser = clap::value_parser!(u16).range(1..=10000))]
+    page_size: u16,
+
+    /// Most claims per correcting BeginUpdate (1..=1000).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_CHUNK", default_value_t = 1000,
+          value_parser = clap::value_parser!(u16).range(1..=1000))]
+    chunk: u16,
+}
+
+fn client(args: &CellArgs) -> Result<ClaimsClient, ClaimsError> {
+    let config = ClientConfig {
+        call_timeout: args.call_timeout,
+        ..ClientConfig::default()
+    };
+    ClaimsClient::connect_lazy(&args.server, config)
+}
+
+fn fail(error: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {error}");
+    ExitCode::from(2)
+}
+
+pub async fn reconcile(args: ReconcileArgs) -> ExitCode {
+    let client = match client(&args.cell) {
+        Ok(client) => client,
+        Err(e) => return fail(e),
+    };
+    let config = ReconcilerConfig {
+        staleness: args.staleness,
+        page_size: usize::from(args.page_size),
+        ..ReconcilerConfig::new(args.cell.cell_id.clone())
+    };
+    let result = match &args.cell.local_db {
+        LocalDbUrl::Sqlite(path) => {
+            match topology_claims_sqlite::SqliteLocalLeaseStore::open(path).await {
+                Ok(local) => run_reconciler(Reconciler::new(client, local, config), &args).await,
+                Err(e) => Err(e),
+            }
+        }
+        LocalDbUrl::Postgres(url) => {
+            let options = topology_claims_postgres::PostgresOptions {
+                pool_size: 2,
+                ..Default::default()
+            };
+            match connect_postgres_local(url, options).await {
+                Ok(local) => run_reconciler(Reconciler::new(client, local, config), &args).await,
+                Err(e) => Err(e),
+            }
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+/// The cell's PostgreSQL lease store, with its tables created if missing (as for SQLite).
+async fn connect_postgres_local(
+    url: &str,
+    options: topology_claims_postgres::PostgresOptions,
+) -> Result<topology_claims_postgres::PostgresLocalLeaseStore, ClaimsError> {
+    let local = topology_claims_postgres::PostgresLocalLeaseStore::connect(url, options).await?;
+    let client = local.pool().get().await.map_err(|e| {
+        ClaimsError::unavailable(format!(
+            "cell database {}: {e}",
+            topology_claims_postgres::redacted_url(url)
+        ))
+    })?;
+    topology_claims_postgres::ensure_local_schema(&**client).await?;
+    Ok(local)
+}
+
+async fn run_reconciler<L: LocalLeaseStore + LocalLock>(
+    reconciler: Reconciler<L>,
+    args: &ReconcileArgs,
+) -> Result<(), ClaimsError> {
+    if args.once {
+        let report = reconciler.run_once().await?;
+        println!("reconcile {}: {report}", args.cell.cell_id);
+        return Ok(());
+    }
+    eprintln!(
+        "reconciling cell {} every {:?} (staleness {:?}); Ctrl-C to stop",
+        args.cell.cell_id, args.interval, args.staleness
+    );
+    reconciler.run(args.interval, shutdown_signal()).await;
+    Ok(())
+}
+
+/// `verify.toml`: `[tables.<name>] query = "…"` for each table to verify.
+fn load_source_file(path: &PathBuf) -> Result<BTreeMap<TableName, String>, ClaimsError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ClaimsError::Configuration {
+        message: format!("cannot read verify source {}: {e}", path.display()),
+    })?;
+    let parsed: toml::Table = text.parse().map_err(|e| ClaimsError::Configuration {
+        message: format!("verify source {} is not valid TOML: {e}", path.display()),
+    })?;
+    let tables = parsed
+        .get("tables")
+        .and_then(|t| t.as_table())
+        .ok_or_else(|| ClaimsError::Configuration {
+            message: format!(
+                "verify source {} has no [tables.<name>] sections",
+                path.display()
+            ),
+        })?;
+    let mut queries = BTreeMap::new();
+    for (name, section) in tables {
+        let table = TableName::from_name(name).ok_or_else(|| ClaimsError::Configuration {
+            message: format!(
+                "verify source: unknown table {name:?}; one of: {}",
+                TableName::ALL
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        })?;
+        let query = section
+            .get("query")
+            .and_then(|q| q.as_str())
+            .ok_or_else(|| ClaimsError::Configuration {
+                message: format!("verify source: [tables.{name}] needs a query = \"…\" string"),
+            })?;
+        queries.insert(table, query.to_owned());
+    }
+    if queries.is_empty() {
+        return Err(ClaimsError::Configuration {
+            message: "verify source lists no tables".into(),
+        });
+    }
+    Ok(queries)
+}
+
+pub async fn verify(args: VerifyArgs) -> ExitCode {
+    let queries = match load_source_file(&args.source) {
+        Ok(queries) => queries,
+        Err(e) => return fail(e),
+    };
+    let client = match client(&args.cell) {
+        Ok(client) => client,
+        Err(e) => return fail(e),
+    };
+    let cell_id = args.cell.cell_id.clone();
+    let config =
+        VerifierConfig {
+            recent: args.recent,
+            page_size: usize::from(args.page_size),
+            chunk: usize::from(args.chunk),
+            dry_run: args.dry_run,
+            time_budget: args.time_budget,
+            cursor_file: Some(args.cursor_file.clone().unwrap_or_else(|| {
+                PathBuf::from(format!(".topology-claims-verify-{cell_id}.cursor"))
+            })),
+            ..VerifierConfig::new(cell_id, queries.keys().copied().collect())
+        };
+    let result = match &args.cell.local_db {
+        LocalDbUrl::Sqlite(path) => {
+            match topology_claims_sqlite::cell::SqliteQuerySource::open(path, queries) {
+                Ok(source) => {
+                    run_verifier(Verifier::new(client, source, config.clone()), &config).await
+                }
+                Err(e) => Err(e),
+            }
+        }
+        LocalDbUrl::Postgres(url) => {
+            match topology_claims_postgres::cell::PostgresQuerySource::connect(url, queries).await {
+                Ok(source) => {
+                    run_verifier(Verifier::new(client, source, config.clone()), &config).await
+                }
+                Err(e) => Err(e),
+            }
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+async fn run_verifier<S: ClaimSource>(
+    verifier: Verifier<S>,
+    config: &VerifierConfig,
+) -> Result<(), ClaimsError> {
+    let mut printed = 0;
+    let report = verifier
+        .run(|report| {
+            if config.dry_run {
+                for d in &report.discrepancies[printed..] {
+                    println!("{d}");
+                }
+                printed = report.discrepancies.len();
+            }
+            eprintln!("progress: {report}");
+        })
+        .await?;
+    println!(
+        "verify {}{}: {report}",
+        config.cell_id,
+        if config.dry_run { " (dry run)" } else { "" }
+    );
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

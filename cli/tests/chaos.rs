@@ -1,0 +1,175 @@
+//! The fault campaign through the real binary (`topology-claims chaos`): a CI-sized run must
+//! find no violation while every fault kind fires, and a deliberately broken cell must be caught
+//! with the seed and the history that shows it.
+//!
+//! With `CI=true` the servers share a fresh schema of the test PostgreSQL
+//! (`TOPOLOGY_CLAIMS_TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`), so
+//! `pg-terminate` fires too; otherwise a SQLite file. Each run draws a fresh seed (printed in
+//! the summary): a failure is reproduced with `topology-claims chaos --seed S`.
+#![cfg(unix)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_topology-claims");
+const PG_URL_ENV: &str = "TOPOLOGY_CLAIMS_TEST_POSTGRES_URL";
+const PG_DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// `chaos` with a clean environment (no ambient TOPOLOGY_CLAIMS_* settings), run in `dir`.
+fn chaos(dir: &Path, args: &[&str]) -> Output {
+    let mut command = Command::new(BIN);
+    command
+        .arg("chaos")
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "error");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("TOPOLOGY_CLAIMS_") {
+            command.env_remove(name);
+        }
+    }
+    command.output().expect("run topology-claims chaos")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The `faults: name=count …` line of the summary.
+fn fired(summary: &str) -> Vec<(String, u64)> {
+    let line = summary
+        .lines()
+        .find_map(|l| l.strip_prefix("faults: "))
+        .unwrap_or_else(|| panic!("no faults line in:\n{summary}"));
+    line.split_whitespace()
+        .map(|pair| {
+            let (name, count) = pair.split_once('=').expect("name=count");
+            (name.to_owned(), count.parse().expect("a count"))
+        })
+        .collect()
+}
+
+#[test]
+fn ci_campaign_heals_every_fault_with_no_violation_and_linearizable_histories() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let history = dir.path().join("history.txt");
+    let mut args = vec![
+        "--cells",
+        "8",
+        "--transactions",
+        "2000",
+        "--servers",
+        "2",
+        "--faults",
+        "all",
+        "--work-dir",
+        work.to_str().unwrap(),
+        "--history",
+        history.to_str().unwrap(),
+    ];
+    let pg_url = std::env::var(PG_URL_ENV).unwrap_or_else(|_| PG_DEFAULT_URL.to_owned());
+    if in_ci() {
+        args.extend(["--store", &pg_url]);
+    }
+    let output = chaos(dir.path(), &args);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    // The summary belongs in the test log.
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "the campaign failed ({:?}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(stdout.contains("\nviolations: 0\n"), "{stdout}");
+    assert!(stdout.contains("\ninconclusive: 0\n"), "{stdout}");
+    assert!(stdout.contains("result: PASS"), "{stdout}");
+
+    let mut expected = vec![
+        "crash-after-begin",
+        "crash-in-local-tx",
+        "crash-after-local-commit",
+        "crash-after-commit",
+        "server-kill",
+        "proxy-drop",
+        "proxy-delay",
+        "proxy-reset",
+    ];
+    if in_ci() {
+        expected.push("pg-terminate");
+    }
+    let fired = fired(&stdout);
+    for kind in expected {
+        let count = fired.iter().find(|(name, _)| name == kind).map(|(_, n)| *n);
+        assert!(
+            count.is_some_and(|n| n > 0),
+            "fault {kind} never fired: {fired:?}"
+        );
+    }
+    let transactions = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("transactions"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .expect("a transactions line");
+    assert!(transactions >= 2000, "{transactions} transactions");
+    let recorded = std::fs::read_to_string(&history).unwrap();
+    assert!(
+        recorded.lines().count() > 2 * 2000,
+        "every call is in the history file"
+    );
+}
+
+#[test]
+fn a_cell_that_does_not_record_its_leases_is_caught_with_the_seed_and_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    // A failing run keeps its work directory: keep it inside the test's.
+    let work = dir.path().join("work");
+    let output = chaos(
+        dir.path(),
+        &[
+            "--work-dir",
+            work.to_str().unwrap(),
+            "--cells",
+            "3",
+            "--keys",
+            "8",
+            "--transactions",
+            "60",
+            "--faults",
+            "crash-after-local-commit",
+            "--sabotage",
+            "skip-lease-record",
+            "--seed",
+            "9",
+        ],
+    );
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("result: FAIL (seed 9)"), "{stdout}");
+    assert!(!stdout.contains("\nviolations: 0\n"), "{stdout}");
+    assert!(stderr.contains("rerun with --seed 9"), "{stderr}");
+    // The reconciler rolled back leases whose local transactions had committed: the records
+    // are there, their claims are not, and the key's history is printed.
+    assert!(
+        stderr.contains("local record without its claim"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("history of k"), "{stderr}");
+}
+
+#[test]
+fn unknown_fault_names_are_refused_with_the_list_of_known_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = chaos(dir.path(), &["--faults", "server-kill,meteor-strike"]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("unknown fault \"meteor-strike\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("proxy-reset"), "{stderr}");
+}

@@ -1,0 +1,225 @@
+//! The real binary with PostgreSQL: `serve --store postgres://…` on a fresh database keeps its
+//! data across a restart, `migrate` finds the schema up to date, and `reconcile` works against a
+//! cell database on PostgreSQL. Connection from TOPOLOGY_CLAIMS_TEST_POSTGRES_URL (default
+//! postgres://postgres@127.0.0.1:5432/test); unreachable → fails when CI=true, else one skip line.
+#![cfg(unix)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{run, text, Server};
+use topology_claims::cell::{ClaimsClient, ClientConfig};
+use topology_claims::testing::fixtures::{cell, creates, username};
+use topology_claims::{ClaimState, ClaimsError};
+use topology_claims_postgres::tokio_postgres::{self, NoTls};
+
+fn base_url() -> String {
+    std::env::var("TOPOLOGY_CLAIMS_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// `url` with its database replaced by `db` (query string kept).
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
+    match query {
+        Some(q) => format!("{server}/{db}?{q}"),
+        None => format!("{server}/{db}"),
+    }
+}
+
+/// A fresh database, dropped on Drop; `None` (with a skip line) when PostgreSQL is unreachable
+/// outside CI.
+struct FreshDb {
+    admin: tokio_postgres::Client,
+    name: String,
+    url: String,
+}
+
+impl FreshDb {
+    async fn create() -> Option<FreshDb> {
+        let admin_url = base_url();
+        let admin = match tokio_postgres::connect(&admin_url, NoTls).await {
+            Ok((client, connection)) => {
+                tokio::spawn(connection);
+                client
+            }
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
+                panic!("PostgreSQL unreachable at {admin_url} with CI=true: {e}")
+            }
+            Err(e) => {
+                println!("postgres tests skipped: {admin_url} unreachable: {e}");
+                return None;
+            }
+        };
+        let name = format!("tc_cli_{}_{}", std::process::id(), fastrand_suffix());
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create a test database");
+        let url = with_database(&admin_url, &name);
+        Some(FreshDb { admin, name, url })
+    }
+
+    async fn drop_database(self) {
+        let _ = self
+            .admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .await;
+    }
+}
+
+fn fastrand_suffix() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+            % 0xffff_ffff
+    )
+}
+
+#[tokio::test]
+async fn serve_on_postgres_keeps_data_across_a_restart_and_reconcile_uses_a_postgres_cell_db() {
+    let Some(db) = FreshDb::create().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = db.url.clone();
+    let store = url.clone();
+    let server = tokio::task::spawn_blocking({
+        let dir = dir.path().to_owned();
+        move || {
+            Server::start(
+                &dir,
+                &[
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--store",
+                    &store,
+                    "--pg-pool-size",
+                    "4",
+                ],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let a = cell("cell-a");
+    let lease = client
+        .begin_update(creates(&a, &[username("pg-alice")]))
+        .await
+        .unwrap();
+    client.commit_update(&a, lease.lease_id).await.unwrap();
+    let status = tokio::task::spawn_blocking(move || server.stop_with("TERM"))
+        .await
+        .unwrap();
+    assert!(status.success(), "serve exits 0 on SIGTERM: {status:?}");
+
+    let migrate = run(dir.path(), &["migrate", "--store", &url]);
+    assert!(migrate.status.success(), "{}", text(&migrate.stderr));
+    assert!(
+        text(&migrate.stdout).contains("schema is up to date"),
+        "{}",
+        text(&migrate.stdout)
+    );
+
+    let store = url.clone();
+    let server = tokio::task::spawn_blocking({
+        let dir = dir.path().to_owned();
+        move || {
+            Server::start(
+                &dir,
+                &["--listen", "127.0.0.1:0", "--store", &store, "--no-migrate"],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let claim = client
+        .lookup_claim(&username("pg-alice").key)
+        .await
+        .unwrap();
+    assert_eq!(
+        (claim.cell_id.as_str(), claim.state),
+        ("cell-a", ClaimState::Active),
+        "survived the restart"
+    );
+
+    // The cell's own database is PostgreSQL too (the same database here: the service's tables
+    // are named so that they never clash with a cell's `leases_outstanding`).
+    let recorded = client
+        .begin_update(creates(&a, &[username("pg-kept")]))
+        .await
+        .unwrap();
+    client
+        .begin_update(creates(&a, &[username("pg-orphan")]))
+        .await
+        .unwrap();
+    let (cell_db, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    topology_claims_postgres::ensure_local_schema(&cell_db)
+        .await
+        .unwrap();
+    cell_db
+        .execute(
+            "INSERT INTO leases_outstanding (lease_id, created_at, updated_at) VALUES ($1, now(), now())",
+            &[recorded.lease_id.as_uuid()],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (endpoint, local) = (server.endpoint(), url.clone());
+    let dir_path = dir.path().to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        run(
+            &dir_path,
+            &[
+                "reconcile",
+                "--once",
+                "--server",
+                &endpoint,
+                "--cell-id",
+                "cell-a",
+                "--local-db",
+                &local,
+                "--staleness",
+                "1s",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
+    assert!(
+        out.contains("committed=1") && out.contains("rolled_back=1"),
+        "{out}"
+    );
+    assert_eq!(
+        client
+            .lookup_claim(&username("pg-kept").key)
+            .await
+            .unwrap()
+            .state,
+        ClaimState::Active
+    );
+    let orphan = client.lookup_claim(&username("pg-orphan").key).await;
+    assert!(
+        matches!(orphan, Err(ClaimsError::ClaimNotFound { .. })),
+        "{orphan:?}"
+    );
+
+    drop(server);
+    drop(cell_db);
+    db.drop_database().await;
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Makes sure what the test suite talks to is there: a running PostgreSQL (started if it is down),
+# the Cloud Spanner emulator binary and etcd (the benchmark's baseline). Idempotent; safe to run
+# before every test run.
+set -euo pipefail
+
+pg_url="${TOPOLOGY_CLAIMS_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+
+if command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; then
+  echo "postgresql: running"
+else
+  if command -v pg_ctlcluster >/dev/null; then
+    version="$(ls /etc/postgresql 2>/dev/null | sort -n | tail -n 1)"
+    version="${version:-15}"
+    echo "postgresql: down, starting cluster ${version}/main"
+    pg_ctlcluster --skip-systemctl-redirect "${version}" main start || true
+    for _ in $(seq 1 30); do
+      pg_isready -q -h 127.0.0.1 -p 5432 && break
+      sleep 1
+    done
+  fi
+  if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+    echo "postgresql: started"
+  else
+    echo "postgresql: NOT reachable at 127.0.0.1:5432 (tests use ${pg_url})" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+
+emulator="${TOPOLOGY_CLAIMS_SPANNER_EMULATOR:-/usr/lib/google-cloud-sdk/bin/cloud_spanner_emulator/emulator_main}"
+if [ -x "${emulator}" ]; then
+  echo "spanner emulator: ${emulator}"
+else
+  echo "spanner emulator: not found at ${emulator}; trying apt-get install google-cloud-cli-spanner-emulator"
+  (apt-get update -qq && apt-get install -y -qq google-cloud-cli-spanner-emulator) >/dev/null 2>&1 || true
+  if [ -x "${emulator}" ]; then
+    echo "spanner emulator: installed"
+  else
+    echo "spanner emulator: missing (set TOPOLOGY_CLAIMS_SPANNER_EMULATOR to its path)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+# etcd: the benchmark's etcd baseline (`topology-claims bench --baselines etcd`, and its smoke
+# test under CI=true) starts Debian's etcd itself on loopback ports.
+etcd_bin="${TOPOLOGY_CLAIMS_BENCH_ETCD_BIN:-etcd}"
+if command -v "${etcd_bin}" >/dev/null; then
+  echo "etcd: $(command -v "${etcd_bin}")"
+else
+  echo "etcd: not found; trying apt-get install etcd-server"
+  (apt-get update -qq && apt-get install -y -qq etcd-server) >/dev/null 2>&1 || true
+  if command -v "${etcd_bin}" >/dev/null; then
+    echo "etcd: installed"
+  else
+    echo "etcd: missing (install etcd-server or set TOPOLOGY_CLAIMS_BENCH_ETCD_BIN)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+exit 0

@@ -1,0 +1,247 @@
+//! `ClaimsClient`: the cell's gRPC client of the service, with per-call deadlines, connection
+//! reuse (one HTTP/2 channel, cheap to clone) and retries with jittered backoff on UNAVAILABLE and
+//! DEADLINE_EXCEEDED. BeginUpdate is retried too: the lease id is chosen on the client before the
+//! first attempt, so a retry after a lost response returns the same lease instead of a second one.
+//!
+//! Errors are the domain's [`ClaimsError`] decoded from the status details, so an app can say
+//! "email has already been taken" from `ClaimsError::ClaimTaken { claim }`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+use crate::cell::backoff::Backoff;
+use crate::domain::{
+    BeginUpdate, CellId, ClaimKey, ClaimView, ClaimViewsPage, ClaimsQuery, Lease, LeaseId,
+    LeasesPage, LeasesQuery,
+};
+use crate::error::ClaimsError;
+use crate::grpc::convert::begin_update_to_pb;
+use crate::grpc::pb::claims_service_client::ClaimsServiceClient;
+use crate::grpc::{decode, pb, status};
+
+/// Client knobs. The defaults suit a cell talking to a nearby service.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Deadline of one attempt of one call.
+    pub call_timeout: Duration,
+    /// Attempts per call (1 = no retry) for retryable failures.
+    pub max_attempts: u32,
+    /// Backoff between attempts.
+    pub backoff: Backoff,
+    /// Deadline for establishing a connection.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            call_timeout: Duration::from_secs(5),
+            max_attempts: 5,
+            backoff: Backoff {
+                initial: Duration::from_millis(50),
+                max: Duration::from_secs(2),
+            },
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A connection to the claims service. Clone it freely: clones share the channel.
+#[derive(Clone, Debug)]
+pub struct ClaimsClient {
+    inner: ClaimsServiceClient<Channel>,
+    config: ClientConfig,
+}
+
+/// Whether a failure may be retried: the service or the network was unavailable, or the attempt
+/// ran out of time (the request may or may not have been applied; every call we retry is
+/// idempotent).
+fn retryable(error: &ClaimsError) -> bool {
+    matches!(error, ClaimsError::Unavailable { .. })
+}
+
+impl ClaimsClient {
+    /// A client for `endpoint` (e.g. `http://127.0.0.1:50051`). Connects lazily: a service that is
+    /// down now is retried on the first call, not refused here.
+    pub fn connect_lazy(endpoint: &str, config: ClientConfig) -> Result<Self, ClaimsError> {
+        let endpoint = Endpoint::from_shared(endpoint.to_owned())
+            .map_err(|e| ClaimsError::Configuration {
+                message: format!("bad server URL {endpoint:?}: {e}"),
+            })?
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_while_idle(true);
+        Ok(Self::from_channel(endpoint.connect_lazy(), config))
+    }
+
+    pub fn from_channel(channel: Channel, config: ClientConfig) -> Self {
+        Self {
+            inner: ClaimsServiceClient::new(channel),
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// Runs `call` with the per-attempt deadline, retrying retryable failures with backoff.
+    async fn with_retries<T, F, Fut>(&self, mut call: F) -> Result<T, ClaimsError>
+    where
+        F: FnMut(ClaimsServiceClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let mut attempt = 0;
+        loop {
+            let outcome = match tokio::time::timeout(
+                self.config.call_timeout,
+                call(self.inner.clone()),
+            )
+            .await
+            {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(status)) => status::from_status(&status),
+                Err(_) => ClaimsError::unavailable(format!(
+                    "no answer within {:?} (deadline exceeded)",
+                    self.config.call_timeout
+                )),
+            };
+            attempt += 1;
+            if !retryable(&outcome) || attempt >= self.config.max_attempts {
+                return Err(outcome);
+            }
+            tracing::debug!(attempt, error = %outcome, "retrying claims call");
+            tokio::time::sleep(self.config.backoff.delay(attempt - 1)).await;
+        }
+    }
+
+    /// BeginUpdate. A request without a lease id gets one here, before the first attempt.
+    pub async fn begin_update(&self, mut request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        request.lease_id.get_or_insert_with(LeaseId::generate);
+        let message = begin_update_to_pb(&request);
+        let response = self
+            .with_retries(|mut c| {
+                let message = message.clone();
+                async move { c.begin_update(message).await }
+            })
+            .await?;
+        decode::lease_from_pb(response.get_ref().lease_payload.as_ref(), None)
+    }
+
+    pub async fn commit_update(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<(), ClaimsError> {
+        let message = pb::CommitUpdateRequest {
+            cell_id: cell_id.to_string(),
+            lease_id: lease_id.to_string(),
+        };
+        self.with_retries(|mut c| {
+            let message = message.clone();
+            async move { c.commit_update(message).await }
+        })
+        .await
+        .map(drop)
+    }
+
+    pub async fn rollback_update(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<(), ClaimsError> {
+        let message = pb::RollbackUpdateRequest {
+            cell_id: cell_id.to_string(),
+            lease_id: lease_id.to_string(),
+        };
+        self.with_retries(|mut c| {
+            let message = message.clone();
+            async move { c.rollback_update(message).await }
+        })
+        .await
+        .map(drop)
+    }
+
+    /// One RollbackUpdate attempt, no retry (used for best-effort clean-up).
+    pub(crate) async fn rollback_once(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<(), ClaimsError> {
+        let message = pb::RollbackUpdateRequest {
+            cell_id: cell_id.to_string(),
+            lease_id: lease_id.to_string(),
+        };
+        let mut client = self.inner.clone();
+        match tokio::time::timeout(self.config.call_timeout, client.rollback_update(message)).await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(status)) => Err(status::from_status(&status)),
+            Err(_) => Err(ClaimsError::unavailable("rollback timed out")),
+        }
+    }
+
+    pub async fn renew_lease(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<Lease, ClaimsError> {
+        let message = pb::RenewLeaseRequest {
+            cell_id: cell_id.to_string(),
+            lease_id: lease_id.to_string(),
+        };
+        let response = self
+            .with_retries(|mut c| {
+                let message = message.clone();
+                async move { c.renew_lease(message).await }
+            })
+            .await?;
+        let response = response.get_ref();
+        decode::lease_from_pb(
+            response.lease_payload.as_ref(),
+            response.last_renewed_at.as_ref(),
+        )
+    }
+
+    pub async fn list_outstanding_leases(
+        &self,
+        query: &LeasesQuery,
+    ) -> Result<LeasesPage, ClaimsError> {
+        let message = decode::leases_query_to_pb(query);
+        let response = self
+            .with_retries(|mut c| {
+                let message = message.clone();
+                async move { c.list_outstanding_leases(message).await }
+            })
+            .await?;
+        decode::leases_page_from_pb(response.get_ref())
+    }
+
+    pub async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimViewsPage, ClaimsError> {
+        let message = decode::claims_query_to_pb(query);
+        let response = self
+            .with_retries(|mut c| {
+                let message = message.clone();
+                async move { c.list_claims(message).await }
+            })
+            .await?;
+        decode::claims_page_from_pb(response.get_ref(), &query.cell_id)
+    }
+
+    pub async fn lookup_claim(&self, key: &ClaimKey) -> Result<ClaimView, ClaimsError> {
+        let message = pb::LookupClaimRequest {
+            claim_type: key.claim_type.number(),
+            claim_value: key.value.clone(),
+        };
+        let response = self
+            .with_retries(|mut c| {
+                let message = message.clone();
+                async move { c.lookup_claim(message).await }
+            })
+            .await?;
+        decode::lookup_from_pb(response.get_ref())
+    }
+}

@@ -1,0 +1,18 @@
+//! The cell side of the protocol: the gRPC client, the three-phase transaction handle, the
+//! reconciler and the verifier. Generic over the cell's local database through the
+//! `LocalLeaseStore` / `LocalLock` ports and the verifier's `ClaimSource`.
+//!
+//! Must not contain SQL or know any particular local database; backend crates provide the
+//! closure-style wrappers for theirs.
+
+mod backoff;
+pub mod client;
+pub mod reconciler;
+pub mod update;
+pub mod verifier;
+
+pub use backoff::Backoff;
+pub use client::{ClaimsClient, ClientConfig};
+pub use reconciler::{ReconcileReport, Reconciler, ReconcilerConfig};
+pub use update::{CommitOutcome, LocalEnd, PendingUpdate, TransactionError, UpdateConfig};
+pub use verifier::{ClaimSource, Discrepancy, LocalClaim, Verifier, VerifierConfig, VerifyReport};

@@ -1,0 +1,245 @@
+//! The reconciler: heals what crashes leave between the three phases, for one cell.
+//!
+//! One pass pages through the cell's outstanding leases on the service and, for each:
+//! - present in the local `leases_outstanding` table → the local transaction committed: CommitUpdate,
+//!   then delete the local row (failure point 4A);
+//! - absent locally and stale (`server_time - last_renewed_at > staleness`, both by the server's
+//!   clock) → the local transaction never committed: RollbackUpdate (3B);
+//! - absent locally and young → maybe still running: left alone.
+//!
+//! Then local rows older than the threshold that are still there (their CommitUpdate or local
+//! delete was lost, 5A) are committed idempotently and deleted; those the service no longer knows
+//! or rolled back are logged at error level.
+//!
+//! Only one reconciler per cell acts at a time: a pass first takes the `LocalLock` named
+//! `reconciler:<cell>` in the cell's own database and skips if another sidecar holds it.
+//! Must not decide protocol rules beyond this lease bookkeeping; the service decides the rest.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::cell::client::ClaimsClient;
+use crate::domain::{lease_is_stale, CellId, LeaseId, LeasesQuery};
+use crate::error::ClaimsError;
+use crate::ports::{Clock, LocalLeaseStore, LocalLock, SystemClock};
+
+/// Knobs of the reconciler.
+#[derive(Clone, Debug)]
+pub struct ReconcilerConfig {
+    pub cell_id: CellId,
+    /// Leases missing locally are rolled back once older than this (server clock). Must match
+    /// the cells' `UpdateConfig::staleness`.
+    pub staleness: Duration,
+    /// Leases per ListOutstandingLeases page.
+    pub page_size: usize,
+    /// How long the reconciler lock lasts without renewal (renewed on every page).
+    pub lock_ttl: Duration,
+    /// This process's identity as a lock holder.
+    pub holder: String,
+    /// Most stale local rows examined per pass.
+    pub local_batch: usize,
+}
+
+impl ReconcilerConfig {
+    pub fn new(cell_id: CellId) -> Self {
+        Self {
+            cell_id,
+            staleness: Duration::from_secs(600),
+            page_size: 100,
+            lock_ttl: Duration::from_secs(120),
+            holder: default_holder(),
+            local_batch: 1000,
+        }
+    }
+}
+
+/// `hostname-pid-random`: unique per process, readable in the lock table.
+pub fn default_holder() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".to_owned());
+    format!(
+        "{host}-{}-{:08x}",
+        std::process::id(),
+        crate::cell::backoff::random_u64() as u32
+    )
+}
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// False if another reconciler held the lock (the pass did nothing).
+    pub acted: bool,
+    pub pages: u64,
+    pub committed: u64,
+    pub rolled_back: u64,
+    pub left_young: u64,
+    pub local_rows_deleted: u64,
+    /// Leases whose local transaction committed but which the service had rolled back.
+    pub lost: Vec<LeaseId>,
+    /// Calls that failed (retried on the next pass).
+    pub errors: u64,
+}
+
+impl std::fmt::Display for ReconcileReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.acted {
+            return write!(f, "skipped: another reconciler holds the lock");
+        }
+        write!(
+            f,
+            "pages={} committed={} rolled_back={} left_young={} local_rows_deleted={} lost={} errors={}",
+            self.pages,
+            self.committed,
+            self.rolled_back,
+            self.left_young,
+            self.local_rows_deleted,
+            self.lost.len(),
+            self.errors
+        )
+    }
+}
+
+/// The reconciler of one cell.
+pub struct Reconciler<L> {
+    client: ClaimsClient,
+    local: L,
+    config: ReconcilerConfig,
+}
+
+impl<L: LocalLeaseStore + LocalLock> Reconciler<L> {
+    pub fn new(client: ClaimsClient, local: L, config: ReconcilerConfig) -> Self {
+        Self {
+            client,
+            local,
+            config,
+        }
+    }
+
+    fn lock_name(&self) -> String {
+        format!("reconciler:{}", self.config.cell_id)
+    }
+
+    /// One pass (see the module docs). Errors of single leases are counted, not returned; an
+    /// error is returned only when the pass could not run (service or local DB unreachable).
+    pub async fn run_once(&self) -> Result<ReconcileReport, ClaimsError> {
+        let mut report = ReconcileReport::default();
+        let (lock, holder) = (self.lock_name(), self.config.holder.clone());
+        if !self
+            .local
+            .try_lock(&lock, &holder, self.config.lock_ttl)
+            .await?
+        {
+            return Ok(report);
+        }
+        report.acted = true;
+        let result = self.pass(&mut report).await;
+        if let Err(error) = self.local.unlock(&lock, &holder).await {
+            tracing::warn!(%error, "could not release the reconciler lock; it expires by itself");
+        }
+        result.map(|()| report)
+    }
+
+    async fn pass(&self, report: &mut ReconcileReport) -> Result<(), ClaimsError> {
+        let cell_id = &self.config.cell_id;
+        let mut after = None;
+        loop {
+            let query = LeasesQuery {
+                cell_id: cell_id.clone(),
+                after,
+                limit: self.config.page_size,
+            };
+            let page = self.client.list_outstanding_leases(&query).await?;
+            report.pages += 1;
+            let ids: Vec<LeaseId> = page.leases.iter().map(|l| l.lease_id).collect();
+            let present: std::collections::HashSet<LeaseId> = self
+                .local
+                .find(&ids)
+                .await?
+                .into_iter()
+                .map(|l| l.lease_id)
+                .collect();
+            for lease in &page.leases {
+                if present.contains(&lease.lease_id) {
+                    self.commit_and_forget(lease.lease_id, report).await;
+                } else if lease_is_stale(lease, page.server_time, self.config.staleness) {
+                    match self.client.rollback_update(cell_id, lease.lease_id).await {
+                        Ok(()) => {
+                            report.rolled_back += 1;
+                            tracing::info!(lease_id = %lease.lease_id, "rolled back a stale lease with no local record");
+                        }
+                        Err(error) => {
+                            report.errors += 1;
+                            tracing::warn!(lease_id = %lease.lease_id, %error, "rollback of a stale lease failed");
+                        }
+                    }
+                } else {
+                    report.left_young += 1;
+                }
+            }
+            // Keep the lock while paging through a long list.
+            self.local
+                .try_lock(&self.lock_name(), &self.config.holder, self.config.lock_ttl)
+                .await?;
+            match page.next_cursor {
+                Some(cursor) => after = Some(cursor),
+                None => break,
+            }
+        }
+        let cut = SystemClock.now().saturating_sub(self.config.staleness);
+        for row in self
+            .local
+            .list_older_than(cut, self.config.local_batch)
+            .await?
+        {
+            // Routine after a crash between CommitUpdate and the local delete; the cases that
+            // mean lost data (unknown or rolled-back lease) are logged at error level below.
+            tracing::warn!(lease_id = %row.lease_id, "stale local lease row without an outstanding lease on the service");
+            self.commit_and_forget(row.lease_id, report).await;
+        }
+        Ok(())
+    }
+
+    /// CommitUpdate for a lease whose local transaction committed, then delete the local row.
+    async fn commit_and_forget(&self, lease_id: LeaseId, report: &mut ReconcileReport) {
+        match self
+            .client
+            .commit_update(&self.config.cell_id, lease_id)
+            .await
+        {
+            Ok(()) => report.committed += 1,
+            Err(ClaimsError::LeaseNotFound { .. }) => {
+                tracing::error!(%lease_id, "the service does not know this lease (past outcome retention?)");
+            }
+            Err(ClaimsError::LeaseRolledBack { .. }) => {
+                tracing::error!(%lease_id, "lease was rolled back although the local transaction committed: claims lost; run the verifier");
+                report.lost.push(lease_id);
+            }
+            Err(error) => {
+                report.errors += 1;
+                tracing::warn!(%lease_id, %error, "commit failed; retried next pass");
+                return;
+            }
+        }
+        match self.local.delete(lease_id).await {
+            Ok(_) => report.local_rows_deleted += 1,
+            Err(error) => {
+                report.errors += 1;
+                tracing::warn!(%lease_id, %error, "could not delete the local lease row");
+            }
+        }
+    }
+
+    /// Runs a pass every `interval` until `shutdown` completes.
+    pub async fn run(&self, interval: Duration, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            match self.run_once().await {
+                Ok(report) => tracing::info!(%report, "reconcile pass"),
+                Err(error) => tracing::error!(%error, "reconcile pass failed"),
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! The verifier: compares what a cell's records imply with the claims the service holds for the
+//! cell, and corrects drift through the normal protocol (BeginUpdate + CommitUpdate).
+//!
+//! It walks ListClaims pages of each table from the saved cursor; each page covers an id range
+//! `[start_range, end_range)`, and the [`ClaimSource`] yields the claims the local records of
+//! exactly that range imply. Discrepancies: *missing* (local only → create), *different* (same
+//! key, other owner/record → destroy then create, not atomic, as the design says), *extra*
+//! (service only → destroy). Records and claims younger than `recent` are left alone, as are
+//! claims under a lease (an update is in flight). Corrections go in chunks of at most `chunk`
+//! claims; a chunk refused because of one claim is retried claim by claim so one conflict (a
+//! value taken by another cell: needs a human) does not block the rest.
+//!
+//! Must not bypass the protocol: every correction is an ordinary lease of this cell.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::cell::client::ClaimsClient;
+use crate::domain::{
+    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimState, ClaimsQuery, LeaseId, TableName,
+    Timestamp,
+};
+use crate::error::ClaimsError;
+use crate::ports::{Clock, SystemClock};
+
+/// A claim implied by a local record, with the record's creation time (local clock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalClaim {
+    pub record: ClaimRecord,
+    pub created_at: Timestamp,
+}
+
+/// Where the verifier learns what the cell's records imply.
+pub trait ClaimSource: Send + Sync {
+    /// Every claim implied by the local records of `table` with `start <= id < end`.
+    fn claims_in_range(
+        &self,
+        table: TableName,
+        start: i64,
+        end: i64,
+    ) -> impl Future<Output = Result<Vec<LocalClaim>, ClaimsError>> + Send;
+}
+
+impl<T: ClaimSource> ClaimSource for &T {
+    fn claims_in_range(
+        &self,
+        table: TableName,
+        start: i64,
+        end: i64,
+    ) -> impl Future<Output = Result<Vec<LocalClaim>, ClaimsError>> + Send {
+        (**self).claims_in_range(table, start, end)
+    }
+}
+
+/// Knobs of a verification run.
+#[derive(Clone, Debug)]
+pub struct VerifierConfig {
+    pub cell_id: CellId,
+    pub tables: Vec<TableName>,
+    /// Records and claims younger than this are not corrected.
+    pub recent: Duration,
+    /// ListClaims page size.
+    pub page_size: usize,
+    /// Most claims per correcting BeginUpdate.
+    pub chunk: usize,
+    /// Report discrepancies, change nothing.
+    pub dry_run: bool,
+    /// Stop (resumably) after this long.
+    pub time_budget: Option<Duration>,
+    /// Where the cursor is saved so an interrupted run resumes (`None`: always from 0).
+    pub cursor_file: Option<PathBuf>,
+}
+
+impl VerifierConfig {
+    pub fn new(cell_id: CellId, tables: Vec<TableName>) -> Self {
+        Self {
+            cell_id,
+            tables,
+            recent: Duration::from_secs(3600),
+            page_size: 1000,
+            chunk: 1000,
+            dry_run: false,
+            time_budget: None,
+            cursor_file: None,
+        }
+    }
+}
+
+/// One difference between the cell's records and the service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Discrepancy {
+    Missing(ClaimRecord),
+    Different {
+        local: ClaimRecord,
+        service: ClaimRecord,
+    },
+    Extra(ClaimRecord),
+}
+
+impl std::fmt::Display for Discrepancy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let describe = |r: &ClaimRecord| {
+            format!(
+                "{} ({} {} {}#{})",
+                r.key, r.owner_type, r.owner_value, r.table_name, r.table_record_id
+            )
+        };
+        match self {
+            Discrepancy::Missing(r) => write!(f, "missing  {}", describe(r)),
+            Discrepancy::Different { local, service } => {
+                write!(
+                    f,
+                    "different {} service has {}",
+                    describe(local),
+                    describe(service)
+                )
+            }
+            Discrepancy::Extra(r) => write!(f, "extra    {}", describe(r)),
+        }
+    }
+}
+
+/// Progress and result of a run.
+#[derive(Clone, Debug, Default)]
+pub struct VerifyReport {
+    pub records_checked: u64,
+    pub claims_checked: u64,
+    pub missing: u64,
+    pub different: u64,
+    pub extra: u64,
+    pub skipped_recent: u64,
+    pub corrections_applied: u64,
+    pub corrections_failed: u64,
+    pub discrepancies: Vec<Discrepancy>,
+    /// False when the time budget ran out (the cursor is saved).
+    pub finished: bool,
+    pub elapsed: Duration,
+}
+
+impl std::fmt::Display for VerifyReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rate = self.records_checked as f64 / self.elapsed.as_secs_f64().max(1e-3);
+        write!(
+            f,
+            "records={} claims={} missing={} different={} extra={} skipped_recent={} corrected={} failed={} rate={rate:.0} records/s{}",
+            self.records_checked,
+            self.claims_checked,
+            self.missing,
+            self.different,
+            self.extra,
+            self.skipped_recent,
+            self.corrections_applied,
+            self.corrections_failed,
+            if self.finished { "" } else { " (time budget reached; resumable)" }
+        )
+    }
+}
+
+/// The verifier of one cell.
+pub struct Verifier<S> {
+    client: ClaimsClient,
+    source: S,
+    config: VerifierConfig,
+}
+
+impl<S: ClaimSource> Verifier<S> {
+    pub fn new(client: ClaimsClient, source: S, config: VerifierConfig) -> Self {
+        Self {
+            client,
+            source,
+            config,
+        }
+    }
+
+    /// Verifies every configured table, calling `progress` after each page.
+    pub async fn run(
+        &self,
+        mut progress: impl FnMut(&VerifyReport),
+    ) -> Result<VerifyReport, ClaimsError> {
+        let started = Instant::now();
+        let mut report = VerifyReport {
+            finished: true,
+            ..VerifyReport::default()
+        };
+        let mut cursors = load_cursors(self.config.cursor_file.as_ref())?;
+        'tables: for &table in &self.config.tables {
+            let mut cursor = cursors.get(&table).copied().unwrap_or(0);
+            loop {
+                if self
+                    .config
+                    .time_budget
+                    .is_some_and(|budget| started.elapsed() >= budget)
+                {
+                    report.finished = false;
+                    break 'tables;
+                }
+                let query = ClaimsQuery {
+                    cell_id: self.config.cell_id.clone(),
+                    table_name: table,
+                    cursor,
+                    limit: self.config.page_size,
+                };
+                let page = self.client.list_claims(&query).await?;
+                let local = self
+                    .source
+                    .claims_in_range(table, page.start_range, page.end_range)
+                    .await?;
+                let service: Vec<(ClaimRecord, Timestamp, ClaimState)> = page
+                    .claims
+                    .into_iter()
+                    .map(|c| (c.record, c.created_at, c.state))
+                    .collect();
+                let found = self.compare(local, service, &mut report);
+                if !self.config.dry_run {
+                    self.correct(found, &mut report).await;
+                }
+                report.elapsed = started.elapsed();
+                progress(&report);
+                match page.next_cursor {
+                    Some(next) => {
+                        cursor = next;
+                        cursors.insert(table, next);
+                    }
+                    None => {
+                        cursors.remove(&table);
+                        save_cursors(self.config.cursor_file.as_ref(), &cursors)?;
+                        break;
+                    }
+                }
+                save_cursors(self.config.cursor_file.as_ref(), &cursors)?;
+            }
+        }
+        report.elapsed = started.elapsed();
+        Ok(report)
+    }
+
+    /// Classifies one range. Returns the discrepancies to correct.
+    fn compare(
+        &self,
+        local: Vec<LocalClaim>,
+        service: Vec<(ClaimRecord, Timestamp, ClaimState)>,
+        report: &mut VerifyReport,
+    ) -> Vec<Discrepancy> {
+        let recent_cut = SystemClock.now().saturating_sub(self.config.recent);
+        let mut service: BTreeMap<ClaimKey, (ClaimRecord, Timestamp, ClaimState)> =
+            service.into_iter().map(|s| (s.0.key.clone(), s)).collect();
+        let mut found = Vec::new();
+        let records: BTreeSet<i64> = local.iter().map(|c| c.record.table_record_id).collect();
+        report.records_checked += records.len() as u64;
+        for claim in local {
+            report.claims_checked += 1;
+            let theirs = service.remove(&claim.record.key);
+            if claim.created_at > recent_cut {
+                report.skipped_recent += 1;
+                continue;
+            }
+            match theirs {
+                None => found.push(Discrepancy::Missing(claim.record)),
+                Some((record, _, _)) if record == claim.record => {}
+                Some((_, created_at, state))
+                    if created_at > recent_cut || state != ClaimState::Active =>
+                {
+                    report.skipped_recent += 1;
+                }
+                Some((record, _, _)) => found.push(Discrepancy::Different {
+                    local: claim.record,
+                    service: record,
+                }),
+            }
+        }
+        for (record, created_at, state) in service.into_values() {
+            if created_at > recent_cut || state != ClaimState::Active {
+                report.skipped_recent += 1;
+            } else {
+                found.push(Discrepancy::Extra(record));
+            }
+        }
+        for d in &found {
+            match d {
+                Discrepancy::Missing(_) => report.missing += 1,
+                Discrepancy::Different { .. } => report.different += 1,
+                Discrepancy::Extra(_) => report.extra += 1,
+            }
+        }
+        report.discrepancies.extend(found.iter().cloned());
+        found
+    }
+
+    async fn correct(&self, found: Vec<Discrepancy>, report: &mut VerifyReport) {
+        let mut creates = Vec::new();
+        let mut destroys_first = Vec::new();
+        let mut creates_after = Vec::new();
+        let mut destroys = Vec::new();
+        for d in found {
+            match d {
+                Discrepancy::Missing(r) => creates.push(r),
+                Discrepancy::Different { local, service } => {
+                    destroys_first.push(service);
+                    creates_after.push(local);
+                }
+                Discrepancy::Extra(r) => destroys.push(r),
+            }
+        }
+        self.apply(creates, false, report).await;
+        self.apply(destroys_first, true, report).await;
+        self.apply(creates_after, false, report).await;
+        self.apply(destroys, true, report).await;
+    }
+
+    async fn apply(&self, records: Vec<ClaimRecord>, destroy: bool, report: &mut VerifyReport) {
+        for chunk in records.chunks(self.config.chunk.max(1)) {
+            match self.begin_and_commit(chunk, destroy).await {
+                Ok(()) => report.corrections_applied += chunk.len() as u64,
+                Err(error) if error.claim().is_some() && chunk.len() > 1 => {
+                    tracing::warn!(%error, "a correction chunk was refused; retrying claim by claim");
+                    for one in chunk {
+                        match self
+                            .begin_and_commit(std::slice::from_ref(one), destroy)
+                            .await
+                        {
+                            Ok(()) => report.corrections_applied += 1,
+                            Err(error) => {
+                                report.corrections_failed += 1;
+                                tracing::error!(claim = %one.key, %error, "correction refused; needs manual intervention");
+                            }
+                        }
+                    }
+                }
+                Err(error) => {
+                    report.corrections_failed += chunk.len() as u64;
+                    tracing::error!(%error, claims = chunk.len(), "correction failed");
+                }
+            }
+        }
+    }
+
+    async fn begin_and_commit(
+        &self,
+        records: &[ClaimRecord],
+        destroy: bool,
+    ) -> Result<(), ClaimsError> {
+        let cell_id = self.config.cell_id.clone();
+        let request = BeginUpdate {
+            cell_id: cell_id.clone(),
+            lease_id: Some(LeaseId::generate()),
+            creates: if destroy {
+                Vec::new()
+            } else {
+                records.to_vec()
+            },
+            destroys: if destroy {
+                records.to_vec()
+            } else {
+                Vec::new()
+            },
+        };
+        let lease = self.client.begin_update(request).await?;
+        self.client.commit_update(&cell_id, lease.lease_id).await
+    }
+}
+
+fn load_cursors(path: Option<&PathBuf>) -> Result<BTreeMap<TableName, i64>, ClaimsError> {
+    let Some(path) = path else {
+        return Ok(BTreeMap::new());
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) => {
+            return Err(ClaimsError::Configuration {
+                message: format!("cannot read cursor file {}: {e}", path.display()),
+            })
+        }
+    };
+    let mut cursors = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let parsed = line.split_once('=').and_then(|(table, cursor)| {
+            Some((
+                TableName::from_name(table.trim())?,
+                cursor.trim().parse::<i64>().ok()?,
+            ))
+        });
+        let (table, cursor) = parsed.ok_or_else(|| ClaimsError::Configuration {
+            message: format!(
+                "cursor file {} has a bad line {line:?} (expected TABLE=ID)",
+                path.display()
+            ),
+        })?;
+        cursors.insert(table, cursor);
+    }
+    Ok(cursors)
+}
+
+fn save_cursors(
+    path: Option<&PathBuf>,
+    cursors: &BTreeMap<TableName, i64>,
+) -> Result<(), ClaimsError> {
+    let Some(path) = path else { return Ok(()) };
+    let text: String = cursors
+        .iter()
+        .map(|(t, c)| format!("{}={c}\n", t.name()))
+        .collect();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| ClaimsError::Configuration {
+            message: format!("cannot write cursor file {}: {e}", path.display()),
+        })
+}

@@ -1,0 +1,380 @@
+//! The protocol's rules as pure functions: current rows in, decision or error out.
+//!
+//! Every adapter reads the rows a request touches, calls one of these, and writes exactly what
+//! the decision says. Nothing here does I/O or reads a clock.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use crate::domain::types::{
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimsPage, Lease, LeaseId, LeaseOp,
+    LeaseOutcome, LeaseRecord, LeasesPage, Timestamp,
+};
+use crate::error::ClaimsError;
+
+/// Default `--max-batch`: most claims one BeginUpdate may carry.
+pub const DEFAULT_MAX_BATCH: usize = 1000;
+/// ListOutstandingLeases: page size for `limit = 0`, and the largest allowed.
+pub const LEASES_DEFAULT_LIMIT: usize = 100;
+pub const LEASES_MAX_LIMIT: usize = 1000;
+/// ListClaims: page size for `limit = 0`, and the largest allowed.
+pub const CLAIMS_DEFAULT_LIMIT: usize = 1000;
+pub const CLAIMS_MAX_LIMIT: usize = 10_000;
+
+/// Interprets a requested page size: 0 means `default`; negative or above `max` is refused.
+pub fn page_limit(
+    requested: i32,
+    default: usize,
+    max: usize,
+    field: &str,
+) -> Result<usize, ClaimsError> {
+    match requested {
+        0 => Ok(default),
+        n if n < 0 => Err(ClaimsError::invalid(
+            field,
+            format!("must not be negative, got {n}"),
+        )),
+        n if n as usize > max => Err(ClaimsError::invalid(
+            field,
+            format!("must be at most {max}, got {n}"),
+        )),
+        n => Ok(n as usize),
+    }
+}
+
+/// Batch-level validation, done before any store access: every record well-formed, the batch
+/// neither empty nor larger than `max_batch`, and no claim twice (the first repeat is named).
+pub fn check_batch(request: &BeginUpdate, max_batch: usize) -> Result<(), ClaimsError> {
+    if request.is_empty() {
+        return Err(ClaimsError::invalid(
+            "creates_claims",
+            "at least one create or destroy is required",
+        ));
+    }
+    if request.len() > max_batch {
+        return Err(ClaimsError::invalid(
+            "creates_claims",
+            format!(
+                "at most {max_batch} claims per batch, got {}",
+                request.len()
+            ),
+        ));
+    }
+    for (i, record) in request.creates.iter().enumerate() {
+        record.check(&format!("creates_claims[{i}]"))?;
+    }
+    for (i, record) in request.destroys.iter().enumerate() {
+        record.check(&format!("destroys_claims[{i}]"))?;
+    }
+    let mut seen = HashSet::with_capacity(request.len());
+    for (_, record) in request.operations() {
+        if !seen.insert(&record.key) {
+            return Err(ClaimsError::BatchConflict {
+                claim: record.key.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The rule for one claim of a batch, given its current row.
+///
+/// Permanent reasons win over temporary ones: a destroy of an absent claim is
+/// `ClaimNotFound`, of another cell's claim `NotClaimOwner`, and only then `ClaimLeased`.
+/// A create of any leased claim is `ClaimLeased` (it may be rolled back), of a committed one
+/// `ClaimTaken` (whichever cell holds it).
+pub fn check_claim(
+    op: LeaseOp,
+    record: &ClaimRecord,
+    caller: &CellId,
+    current: Option<&Claim>,
+) -> Result<(), ClaimsError> {
+    let claim = || record.key.clone();
+    match (op, current) {
+        (LeaseOp::Create, None) => Ok(()),
+        (LeaseOp::Create, Some(row)) if row.lease.is_some() => {
+            Err(ClaimsError::ClaimLeased { claim: claim() })
+        }
+        (LeaseOp::Create, Some(_)) => Err(ClaimsError::ClaimTaken { claim: claim() }),
+        (LeaseOp::Destroy, None) => Err(ClaimsError::ClaimNotFound { claim: claim() }),
+        (LeaseOp::Destroy, Some(row)) if &row.cell_id != caller => {
+            Err(ClaimsError::NotClaimOwner { claim: claim() })
+        }
+        (LeaseOp::Destroy, Some(row)) if row.lease.is_some() => {
+            Err(ClaimsError::ClaimLeased { claim: claim() })
+        }
+        (LeaseOp::Destroy, Some(_)) => Ok(()),
+    }
+}
+
+/// What BeginUpdate must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BeginPlan {
+    /// The same request was already applied under this lease id: answer with that lease.
+    Replay(Lease),
+    /// Insert the lease and mark the claims, all in one transaction.
+    Apply(BeginWrites),
+}
+
+/// The writes of a successful BeginUpdate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BeginWrites {
+    pub lease_id: LeaseId,
+    /// Insert these claims, leased with `LeaseOp::Create`, owned by the caller.
+    pub inserts: Vec<ClaimRecord>,
+    /// Mark these committed claims with `LeaseOp::Destroy` (only if still unleased and the caller's).
+    pub marks: Vec<ClaimKey>,
+}
+
+/// Decides a BeginUpdate (already through [`check_batch`]).
+///
+/// `lease_id` is the client's id or a fresh one; `known` is what the store knows of that id;
+/// `current` holds the current row of every claim in the batch that exists.
+pub fn decide_begin(
+    request: &BeginUpdate,
+    lease_id: LeaseId,
+    known: Option<&LeaseRecord>,
+    current: &BTreeMap<ClaimKey, Claim>,
+) -> Result<BeginPlan, ClaimsError> {
+    match known {
+        Some(LeaseRecord::Outstanding(lease)) => {
+            return if lease.cell_id == request.cell_id && lease.request.same_content(request) {
+                Ok(BeginPlan::Replay(lease.clone()))
+            } else {
+                Err(ClaimsError::LeaseIdConflict { lease_id })
+            };
+        }
+        Some(LeaseRecord::Ended(outcome)) => {
+            return Err(if outcome.cell_id != request.cell_id {
+                ClaimsError::LeaseIdConflict { lease_id }
+            } else {
+                match outcome.outcome {
+                    LeaseOutcome::Committed => ClaimsError::LeaseCommitted { lease_id },
+                    LeaseOutcome::RolledBack => ClaimsError::LeaseRolledBack { lease_id },
+                }
+            });
+        }
+        None => {}
+    }
+    for (op, record) in request.operations() {
+        check_claim(op, record, &request.cell_id, current.get(&record.key))?;
+    }
+    Ok(BeginPlan::Apply(BeginWrites {
+        lease_id,
+        inserts: request.creates.clone(),
+        marks: request.destroys.iter().map(|r| r.key.clone()).collect(),
+    }))
+}
+
+/// What CommitUpdate or RollbackUpdate must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndPlan {
+    /// Already ended this way: nothing to write (idempotent success).
+    AlreadyDone,
+    Apply(EndWrites),
+}
+
+/// The writes that end a lease. Every claim write is conditional on the claim still carrying
+/// `lease_id`; the lease row (if any) is deleted and the outcome remembered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndWrites {
+    pub lease_id: LeaseId,
+    pub cell_id: CellId,
+    pub outcome: LeaseOutcome,
+    /// Delete these claims (destroys on commit, creates on rollback).
+    pub delete: Vec<ClaimKey>,
+    /// Clear the lease from these claims (creates on commit, destroys on rollback).
+    pub release: Vec<ClaimKey>,
+}
+
+fn end_writes(lease: &Lease, outcome: LeaseOutcome) -> EndWrites {
+    let keys = |records: &[ClaimRecord]| records.iter().map(|r| r.key.clone()).collect();
+    let (delete, release) = match outcome {
+        LeaseOutcome::Committed => (keys(&lease.request.destroys), keys(&lease.request.creates)),
+        LeaseOutcome::RolledBack => (keys(&lease.request.creates), keys(&lease.request.destroys)),
+    };
+    EndWrites {
+        lease_id: lease.lease_id,
+        cell_id: lease.cell_id.clone(),
+        outcome,
+        delete,
+        release,
+    }
+}
+
+fn check_lease_owner(
+    owner: &CellId,
+    caller: &CellId,
+    lease_id: LeaseId,
+) -> Result<(), ClaimsError> {
+    if owner == caller {
+        Ok(())
+    } else {
+        Err(ClaimsError::NotLeaseOwner { lease_id })
+    }
+}
+
+/// Decides a CommitUpdate.
+pub fn decide_commit(
+    caller: &CellId,
+    lease_id: LeaseId,
+    known: Option<&LeaseRecord>,
+) -> Result<EndPlan, ClaimsError> {
+    match known {
+        None => Err(ClaimsError::LeaseNotFound { lease_id }),
+        Some(LeaseRecord::Outstanding(lease)) => {
+            check_lease_owner(&lease.cell_id, caller, lease_id)?;
+            Ok(EndPlan::Apply(end_writes(lease, LeaseOutcome::Committed)))
+        }
+        Some(LeaseRecord::Ended(outcome)) => {
+            check_lease_owner(&outcome.cell_id, caller, lease_id)?;
+            match outcome.outcome {
+                LeaseOutcome::Committed => Ok(EndPlan::AlreadyDone),
+                LeaseOutcome::RolledBack => Err(ClaimsError::LeaseRolledBack { lease_id }),
+            }
+        }
+    }
+}
+
+/// Decides a RollbackUpdate. Rolling back an unknown id records the rolled-back outcome, so a
+/// BeginUpdate with that id that arrives late (after the client gave up) is refused.
+pub fn decide_rollback(
+    caller: &CellId,
+    lease_id: LeaseId,
+    known: Option<&LeaseRecord>,
+) -> Result<EndPlan, ClaimsError> {
+    match known {
+        None => Ok(EndPlan::Apply(EndWrites {
+            lease_id,
+            cell_id: caller.clone(),
+            outcome: LeaseOutcome::RolledBack,
+            delete: Vec::new(),
+            release: Vec::new(),
+        })),
+        Some(LeaseRecord::Outstanding(lease)) => {
+            check_lease_owner(&lease.cell_id, caller, lease_id)?;
+            Ok(EndPlan::Apply(end_writes(lease, LeaseOutcome::RolledBack)))
+        }
+        Some(LeaseRecord::Ended(outcome)) => {
+            check_lease_owner(&outcome.cell_id, caller, lease_id)?;
+            match outcome.outcome {
+                LeaseOutcome::RolledBack => Ok(EndPlan::AlreadyDone),
+                LeaseOutcome::Committed => Err(ClaimsError::LeaseCommitted { lease_id }),
+            }
+        }
+    }
+}
+
+/// Decides a RenewLease: returns the lease whose `last_renewed_at` the store must set to now.
+pub fn decide_renew<'a>(
+    caller: &CellId,
+    lease_id: LeaseId,
+    known: Option<&'a LeaseRecord>,
+) -> Result<&'a Lease, ClaimsError> {
+    match known {
+        None => Err(ClaimsError::LeaseNotFound { lease_id }),
+        Some(LeaseRecord::Outstanding(lease)) => {
+            check_lease_owner(&lease.cell_id, caller, lease_id)?;
+            Ok(lease)
+        }
+        Some(LeaseRecord::Ended(outcome)) => {
+            check_lease_owner(&outcome.cell_id, caller, lease_id)?;
+            Err(match outcome.outcome {
+                LeaseOutcome::Committed => ClaimsError::LeaseCommitted { lease_id },
+                LeaseOutcome::RolledBack => ClaimsError::LeaseRolledBack { lease_id },
+            })
+        }
+    }
+}
+
+/// Whether a remembered outcome is past retention and may be collected.
+pub fn outcome_expired(decided_at: Timestamp, now: Timestamp, retention: Duration) -> bool {
+    decided_at < now.saturating_sub(retention)
+}
+
+/// Whether a lease is stale: no renewal for longer than `threshold`, by the store's clock.
+pub fn lease_is_stale(lease: &Lease, server_time: Timestamp, threshold: Duration) -> bool {
+    server_time.saturating_since(lease.last_renewed_at) > threshold
+}
+
+/// A ListOutstandingLeases page from the first `limit + 1` leases after the cursor, in lease-id
+/// order: the extra row only tells whether another page follows.
+pub fn leases_page(mut leases: Vec<Lease>, limit: usize, server_time: Timestamp) -> LeasesPage {
+    let next_cursor = if leases.len() > limit {
+        leases.truncate(limit);
+        leases.last().map(|l| l.lease_id)
+    } else {
+        None
+    };
+    LeasesPage {
+        leases,
+        next_cursor,
+        server_time,
+    }
+}
+
+/// The first step of a ListClaims page, given the first `limit + 1` rows with
+/// `table_record_id >= cursor` in (table_record_id, claim_type, claim_value) order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimsPagePlan {
+    /// The page is complete.
+    Done(ClaimsPage),
+    /// The page ends with record `boundary`: fetch all of its claims and whether any claim has a
+    /// larger record id, then call [`finish_claims_page`].
+    NeedBoundary { boundary: i64 },
+}
+
+/// Plans a ListClaims page (see [`ClaimsPagePlan`]). All claims of one record id always land in
+/// the same page; the pages from cursor 0 onwards tile `[0, i64::MAX)` without gap or overlap.
+pub fn plan_claims_page(cursor: i64, limit: usize, first: &[Claim]) -> ClaimsPagePlan {
+    // A page always holds at least one record id, so pagination always advances.
+    let limit = limit.max(1);
+    if first.len() <= limit {
+        return ClaimsPagePlan::Done(ClaimsPage {
+            claims: first.to_vec(),
+            start_range: cursor,
+            end_range: i64::MAX,
+            next_cursor: None,
+        });
+    }
+    let boundary = first[limit - 1].record.table_record_id;
+    if first[limit].record.table_record_id != boundary {
+        return ClaimsPagePlan::Done(ClaimsPage {
+            claims: first[..limit].to_vec(),
+            start_range: cursor,
+            end_range: boundary + 1,
+            next_cursor: Some(boundary + 1),
+        });
+    }
+    ClaimsPagePlan::NeedBoundary { boundary }
+}
+
+/// Completes a page planned as `NeedBoundary`: `first` as given to [`plan_claims_page`],
+/// `boundary_claims` every claim of the boundary record, `more_after` whether any claim has a
+/// larger record id.
+pub fn finish_claims_page(
+    cursor: i64,
+    first: &[Claim],
+    boundary: i64,
+    boundary_claims: Vec<Claim>,
+    more_after: bool,
+) -> ClaimsPage {
+    let mut claims: Vec<Claim> = first
+        .iter()
+        .filter(|c| c.record.table_record_id < boundary)
+        .cloned()
+        .collect();
+    claims.extend(boundary_claims);
+    let end = if more_after { boundary + 1 } else { i64::MAX };
+    ClaimsPage {
+        claims,
+        start_range: cursor,
+        end_range: end,
+        next_cursor: more_after.then_some(boundary + 1),
+    }
+}
+
+/// Orders claims as ListClaims returns them.
+pub fn claims_page_order(a: &Claim, b: &Claim) -> std::cmp::Ordering {
+    (a.record.table_record_id, &a.record.key).cmp(&(b.record.table_record_id, &b.record.key))
+}

@@ -1,0 +1,511 @@
+//! Plain data of the protocol: identifiers, claim records, claims with their lease state,
+//! leases and lease outcomes. Constructors validate, so a value of these types is well-formed.
+
+use std::fmt;
+
+use uuid::Uuid;
+
+use crate::error::ClaimsError;
+
+/// Longest cell id, in bytes.
+pub const MAX_CELL_ID_LEN: usize = 100;
+/// Longest claim or owner value, in bytes.
+pub const MAX_VALUE_LEN: usize = 255;
+
+/// A time as microseconds since the Unix epoch (UTC). Microseconds are what every store keeps
+/// exactly (PostgreSQL `timestamptz`, SQLite integers, Spanner truncated from nanoseconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Timestamp(i64);
+
+impl Timestamp {
+    pub const fn from_unix_micros(micros: i64) -> Self {
+        Self(micros)
+    }
+
+    pub const fn as_unix_micros(self) -> i64 {
+        self.0
+    }
+
+    /// `self - earlier`, saturating at zero.
+    pub fn saturating_since(self, earlier: Timestamp) -> std::time::Duration {
+        std::time::Duration::from_micros(self.0.saturating_sub(earlier.0).max(0) as u64)
+    }
+
+    /// `self - duration`, saturating at the smallest timestamp.
+    pub fn saturating_sub(self, duration: std::time::Duration) -> Timestamp {
+        let micros = i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
+        Timestamp(self.0.saturating_sub(micros))
+    }
+
+    /// `self + duration`, saturating at the largest timestamp.
+    pub fn saturating_add(self, duration: std::time::Duration) -> Timestamp {
+        let micros = i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
+        Timestamp(self.0.saturating_add(micros))
+    }
+}
+
+/// The id of a cell: 1..=100 bytes of `[A-Za-z0-9._-]`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CellId(String);
+
+impl CellId {
+    pub fn parse(value: &str) -> Result<Self, ClaimsError> {
+        Self::parse_field(value, "cell_id")
+    }
+
+    pub fn parse_field(value: &str, field: &str) -> Result<Self, ClaimsError> {
+        if value.is_empty() {
+            return Err(ClaimsError::invalid(field, "must not be empty"));
+        }
+        if value.len() > MAX_CELL_ID_LEN {
+            return Err(ClaimsError::invalid(
+                field,
+                format!(
+                    "must be at most {MAX_CELL_ID_LEN} bytes, got {}",
+                    value.len()
+                ),
+            ));
+        }
+        if let Some(bad) = value
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(ClaimsError::invalid(
+                field,
+                format!("may only contain [A-Za-z0-9._-], found {bad:?}"),
+            ));
+        }
+        Ok(Self(value.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for CellId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Checks a claim or owner value: 1..=255 bytes of UTF-8 without control characters.
+pub fn check_value(value: &str, field: &str) -> Result<(), ClaimsError> {
+    if value.is_empty() {
+        return Err(ClaimsError::invalid(field, "must not be empty"));
+    }
+    if value.len() > MAX_VALUE_LEN {
+        return Err(ClaimsError::invalid(
+            field,
+            format!("must be at most {MAX_VALUE_LEN} bytes, got {}", value.len()),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ClaimsError::invalid(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+macro_rules! protocol_enum {
+    ($(#[$meta:meta])* $name:ident { $($variant:ident = $num:literal => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum $name { $($variant = $num),+ }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The wire number (protobuf enum value, database column value).
+            pub const fn number(self) -> i32 {
+                self as i32
+            }
+
+            /// The value for a wire number; `None` for 0 (unspecified) and unknown numbers.
+            pub fn from_number(number: i64) -> Option<Self> {
+                match number {
+                    $($num => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+
+            /// The lowercase name used by the CLI and in messages.
+            pub const fn name(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+
+            /// Parses the lowercase name (case-insensitive).
+            pub fn from_name(text: &str) -> Option<Self> {
+                let text = text.to_ascii_lowercase();
+                match text.as_str() {
+                    $($text => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+
+            /// Parses a wire number from a request field, refusing unspecified and unknown values.
+            pub fn parse_field(number: i32, field: &str) -> Result<Self, ClaimsError> {
+                Self::from_number(number.into()).ok_or_else(|| {
+                    ClaimsError::invalid(
+                        field,
+                        if number == 0 {
+                            "must be specified".to_owned()
+                        } else {
+                            format!("unknown value {number}")
+                        },
+                    )
+                })
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+protocol_enum!(
+    /// What kind of value is claimed.
+    ClaimType { Routes = 1 => "routes", Username = 2 => "username", Email = 3 => "email" }
+);
+protocol_enum!(
+    /// What kind of entity owns a claim.
+    OwnerType { Group = 1 => "group", Project = 2 => "project", User = 3 => "user" }
+);
+protocol_enum!(
+    /// The cell's table that holds the record behind a claim (for verification).
+    TableName {
+        Users = 1 => "users",
+        Emails = 2 => "emails",
+        Routes = 3 => "routes",
+        Projects = 4 => "projects",
+        Groups = 5 => "groups",
+    }
+);
+protocol_enum!(
+    /// What a lease does to a claim when committed.
+    LeaseOp { Create = 1 => "create", Destroy = 2 => "destroy" }
+);
+
+/// The identity of a claim: unique across all cells.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClaimKey {
+    pub claim_type: ClaimType,
+    pub value: String,
+}
+
+impl ClaimKey {
+    pub fn new(claim_type: ClaimType, value: impl Into<String>) -> Self {
+        Self {
+            claim_type,
+            value: value.into(),
+        }
+    }
+}
+
+impl fmt::Display for ClaimKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.claim_type, self.value)
+    }
+}
+
+/// A claim as a cell asks for it: the key plus who owns it and which local record implies it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClaimRecord {
+    pub key: ClaimKey,
+    pub owner_type: OwnerType,
+    pub owner_value: String,
+    pub table_name: TableName,
+    pub table_record_id: i64,
+}
+
+impl ClaimRecord {
+    /// Validates every field; `field` prefixes error paths (e.g. `creates_claims[3]`).
+    pub fn check(&self, field: &str) -> Result<(), ClaimsError> {
+        check_value(&self.key.value, &format!("{field}.claim_value"))?;
+        check_value(&self.owner_value, &format!("{field}.owner_value"))?;
+        check_record_id(self.table_record_id, &format!("{field}.table_record_id"))
+    }
+}
+
+/// Checks a table record id: `0 <= id < i64::MAX` (so `id + 1` is always a valid range end).
+pub fn check_record_id(id: i64, field: &str) -> Result<(), ClaimsError> {
+    if (0..i64::MAX).contains(&id) {
+        Ok(())
+    } else {
+        Err(ClaimsError::invalid(
+            field,
+            format!("must be in 0..{}, got {id}", i64::MAX),
+        ))
+    }
+}
+
+/// A lease id: a UUID, written lowercase and hyphenated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseId(Uuid);
+
+impl LeaseId {
+    /// A fresh random (v4) lease id.
+    pub fn generate() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    pub const fn from_uuid(uuid: Uuid) -> Self {
+        Self(uuid)
+    }
+
+    pub const fn as_uuid(&self) -> &Uuid {
+        &self.0
+    }
+
+    /// Parses a hyphenated 36-character UUID in any case.
+    pub fn parse(value: &str) -> Result<Self, ClaimsError> {
+        Self::parse_field(value, "lease_id")
+    }
+
+    pub fn parse_field(value: &str, field: &str) -> Result<Self, ClaimsError> {
+        if value.is_empty() {
+            return Err(ClaimsError::invalid(field, "must not be empty"));
+        }
+        if value.len() != 36 {
+            return Err(ClaimsError::invalid(
+                field,
+                format!(
+                    "must be a hyphenated 36-character UUID, got {} bytes",
+                    value.len()
+                ),
+            ));
+        }
+        Uuid::try_parse(value)
+            .map(Self)
+            .map_err(|_| ClaimsError::invalid(field, "must be a hyphenated 36-character UUID"))
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.hyphenated())
+    }
+}
+
+/// A BeginUpdate request, validated field by field (batch-level rules are in `decide`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BeginUpdate {
+    pub cell_id: CellId,
+    /// The client-chosen lease id, or `None` for the store to pick one.
+    pub lease_id: Option<LeaseId>,
+    pub creates: Vec<ClaimRecord>,
+    pub destroys: Vec<ClaimRecord>,
+}
+
+impl BeginUpdate {
+    /// Whether `other` asks for the same thing (used to recognise a retried BeginUpdate).
+    pub fn same_content(&self, other: &BeginUpdate) -> bool {
+        self.cell_id == other.cell_id
+            && self.creates == other.creates
+            && self.destroys == other.destroys
+    }
+
+    /// Every claim of the batch with the operation it asks for, creates first.
+    pub fn operations(&self) -> impl Iterator<Item = (LeaseOp, &ClaimRecord)> {
+        self.creates
+            .iter()
+            .map(|r| (LeaseOp::Create, r))
+            .chain(self.destroys.iter().map(|r| (LeaseOp::Destroy, r)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.creates.len() + self.destroys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An outstanding lease: what BeginUpdate returned (the lease payload) plus its last renewal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub lease_id: LeaseId,
+    pub cell_id: CellId,
+    pub created_at: Timestamp,
+    /// `created_at` until the first renewal. Staleness counts from here.
+    pub last_renewed_at: Timestamp,
+    /// The complete original request, as sent (its `lease_id` is `None` if the store chose it).
+    pub request: BeginUpdate,
+}
+
+/// A lease's claim marker: which lease holds the claim and what committing it will do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClaimLease {
+    pub lease_id: LeaseId,
+    pub op: LeaseOp,
+}
+
+/// The lifecycle state of a stored claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClaimState {
+    /// Committed, under no lease.
+    Active,
+    /// Leased for creation: routable, but not yet committed.
+    Creating,
+    /// Committed, leased for destruction.
+    Destroying,
+}
+
+impl ClaimState {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Creating => "creating",
+            Self::Destroying => "destroying",
+        }
+    }
+}
+
+/// A stored claim: one row per key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub record: ClaimRecord,
+    /// The cell that created the claim (and alone may destroy it).
+    pub cell_id: CellId,
+    pub lease: Option<ClaimLease>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl Claim {
+    pub fn key(&self) -> &ClaimKey {
+        &self.record.key
+    }
+
+    pub fn state(&self) -> ClaimState {
+        match self.lease {
+            None => ClaimState::Active,
+            Some(ClaimLease {
+                op: LeaseOp::Create,
+                ..
+            }) => ClaimState::Creating,
+            Some(ClaimLease {
+                op: LeaseOp::Destroy,
+                ..
+            }) => ClaimState::Destroying,
+        }
+    }
+}
+
+/// How a lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LeaseOutcome {
+    Committed,
+    RolledBack,
+}
+
+impl LeaseOutcome {
+    /// The number stored in databases.
+    pub const fn number(self) -> i32 {
+        match self {
+            Self::Committed => 1,
+            Self::RolledBack => 2,
+        }
+    }
+
+    pub fn from_number(number: i64) -> Option<Self> {
+        match number {
+            1 => Some(Self::Committed),
+            2 => Some(Self::RolledBack),
+            _ => None,
+        }
+    }
+}
+
+/// The remembered end of a lease (kept for the outcome retention period).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub lease_id: LeaseId,
+    pub cell_id: CellId,
+    pub outcome: LeaseOutcome,
+    pub decided_at: Timestamp,
+}
+
+/// What a store knows about a lease id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseRecord {
+    Outstanding(Lease),
+    Ended(Outcome),
+}
+
+/// A page request of ListOutstandingLeases (leases ordered by lease id).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeasesQuery {
+    pub cell_id: CellId,
+    /// Exclusive lower bound: the `next_cursor` of the previous page.
+    pub after: Option<LeaseId>,
+    pub limit: usize,
+}
+
+/// A page of ListOutstandingLeases.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeasesPage {
+    pub leases: Vec<Lease>,
+    /// The cursor for the next page; `None` on the last page.
+    pub next_cursor: Option<LeaseId>,
+    /// The store's clock when the page was read: judge staleness against this, never a local clock.
+    pub server_time: Timestamp,
+}
+
+/// A page request of ListClaims.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimsQuery {
+    pub cell_id: CellId,
+    pub table_name: TableName,
+    /// Inclusive lower bound on `table_record_id`.
+    pub cursor: i64,
+    pub limit: usize,
+}
+
+/// A page of ListClaims: the claims with `start_range <= table_record_id < end_range`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimsPage {
+    pub claims: Vec<Claim>,
+    pub start_range: i64,
+    pub end_range: i64,
+    /// `None` on the last page (whose `end_range` is `i64::MAX`).
+    pub next_cursor: Option<i64>,
+}
+
+/// A claim as a client of the API sees it: like [`Claim`], but with its state instead of the
+/// lease that holds it (lease ids are not revealed to other cells).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimView {
+    pub record: ClaimRecord,
+    pub cell_id: CellId,
+    pub state: ClaimState,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl From<Claim> for ClaimView {
+    fn from(claim: Claim) -> Self {
+        ClaimView {
+            state: claim.state(),
+            record: claim.record,
+            cell_id: claim.cell_id,
+            created_at: claim.created_at,
+            updated_at: claim.updated_at,
+        }
+    }
+}
+
+/// A page of ListClaims as a client sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimViewsPage {
+    pub claims: Vec<ClaimView>,
+    pub start_range: i64,
+    pub end_range: i64,
+    pub next_cursor: Option<i64>,
+}

@@ -1,0 +1,125 @@
+//! The one public error type of the service. Every protocol rule that refuses a request says so
+//! with one of these variants; the gRPC layer maps each to a status code and an ErrorInfo reason
+//! in exactly one place (`grpc::status`). Backends keep their own private errors and convert.
+
+use crate::domain::{ClaimKey, LeaseId};
+
+/// Why a request was refused (or could not be served).
+///
+/// The variants mirror the API's status table: a client can act on each one (show "already
+/// taken", retry later, fix its request, …) without parsing messages.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClaimsError {
+    /// A field is malformed; `field` is its path in the request (e.g. `creates_claims[2].claim_value`).
+    #[error("invalid request: {field}: {description}")]
+    InvalidRequest { field: String, description: String },
+    /// The same claim appears twice in one batch (in creates, in destroys, or in both).
+    #[error("claim {claim} appears more than once in the batch")]
+    BatchConflict { claim: ClaimKey },
+    /// A create of a claim that exists and is committed.
+    #[error("claim {claim} is already taken")]
+    ClaimTaken { claim: ClaimKey },
+    /// The claim is under another lease; temporary: retry later.
+    #[error("claim {claim} is leased by an update in progress; retry later")]
+    ClaimLeased { claim: ClaimKey },
+    /// A destroy (or lookup) of a claim that does not exist.
+    #[error("claim {claim} does not exist")]
+    ClaimNotFound { claim: ClaimKey },
+    /// A destroy of a claim owned by another cell.
+    #[error("claim {claim} is owned by another cell")]
+    NotClaimOwner { claim: ClaimKey },
+    /// Commit, rollback or renew of another cell's lease.
+    #[error("lease {lease_id} belongs to another cell")]
+    NotLeaseOwner { lease_id: LeaseId },
+    /// The lease was rolled back; its claims are gone (creates) or kept (destroys).
+    #[error("lease {lease_id} was rolled back")]
+    LeaseRolledBack { lease_id: LeaseId },
+    /// The lease was committed already.
+    #[error("lease {lease_id} was committed")]
+    LeaseCommitted { lease_id: LeaseId },
+    /// The lease id was never seen, or its outcome is past retention.
+    #[error("lease {lease_id} not found")]
+    LeaseNotFound { lease_id: LeaseId },
+    /// A client-chosen lease id that is already used for other content or by another cell.
+    #[error("lease id {lease_id} is already in use for a different request")]
+    LeaseIdConflict { lease_id: LeaseId },
+    /// The store cannot be reached (down, restarting, network): retry later.
+    #[error("store unavailable: {message}")]
+    Unavailable { message: String },
+    /// The store's schema is behind this binary and migrations were not allowed to run.
+    #[error("schema migrations pending: {}; run `topology-claims migrate` or start without --no-migrate", pending.join(", "))]
+    MigrationsPending { pending: Vec<String> },
+    /// A bad store URL or setting.
+    #[error("configuration error: {message}")]
+    Configuration { message: String },
+    /// Anything else: a bug or an unexpected store answer. Never a protocol refusal.
+    #[error("internal error: {message}")]
+    Internal { message: String },
+}
+
+impl ClaimsError {
+    /// The machine-readable reason (google.rpc.ErrorInfo `reason`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidRequest { .. } => "INVALID_REQUEST",
+            Self::BatchConflict { .. } => "BATCH_CONFLICT",
+            Self::ClaimTaken { .. } => "CLAIM_TAKEN",
+            Self::ClaimLeased { .. } => "CLAIM_LEASED",
+            Self::ClaimNotFound { .. } => "CLAIM_NOT_FOUND",
+            Self::NotClaimOwner { .. } => "NOT_CLAIM_OWNER",
+            Self::NotLeaseOwner { .. } => "NOT_LEASE_OWNER",
+            Self::LeaseRolledBack { .. } => "LEASE_ROLLED_BACK",
+            Self::LeaseCommitted { .. } => "LEASE_COMMITTED",
+            Self::LeaseNotFound { .. } => "LEASE_NOT_FOUND",
+            Self::LeaseIdConflict { .. } => "LEASE_ID_CONFLICT",
+            Self::Unavailable { .. } => "STORE_UNAVAILABLE",
+            Self::MigrationsPending { .. } => "MIGRATIONS_PENDING",
+            Self::Configuration { .. } => "CONFIGURATION",
+            Self::Internal { .. } => "INTERNAL",
+        }
+    }
+
+    /// The claim the error is about, if any.
+    pub fn claim(&self) -> Option<&ClaimKey> {
+        match self {
+            Self::BatchConflict { claim }
+            | Self::ClaimTaken { claim }
+            | Self::ClaimLeased { claim }
+            | Self::ClaimNotFound { claim }
+            | Self::NotClaimOwner { claim } => Some(claim),
+            _ => None,
+        }
+    }
+
+    /// The lease the error is about, if any.
+    pub fn lease_id(&self) -> Option<LeaseId> {
+        match self {
+            Self::NotLeaseOwner { lease_id }
+            | Self::LeaseRolledBack { lease_id }
+            | Self::LeaseCommitted { lease_id }
+            | Self::LeaseNotFound { lease_id }
+            | Self::LeaseIdConflict { lease_id } => Some(*lease_id),
+            _ => None,
+        }
+    }
+
+    pub fn invalid(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            field: field.into(),
+            description: description.into(),
+        }
+    }
+
+    pub fn internal(message: impl std::fmt::Display) -> Self {
+        Self::Internal {
+            message: message.to_string(),
+        }
+    }
+
+    pub fn unavailable(message: impl std::fmt::Display) -> Self {
+        Self::Unavailable {
+            message: message.to_string(),
+        }
+    }
+}

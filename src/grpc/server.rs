@@ -1,0 +1,168 @@
+//! Runs the gRPC server on a bound listener: the `ClaimsService`, `grpc.health.v1` and server
+//! reflection (v1), a graceful drain on shutdown, and the background collection of old lease
+//! outcomes.
+//!
+//! Owns process-level wiring only. Must not decide protocol questions or pick status codes;
+//! choosing and opening the store is the caller's (the CLI parses store URLs).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+
+use crate::error::ClaimsError;
+use crate::grpc::pb;
+use crate::grpc::pb::claims_service_server::ClaimsServiceServer;
+use crate::grpc::service::{ClaimsServiceImpl, ServiceConfig};
+use crate::ports::ClaimStore;
+
+/// Largest request message the server decodes. tonic's default (4 MiB) holds a full batch of
+/// `--max-batch` 1000 claims with maximal 255-byte values (about 0.6 MiB) with room to spare;
+/// anything larger is refused by tonic with OUT_OF_RANGE before it reaches a handler.
+pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+
+/// The server's knobs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Most claims one BeginUpdate may carry (`--max-batch`).
+    pub max_batch: usize,
+    /// How long committed / rolled-back outcomes are remembered (`--outcome-retention`), so
+    /// late retries get LEASE_COMMITTED / LEASE_ROLLED_BACK instead of LEASE_NOT_FOUND.
+    pub outcome_retention: Duration,
+    /// How often outcomes past retention are collected. Must not be zero.
+    pub gc_interval: Duration,
+    /// How long the drain after the shutdown signal may take before the server returns anyway,
+    /// leaving connections that did not finish (a hung request, a client that never answers
+    /// the HTTP/2 GOAWAY handshake) to be closed by the process exit.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            max_batch: crate::domain::DEFAULT_MAX_BATCH,
+            outcome_retention: Duration::from_secs(24 * 60 * 60),
+            gc_interval: Duration::from_secs(5 * 60),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The service name the health service reports SERVING for.
+pub const SERVICE_NAME: &str = pb::claims_service_server::SERVICE_NAME;
+
+/// Serves until `shutdown` completes, then stops accepting, lets in-flight requests finish (for
+/// at most `drain_timeout`) and returns. Health turns NOT_SERVING as soon as the drain starts.
+pub async fn serve(
+    listener: TcpListener,
+    store: Arc<dyn ClaimStore>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ClaimsError> {
+    if config.gc_interval.is_zero() {
+        return Err(ClaimsError::Configuration {
+            message: "the outcome collection interval must not be zero".to_owned(),
+        });
+    }
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status(SERVICE_NAME, ServingStatus::Serving)
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // google.rpc.ErrorInfo / BadRequest, so reflection clients (grpcurl) can print details.
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ClaimsError::internal(format!("server reflection: {e}")))?;
+    let claims = ClaimsServiceServer::new(ClaimsServiceImpl::new(
+        Arc::clone(&store),
+        ServiceConfig {
+            max_batch: config.max_batch,
+        },
+    ))
+    .max_decoding_message_size(MAX_REQUEST_BYTES);
+
+    let (stop_tx, stop_rx) = watch::channel(());
+    let (draining_tx, mut draining_rx) = watch::channel(false);
+    let gc = tokio::spawn(collect_outcomes_periodically(
+        store,
+        config.outcome_retention,
+        config.gc_interval,
+        stop_rx,
+    ));
+    let signal = async move {
+        shutdown.await;
+        tracing::info!("shutting down: draining in-flight requests");
+        health
+            .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
+            .await;
+        health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        drop(stop_tx);
+        let _ = draining_tx.send(true);
+    };
+    let drain_deadline = async move {
+        if draining_rx.wait_for(|draining| *draining).await.is_ok() {
+            tokio::time::sleep(config.drain_timeout).await;
+        } else {
+            // The server returned without a shutdown signal: only its own result matters.
+            std::future::pending::<()>().await;
+        }
+    };
+    // Small request/response messages: Nagle's algorithm would only add latency.
+    let incoming = TcpListenerStream::new(listener).map(|conn| {
+        if let Ok(stream) = &conn {
+            let _ = stream.set_nodelay(true);
+        }
+        conn
+    });
+    let server = Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(claims)
+        .serve_with_incoming_shutdown(incoming, signal);
+    let result = tokio::select! {
+        result = server => result,
+        () = drain_deadline => {
+            tracing::warn!(
+                timeout = ?config.drain_timeout,
+                "drain timed out; returning with connections still open"
+            );
+            Ok(())
+        }
+    };
+    gc.abort();
+    let _ = gc.await;
+    result.map_err(|e| ClaimsError::internal(format!("gRPC server failed: {e}")))
+}
+
+/// Collects outcomes past `retention` every `interval` (first right away) until `stop` closes.
+async fn collect_outcomes_periodically(
+    store: Arc<dyn ClaimStore>,
+    retention: Duration,
+    interval: Duration,
+    mut stop: watch::Receiver<()>,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.changed() => return,
+        }
+        match store.collect_outcomes(retention).await {
+            Ok(0) => tracing::debug!("no lease outcomes past retention"),
+            Ok(n) => tracing::info!(collected = n, "collected lease outcomes past retention"),
+            // A failed round is retried at the next tick; outcomes only accumulate meanwhile.
+            Err(error) => tracing::warn!(%error, "collecting lease outcomes failed"),
+        }
+    }
+}

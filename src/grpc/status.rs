@@ -1,0 +1,269 @@
+//! The one mapping between [`ClaimsError`] and gRPC statuses, both ways.
+//!
+//! [`to_status`] is the only place where the server picks a status code: every status carries a
+//! `google.rpc.ErrorInfo` (domain [`ERROR_DOMAIN`], reason [`ClaimsError::reason`], metadata
+//! naming the claim or lease involved), and malformed requests also a `google.rpc.BadRequest`
+//! field violation. [`from_status`] reads those details back for clients.
+//!
+//! Must not decide protocol questions: it translates errors the domain already decided.
+
+use std::collections::HashMap;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::domain::{ClaimKey, ClaimType, LeaseId};
+use crate::error::ClaimsError;
+
+/// The `google.rpc.ErrorInfo.domain` of every error this service returns.
+pub const ERROR_DOMAIN: &str = "topology-claims";
+
+/// ErrorInfo metadata keys.
+pub const META_CLAIM_TYPE: &str = "claim_type";
+pub const META_CLAIM_VALUE: &str = "claim_value";
+pub const META_LEASE_ID: &str = "lease_id";
+pub const META_FIELD: &str = "field";
+pub const META_PENDING: &str = "pending";
+
+/// The status code of each error (the status table of the API, docs/api.md).
+pub fn code_of(error: &ClaimsError) -> Code {
+    match error {
+        ClaimsError::InvalidRequest { .. } | ClaimsError::BatchConflict { .. } => {
+            Code::InvalidArgument
+        }
+        ClaimsError::ClaimTaken { .. } | ClaimsError::LeaseIdConflict { .. } => Code::AlreadyExists,
+        ClaimsError::ClaimLeased { .. }
+        | ClaimsError::LeaseRolledBack { .. }
+        | ClaimsError::LeaseCommitted { .. } => Code::FailedPrecondition,
+        ClaimsError::ClaimNotFound { .. } | ClaimsError::LeaseNotFound { .. } => Code::NotFound,
+        ClaimsError::NotClaimOwner { .. } | ClaimsError::NotLeaseOwner { .. } => {
+            Code::PermissionDenied
+        }
+        ClaimsError::Unavailable { .. } => Code::Unavailable,
+        ClaimsError::MigrationsPending { .. }
+        | ClaimsError::Configuration { .. }
+        | ClaimsError::Internal { .. } => Code::Internal,
+    }
+}
+
+/// The gRPC status of an error, with its ErrorInfo (and BadRequest for malformed fields).
+///
+/// Server-side details of `Internal`, `Configuration` and `Unavailable` errors (SQL, hosts,
+/// paths) are logged here and never sent to the client.
+pub fn to_status(error: &ClaimsError) -> Status {
+    let mut metadata = HashMap::new();
+    if let Some(claim) = error.claim() {
+        metadata.insert(
+            META_CLAIM_TYPE.to_owned(),
+            claim.claim_type.name().to_owned(),
+        );
+        metadata.insert(META_CLAIM_VALUE.to_owned(), claim.value.clone());
+    }
+    if let Some(lease_id) = error.lease_id() {
+        metadata.insert(META_LEASE_ID.to_owned(), lease_id.to_string());
+    }
+    let message = match error {
+        ClaimsError::Internal { .. } | ClaimsError::Configuration { .. } => {
+            tracing::error!(error = %error, "request failed");
+            "internal error".to_owned()
+        }
+        ClaimsError::Unavailable { .. } => {
+            tracing::warn!(error = %error, "request failed: store unavailable");
+            "store unavailable; retry later".to_owned()
+        }
+        ClaimsError::MigrationsPending { pending } => {
+            tracing::error!(error = %error, "request failed");
+            metadata.insert(META_PENDING.to_owned(), pending.join(","));
+            error.to_string()
+        }
+        _ => error.to_string(),
+    };
+    let mut details = ErrorDetails::new();
+    if let ClaimsError::InvalidRequest { field, description } = error {
+        metadata.insert(META_FIELD.to_owned(), field.clone());
+        details.add_bad_request_violation(field.clone(), description.clone());
+    }
+    details.set_error_info(error.reason(), ERROR_DOMAIN, metadata);
+    Status::with_error_details(code_of(error), message, details)
+}
+
+/// Reads a status back into the error the server meant (for clients and tests).
+///
+/// A status without this service's ErrorInfo (a transport failure, a proxy, another server) is
+/// `Unavailable` when the call may be retried (UNAVAILABLE, DEADLINE_EXCEEDED: the request may
+/// or may not have been applied) and `Internal` otherwise.
+pub fn from_status(status: &Status) -> ClaimsError {
+    let details = status.get_error_details();
+    let Some(info) = details
+        .error_info()
+        .filter(|info| info.domain == ERROR_DOMAIN)
+    else {
+        return without_error_info(status);
+    };
+    let meta = |key: &str| info.metadata.get(key).map(String::as_str);
+    let claim = || -> Option<ClaimKey> {
+        let claim_type = ClaimType::from_name(meta(META_CLAIM_TYPE)?)?;
+        Some(ClaimKey::new(claim_type, meta(META_CLAIM_VALUE)?))
+    };
+    let lease_id = || meta(META_LEASE_ID).and_then(|id| LeaseId::parse(id).ok());
+    let message = status.message().to_owned();
+    let malformed = || {
+        ClaimsError::internal(format!(
+            "status {:?} with reason {} lacks its metadata: {message}",
+            status.code(),
+            info.reason
+        ))
+    };
+    let with_claim =
+        |make: fn(ClaimKey) -> ClaimsError| claim().map(make).unwrap_or_else(malformed);
+    let with_lease =
+        |make: fn(LeaseId) -> ClaimsError| lease_id().map(make).unwrap_or_else(malformed);
+    match info.reason.as_str() {
+        "INVALID_REQUEST" => {
+            let violation = details
+                .bad_request()
+                .and_then(|b| b.field_violations.first());
+            match violation {
+                Some(v) => ClaimsError::invalid(v.field.clone(), v.description.clone()),
+                None => ClaimsError::invalid(meta(META_FIELD).unwrap_or_default(), message),
+            }
+        }
+        "BATCH_CONFLICT" => with_claim(|claim| ClaimsError::BatchConflict { claim }),
+        "CLAIM_TAKEN" => with_claim(|claim| ClaimsError::ClaimTaken { claim }),
+        "CLAIM_LEASED" => with_claim(|claim| ClaimsError::ClaimLeased { claim }),
+        "CLAIM_NOT_FOUND" => with_claim(|claim| ClaimsError::ClaimNotFound { claim }),
+        "NOT_CLAIM_OWNER" => with_claim(|claim| ClaimsError::NotClaimOwner { claim }),
+        "NOT_LEASE_OWNER" => with_lease(|lease_id| ClaimsError::NotLeaseOwner { lease_id }),
+        "LEASE_ROLLED_BACK" => with_lease(|lease_id| ClaimsError::LeaseRolledBack { lease_id }),
+        "LEASE_COMMITTED" => with_lease(|lease_id| ClaimsError::LeaseCommitted { lease_id }),
+        "LEASE_NOT_FOUND" => with_lease(|lease_id| ClaimsError::LeaseNotFound { lease_id }),
+        "LEASE_ID_CONFLICT" => with_lease(|lease_id| ClaimsError::LeaseIdConflict { lease_id }),
+        "STORE_UNAVAILABLE" => ClaimsError::unavailable(message),
+        "MIGRATIONS_PENDING" => ClaimsError::MigrationsPending {
+            pending: meta(META_PENDING)
+                .unwrap_or_default()
+                .split(',')
+                .filter(|name| !name.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        },
+        "CONFIGURATION" => ClaimsError::Configuration { message },
+        _ => ClaimsError::internal(format!("{}: {message}", info.reason)),
+    }
+}
+
+fn without_error_info(status: &Status) -> ClaimsError {
+    let text = format!("{:?}: {}", status.code(), status.message());
+    match status.code() {
+        // The service attaches ErrorInfo to everything it sends, so these only come from the
+        // transport (a connection cut mid-call): maybe applied, safe to retry (every call the
+        // client retries is idempotent).
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled => {
+            ClaimsError::unavailable(text)
+        }
+        _ => ClaimsError::internal(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_error() -> Vec<ClaimsError> {
+        let claim = ClaimKey::new(ClaimType::Email, "a@example.com");
+        let lease_id = LeaseId::generate();
+        vec![
+            ClaimsError::invalid("creates_claims[0].claim_value", "must not be empty"),
+            ClaimsError::BatchConflict {
+                claim: claim.clone(),
+            },
+            ClaimsError::ClaimTaken {
+                claim: claim.clone(),
+            },
+            ClaimsError::ClaimLeased {
+                claim: claim.clone(),
+            },
+            ClaimsError::ClaimNotFound {
+                claim: claim.clone(),
+            },
+            ClaimsError::NotClaimOwner { claim },
+            ClaimsError::NotLeaseOwner { lease_id },
+            ClaimsError::LeaseRolledBack { lease_id },
+            ClaimsError::LeaseCommitted { lease_id },
+            ClaimsError::LeaseNotFound { lease_id },
+            ClaimsError::LeaseIdConflict { lease_id },
+            ClaimsError::MigrationsPending {
+                pending: vec!["0001_init".into(), "0002_x".into()],
+            },
+        ]
+    }
+
+    #[test]
+    fn every_protocol_error_survives_the_round_trip_through_a_status() {
+        for error in every_error() {
+            assert_eq!(
+                from_status(&to_status(&error)),
+                error,
+                "round trip of {error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_status_carries_error_info_of_the_service_domain() {
+        for error in every_error() {
+            let details = to_status(&error).get_error_details();
+            let info = details.error_info().expect("ErrorInfo attached");
+            assert_eq!(info.domain, ERROR_DOMAIN);
+            assert_eq!(info.reason, error.reason());
+        }
+    }
+
+    #[test]
+    fn internal_details_are_not_sent_to_the_client() {
+        let status = to_status(&ClaimsError::internal("SELECT secret FROM db at 10.0.0.5"));
+        assert_eq!(status.code(), Code::Internal);
+        assert!(!status.message().contains("secret"), "{}", status.message());
+        let status = to_status(&ClaimsError::unavailable("connect 10.0.0.5:5432 refused"));
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(
+            !status.message().contains("10.0.0.5"),
+            "{}",
+            status.message()
+        );
+        assert!(matches!(
+            from_status(&status),
+            ClaimsError::Unavailable { .. }
+        ));
+    }
+
+    #[test]
+    fn malformed_request_carries_a_bad_request_field_violation() {
+        let status = to_status(&ClaimsError::invalid("cell_id", "must not be empty"));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let details = status.get_error_details();
+        let violation = &details.bad_request().expect("BadRequest").field_violations[0];
+        assert_eq!(violation.field, "cell_id");
+        assert_eq!(violation.description, "must not be empty");
+    }
+
+    #[test]
+    fn status_without_error_info_is_unavailable_only_when_retryable() {
+        let transport = Status::unavailable("connection refused");
+        assert!(matches!(
+            from_status(&transport),
+            ClaimsError::Unavailable { .. }
+        ));
+        for cut in [
+            Status::unknown("transport error"),
+            Status::cancelled("operation was canceled"),
+        ] {
+            assert!(
+                matches!(from_status(&cut), ClaimsError::Unavailable { .. }),
+                "{cut:?}"
+            );
+        }
+        let other = Status::unimplemented("no such method");
+        assert!(matches!(from_status(&other), ClaimsError::Internal { .. }));
+    }
+}

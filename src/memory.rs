@@ -1,0 +1,230 @@
+//! In-memory adapters of both ports: the reference implementation, and the `memory:` store for
+//! laptops and tests. State is lost when the process exits.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::domain::{
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage,
+    LeasesQuery, Tables, Timestamp,
+};
+use crate::error::ClaimsError;
+use crate::ports::{ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, SystemClock};
+
+/// A [`ClaimStore`] over [`Tables`] behind a mutex.
+pub struct MemoryClaimStore {
+    tables: Mutex<Tables>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for MemoryClaimStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryClaimStore {
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            tables: Mutex::new(Tables::default()),
+            clock,
+        }
+    }
+
+    /// A copy of the whole state (for tests and debugging).
+    pub fn snapshot(&self) -> Tables {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Tables> {
+        // A panic while holding the lock cannot leave Tables half-updated in a way later calls
+        // could not read, so a poisoned lock is still usable.
+        self.tables
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl ClaimStore for MemoryClaimStore {
+    async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        let now = self.clock.now();
+        self.lock().begin_update(request, LeaseId::generate(), now)
+    }
+
+    async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError> {
+        let now = self.clock.now();
+        self.lock().commit_update(cell_id, lease_id, now)
+    }
+
+    async fn rollback_update(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<(), ClaimsError> {
+        let now = self.clock.now();
+        self.lock().rollback_update(cell_id, lease_id, now)
+    }
+
+    async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {
+        let now = self.clock.now();
+        self.lock().renew_lease(cell_id, lease_id, now)
+    }
+
+    async fn list_outstanding_leases(
+        &self,
+        query: &LeasesQuery,
+    ) -> Result<LeasesPage, ClaimsError> {
+        let now = self.clock.now();
+        Ok(self.lock().list_outstanding_leases(query, now))
+    }
+
+    async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
+        Ok(self.lock().list_claims(query))
+    }
+
+    async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
+        self.lock().lookup_claim(key)
+    }
+
+    async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
+        let now = self.clock.now();
+        Ok(self.lock().collect_outcomes(now, retention))
+    }
+}
+
+/// An in-memory `leases_outstanding` table.
+#[derive(Clone)]
+pub struct MemoryLocalLeaseStore {
+    rows: Arc<Mutex<BTreeMap<LeaseId, LocalLease>>>,
+    locks: Arc<Mutex<BTreeMap<String, (String, Timestamp)>>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for MemoryLocalLeaseStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A local "transaction" of the in-memory store: rows recorded in it appear on
+/// [`commit`](MemoryLocalTx::commit) and vanish if it is dropped.
+#[derive(Default)]
+pub struct MemoryLocalTx {
+    staged: Vec<LocalLease>,
+}
+
+impl MemoryLocalLeaseStore {
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            rows: Arc::default(),
+            locks: Arc::default(),
+            clock,
+        }
+    }
+
+    /// Starts a local transaction.
+    pub fn begin(&self) -> MemoryLocalTx {
+        MemoryLocalTx::default()
+    }
+
+    /// Commits a local transaction: its recorded leases become visible.
+    pub fn commit(&self, tx: MemoryLocalTx) {
+        let mut rows = self.lock();
+        for row in tx.staged {
+            rows.entry(row.lease_id).or_insert(row);
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<LeaseId, LocalLease>> {
+        self.rows
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl LocalLeaseStore for MemoryLocalLeaseStore {
+    type Tx<'t> = MemoryLocalTx;
+
+    async fn record(&self, tx: &mut Self::Tx<'_>, lease_id: LeaseId) -> Result<(), ClaimsError> {
+        tx.staged.push(LocalLease {
+            lease_id,
+            created_at: self.clock.now(),
+        });
+        Ok(())
+    }
+
+    async fn delete(&self, lease_id: LeaseId) -> Result<bool, ClaimsError> {
+        Ok(self.lock().remove(&lease_id).is_some())
+    }
+
+    async fn find(&self, lease_ids: &[LeaseId]) -> Result<Vec<LocalLease>, ClaimsError> {
+        let rows = self.lock();
+        Ok(lease_ids
+            .iter()
+            .filter_map(|id| rows.get(id).cloned())
+            .collect())
+    }
+
+    async fn list_older_than(
+        &self,
+        before: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<LocalLease>, ClaimsError> {
+        let mut old: Vec<LocalLease> = self
+            .lock()
+            .values()
+            .filter(|r| r.created_at < before)
+            .cloned()
+            .collect();
+        old.sort_by_key(|r| (r.created_at, r.lease_id));
+        old.truncate(limit);
+        Ok(old)
+    }
+}
+
+impl LocalLock for MemoryLocalLeaseStore {
+    async fn try_lock(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, ClaimsError> {
+        let now = self.clock.now();
+        let mut locks = self
+            .locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let free = match locks.get(name) {
+            None => true,
+            Some((current, expires_at)) => current == holder || *expires_at < now,
+        };
+        if free {
+            locks.insert(
+                name.to_owned(),
+                (holder.to_owned(), now.saturating_add(ttl)),
+            );
+        }
+        Ok(free)
+    }
+
+    async fn unlock(&self, name: &str, holder: &str) -> Result<(), ClaimsError> {
+        let mut locks = self
+            .locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if locks
+            .get(name)
+            .is_some_and(|(current, _)| current == holder)
+        {
+            locks.remove(name);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,144 @@
+//! The two storage ports of the protocol and the clock port.
+//!
+//! [`ClaimStore`] is the service's store (claims, outstanding leases, outcomes);
+//! [`LocalLeaseStore`] is a cell's own `leases_outstanding` table, written inside the cell's local
+//! transaction. Adapters implement them by reading rows, asking `crate::domain` for the decision
+//! and writing it; they must not decide protocol questions themselves.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use crate::domain::{
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage,
+    LeasesQuery, Timestamp,
+};
+use crate::error::ClaimsError;
+
+/// The service's store. Every method is one atomic store transaction; contention inside the
+/// store (serialization failures, deadlocks, aborts) is retried by the adapter, so callers only
+/// see protocol errors, `Unavailable` or `Internal`.
+///
+/// Object-safe (through `async_trait`) because the server picks the adapter at run time from
+/// the store URL and holds it as `Arc<dyn ClaimStore>`.
+#[async_trait]
+pub trait ClaimStore: Send + Sync + 'static {
+    /// Leases every claim of the batch, or changes nothing. Retrying with the same client-chosen
+    /// lease id and content returns the same lease.
+    async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError>;
+
+    /// Finalises a lease: destroys are deleted, creates become committed. Idempotent.
+    async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError>;
+
+    /// Reverts a lease: creates are deleted, destroys are released. Idempotent; an unknown id is
+    /// recorded as rolled back.
+    async fn rollback_update(&self, cell_id: &CellId, lease_id: LeaseId)
+        -> Result<(), ClaimsError>;
+
+    /// Marks an outstanding lease as renewed now (store clock).
+    async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError>;
+
+    /// A page of one cell's outstanding leases, ordered by lease id.
+    async fn list_outstanding_leases(&self, query: &LeasesQuery)
+        -> Result<LeasesPage, ClaimsError>;
+
+    /// A page of one cell's claims of one table (see `domain::plan_claims_page`).
+    async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError>;
+
+    /// The claim with this key, leased or not.
+    async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError>;
+
+    /// Forgets lease outcomes decided longer than `retention` ago; returns how many.
+    async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError>;
+}
+
+/// A lease id recorded in a cell's local `leases_outstanding` table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalLease {
+    pub lease_id: LeaseId,
+    /// The cell's local clock when the lease was recorded.
+    pub created_at: Timestamp,
+}
+
+/// A cell's local `leases_outstanding` table.
+///
+/// [`record`](Self::record) runs inside the caller's own open transaction (`Tx`), so the lease
+/// row commits or rolls back together with the application's rows: its presence after the fact
+/// is the proof that the local transaction committed.
+pub trait LocalLeaseStore: Send + Sync {
+    /// The caller's open local transaction.
+    type Tx<'t>;
+
+    /// Records `lease_id` inside `tx`. Recording an id that is already recorded is a no-op that
+    /// keeps the first `created_at`.
+    fn record(
+        &self,
+        tx: &mut Self::Tx<'_>,
+        lease_id: LeaseId,
+    ) -> impl Future<Output = Result<(), ClaimsError>>;
+
+    /// Deletes the row of `lease_id` (in its own transaction); `false` if there was none.
+    fn delete(&self, lease_id: LeaseId) -> impl Future<Output = Result<bool, ClaimsError>> + Send;
+
+    /// The rows among `lease_ids` that exist.
+    fn find(
+        &self,
+        lease_ids: &[LeaseId],
+    ) -> impl Future<Output = Result<Vec<LocalLease>, ClaimsError>> + Send;
+
+    /// Up to `limit` rows recorded before `before`, oldest first.
+    fn list_older_than(
+        &self,
+        before: Timestamp,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<LocalLease>, ClaimsError>> + Send;
+}
+
+/// Where stores that do not have a database clock get their time from.
+pub trait Clock: Send + Sync + 'static {
+    fn now(&self) -> Timestamp;
+}
+
+/// The system's wall clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        let micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        Timestamp::from_unix_micros(micros)
+    }
+}
+
+/// What a store does at open when its schema is behind this binary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MigrationPolicy {
+    /// Apply pending migrations (the default of `serve`).
+    #[default]
+    Apply,
+    /// Refuse with [`ClaimsError::MigrationsPending`] (`serve --no-migrate`).
+    Refuse,
+}
+
+/// A named, expiring lock in the cell's local database, so that of several sidecars only one
+/// reconciles (or verifies) a cell at a time. Expiry frees the lock of a holder that crashed.
+pub trait LocalLock: Send + Sync {
+    /// Takes or extends `name` for `holder` until now + `ttl`; `false` if another holder has it.
+    fn try_lock(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, ClaimsError>> + Send;
+
+    /// Releases `name` if `holder` has it.
+    fn unlock(
+        &self,
+        name: &str,
+        holder: &str,
+    ) -> impl Future<Output = Result<(), ClaimsError>> + Send;
+}

@@ -1,0 +1,66 @@
+//! Small builders shared by the suites: cells, claim records and requests with readable names.
+
+use crate::domain::{
+    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, LeaseId, OwnerType, TableName,
+};
+
+pub fn cell(name: &str) -> CellId {
+    CellId::parse(name).expect("a valid cell id in a test")
+}
+
+pub fn key(claim_type: ClaimType, value: &str) -> ClaimKey {
+    ClaimKey::new(claim_type, value)
+}
+
+/// A record of `table` with id `record_id` claiming `value` as `claim_type`.
+pub fn record_in(
+    table: TableName,
+    record_id: i64,
+    claim_type: ClaimType,
+    value: &str,
+) -> ClaimRecord {
+    ClaimRecord {
+        key: key(claim_type, value),
+        owner_type: OwnerType::User,
+        owner_value: format!("owner-of-{value}"),
+        table_name: table,
+        table_record_id: record_id,
+    }
+}
+
+pub fn username(value: &str) -> ClaimRecord {
+    record_in(TableName::Users, 1, ClaimType::Username, value)
+}
+
+pub fn email(value: &str) -> ClaimRecord {
+    record_in(TableName::Emails, 1, ClaimType::Email, value)
+}
+
+pub fn route(value: &str) -> ClaimRecord {
+    record_in(TableName::Routes, 1, ClaimType::Routes, value)
+}
+
+pub fn creates(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
+    BeginUpdate {
+        cell_id: cell_id.clone(),
+        lease_id: None,
+        creates: records.to_vec(),
+        destroys: Vec::new(),
+    }
+}
+
+pub fn destroys(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
+    BeginUpdate {
+        cell_id: cell_id.clone(),
+        lease_id: None,
+        creates: Vec::new(),
+        destroys: records.to_vec(),
+    }
+}
+
+/// A fixed lease id, the same on every run, distinct per `n`.
+pub fn lease_id(n: u128) -> LeaseId {
+    LeaseId::from_uuid(uuid::Uuid::from_u128(
+        0x7c1a_0000_0000_4000_8000_0000_0000_0000 | n,
+    ))
+}

@@ -1,0 +1,146 @@
+//! The shared test suite every adapter must pass (feature `testing`):
+//!
+//! - [`conformance`]: one async function per behaviour of the [`ClaimStore`](crate::ClaimStore)
+//!   contract (every row of the status table, atomicity, idempotency, ownership, renewal,
+//!   lookup states, ListClaims tiling), run by [`claim_store_conformance!`](crate::claim_store_conformance);
+//! - [`model`]: a model-based property test — random command sequences from several cells over a
+//!   small key space, run against [`Tables`](crate::domain::Tables) and the adapter side by side;
+//! - [`local`]: the [`LocalLeaseStore`](crate::LocalLeaseStore) contract;
+//! - `server`: an in-process gRPC server on an ephemeral port for end-to-end tests.
+//!
+//! Owns test scaffolding only; never used by production code paths.
+
+pub mod cell;
+pub mod conformance;
+pub mod fixtures;
+pub mod local;
+pub mod model;
+pub mod server;
+
+pub use local::LocalLeaseFixture;
+pub use server::TestServer;
+
+/// Runs a future to completion on a fresh multi-threaded runtime (the macros use it so that
+/// backend test crates need no runtime set-up of their own).
+pub fn run_async<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the test")
+        .block_on(future)
+}
+
+/// Expands to one `#[test]` per [`conformance`] case plus the model-based property test, each
+/// calling `$factory().await` for a fresh, empty, isolated store.
+///
+/// ```ignore
+/// async fn store() -> MyStore { MyStore::open_fresh().await }
+/// topology_claims::claim_store_conformance!(store);
+/// topology_claims::claim_store_conformance!(store, model_cases = 16); // fewer model cases
+/// ```
+#[macro_export]
+macro_rules! claim_store_conformance {
+    ($factory:path) => {
+        $crate::claim_store_conformance!($factory, model_cases = 48);
+    };
+    ($factory:path, model_cases = $cases:expr) => {
+        mod claim_store_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__claim_store_cases!(
+                $factory;
+                begin_then_commit_makes_claims_active,
+                begin_returns_the_lease_payload_with_the_original_request,
+                created_claims_are_routable_while_creating,
+                create_of_committed_claim_is_taken,
+                create_of_leased_claim_is_temporarily_refused,
+                destroy_of_leased_claim_is_temporarily_refused,
+                destroy_of_absent_claim_is_not_found,
+                destroy_of_another_cells_claim_is_denied,
+                claim_twice_in_one_batch_is_a_batch_conflict,
+                empty_batch_is_invalid,
+                failed_batch_changes_nothing,
+                first_failing_claim_in_request_order_decides,
+                commit_is_idempotent,
+                commit_deletes_destroyed_claims_and_frees_them,
+                commit_of_unknown_lease_is_not_found,
+                commit_of_another_cells_lease_is_denied,
+                commit_of_rolled_back_lease_fails,
+                rollback_restores_destroys_and_frees_creates,
+                rollback_is_idempotent,
+                rollback_of_committed_lease_fails,
+                rollback_of_unknown_lease_is_remembered,
+                begin_retried_with_same_lease_id_returns_same_lease,
+                begin_with_same_lease_id_and_other_content_conflicts,
+                begin_with_another_cells_lease_id_conflicts,
+                begin_with_ended_lease_id_fails_with_its_outcome,
+                renew_moves_last_renewed_at,
+                renew_of_ended_unknown_or_foreign_lease_fails,
+                list_outstanding_leases_pages_by_lease_id,
+                list_claims_pages_tile_the_id_space,
+                list_claims_includes_leased_claims_with_state,
+                lookup_of_absent_claim_is_not_found,
+                outcomes_are_forgotten_after_retention,
+                many_claims_in_one_batch_are_all_or_nothing,
+            );
+            #[test]
+            fn model_based_property_test() {
+                $crate::testing::model::check_against_model(|| $factory(), $cases);
+            }
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __claim_store_cases {
+    ($factory:path; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::testing::run_async(async {
+                    let store = $factory().await;
+                    $crate::testing::conformance::$case(&store).await;
+                });
+            }
+        )*
+    };
+}
+
+/// Expands to one `#[test]` per [`local`] case, each calling `$fixture().await` for a fresh
+/// [`LocalLeaseFixture`].
+#[macro_export]
+macro_rules! local_lease_store_conformance {
+    ($fixture:path) => {
+        mod local_lease_store_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__local_lease_cases!(
+                $fixture;
+                recorded_lease_appears_when_the_local_transaction_commits,
+                recorded_lease_vanishes_when_the_local_transaction_rolls_back,
+                recording_a_lease_twice_keeps_the_first_record,
+                delete_removes_a_lease_once,
+                find_returns_only_existing_leases,
+                list_older_than_returns_old_leases_oldest_first,
+            );
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __local_lease_cases {
+    ($fixture:path; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::testing::run_async(async {
+                    let fixture = $fixture().await;
+                    $crate::testing::local::$case(&fixture).await;
+                });
+            }
+        )*
+    };
+}

@@ -1,0 +1,407 @@
+//! Model-based property test: random sequences of begin / commit / rollback / renew / lookup from
+//! three cells over six keys (so conflicts are frequent), run against the pure model
+//! ([`Tables`]) and the adapter side by side. Every outcome must match the model's, the
+//! protocol invariants must hold after every step, and the final state must equal the model's.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::future::Future;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
+
+use crate::domain::{
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimType, ClaimsQuery, Lease, LeaseId,
+    LeasesQuery, TableName, Tables, Timestamp,
+};
+use crate::error::ClaimsError;
+use crate::ports::ClaimStore;
+use crate::testing::fixtures::{cell, lease_id, record_in};
+
+const CELLS: usize = 3;
+const KEYS: usize = 6;
+const LEASE_IDS: u128 = 8;
+const RECORD_IDS: i64 = 4;
+
+/// One step of a generated history.
+#[derive(Clone, Debug)]
+pub enum Command {
+    Begin {
+        cell: usize,
+        lease: Option<u128>,
+        creates: Vec<(usize, i64)>,
+        destroys: Vec<(usize, i64)>,
+    },
+    Commit {
+        cell: usize,
+        lease: u128,
+    },
+    Rollback {
+        cell: usize,
+        lease: u128,
+    },
+    Renew {
+        cell: usize,
+        lease: u128,
+    },
+    Lookup {
+        key: usize,
+    },
+}
+
+fn cell_of(n: usize) -> CellId {
+    cell(&format!("cell-{n}"))
+}
+
+fn key_of(n: usize) -> ClaimKey {
+    let claim_type = [ClaimType::Username, ClaimType::Email][n % 2];
+    ClaimKey::new(claim_type, format!("k{}", n / 2))
+}
+
+fn record_of(key: usize, record_id: i64) -> ClaimRecord {
+    let k = key_of(key);
+    record_in(TableName::Users, record_id, k.claim_type, &k.value)
+}
+
+fn command() -> impl Strategy<Value = Command> {
+    let cell = 0..CELLS;
+    let lease = 0..LEASE_IDS;
+    let claims = || proptest::collection::vec((0..KEYS, 0..RECORD_IDS), 0..3);
+    prop_oneof![
+        5 => (cell.clone(), proptest::option::weighted(0.85, lease.clone()), claims(), claims())
+            .prop_map(|(cell, lease, creates, destroys)| Command::Begin { cell, lease, creates, destroys }),
+        3 => (cell.clone(), lease.clone()).prop_map(|(cell, lease)| Command::Commit { cell, lease }),
+        2 => (cell.clone(), lease.clone()).prop_map(|(cell, lease)| Command::Rollback { cell, lease }),
+        1 => (cell, lease).prop_map(|(cell, lease)| Command::Renew { cell, lease }),
+        1 => (0..KEYS).prop_map(|key| Command::Lookup { key }),
+    ]
+}
+
+/// A result with timestamps blanked out, for comparing the adapter with the model.
+#[derive(PartialEq, Eq)]
+enum Observed {
+    Lease(Lease),
+    Claim(Claim),
+    Done,
+    Error(ClaimsError),
+}
+
+impl fmt::Debug for Observed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Observed::Lease(l) => write!(f, "Ok(lease {} of {})", l.lease_id, l.cell_id),
+            Observed::Claim(c) => write!(
+                f,
+                "Ok(claim {} of {} lease {:?})",
+                c.key(),
+                c.cell_id,
+                c.lease
+            ),
+            Observed::Done => write!(f, "Ok(())"),
+            Observed::Error(e) => write!(f, "Err({e:?})"),
+        }
+    }
+}
+
+const ZERO: Timestamp = Timestamp::from_unix_micros(0);
+
+fn blank_lease(mut lease: Lease) -> Lease {
+    lease.created_at = ZERO;
+    lease.last_renewed_at = ZERO;
+    lease
+}
+
+fn blank_claim(mut claim: Claim) -> Claim {
+    claim.created_at = ZERO;
+    claim.updated_at = ZERO;
+    claim
+}
+
+fn observe<T>(result: Result<T, ClaimsError>, f: impl FnOnce(T) -> Observed) -> Observed {
+    match result {
+        Ok(value) => f(value),
+        Err(err) => Observed::Error(err),
+    }
+}
+
+/// Runs `cases` random histories against fresh stores from `factory` and the model; panics with
+/// the minimal failing history.
+pub fn check_against_model<S, F, Fut>(factory: F, cases: u32)
+where
+    S: ClaimStore,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the model test");
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let strategy = proptest::collection::vec(command(), 1..40);
+    let result = runner.run(&strategy, |history| {
+        runtime.block_on(async {
+            let store = factory().await;
+            run_history(&store, &history).await
+        })
+    });
+    match result {
+        Ok(()) => {}
+        Err(TestError::Fail(reason, history)) => {
+            panic!("adapter diverged from the model: {reason}\nminimal history:\n{history:#?}")
+        }
+        Err(TestError::Abort(reason)) => panic!("model test aborted: {reason}"),
+    }
+}
+
+async fn run_history<S: ClaimStore>(store: &S, history: &[Command]) -> Result<(), TestCaseError> {
+    let mut model = Tables::default();
+    for (step, command) in history.iter().enumerate() {
+        let (actual, expected) = apply(store, &mut model, command).await;
+        if let Observed::Error(ClaimsError::Unavailable { .. } | ClaimsError::Internal { .. }) =
+            actual
+        {
+            return Err(TestCaseError::fail(format!(
+                "step {step} {command:?}: store failed: {actual:?}"
+            )));
+        }
+        if actual != expected {
+            return Err(TestCaseError::fail(format!(
+                "step {step} {command:?}: adapter answered {actual:?}, model {expected:?}"
+            )));
+        }
+        check_invariants(store, &model)
+            .await
+            .map_err(|e| TestCaseError::fail(format!("after step {step} {command:?}: {e}")))?;
+    }
+    check_final_state(store, &model)
+        .await
+        .map_err(TestCaseError::fail)
+}
+
+async fn apply<S: ClaimStore>(
+    store: &S,
+    model: &mut Tables,
+    command: &Command,
+) -> (Observed, Observed) {
+    match command {
+        Command::Begin {
+            cell,
+            lease,
+            creates,
+            destroys,
+        } => {
+            let request = BeginUpdate {
+                cell_id: cell_of(*cell),
+                lease_id: lease.map(lease_id),
+                creates: creates.iter().map(|(k, r)| record_of(*k, *r)).collect(),
+                destroys: destroys.iter().map(|(k, r)| record_of(*k, *r)).collect(),
+            };
+            let actual = store.begin_update(request.clone()).await;
+            // A server-chosen id is whatever the adapter picked; the model takes the same one.
+            let fresh = actual
+                .as_ref()
+                .map(|l| l.lease_id)
+                .unwrap_or_else(|_| LeaseId::generate());
+            let expected = model.begin_update(request, fresh, ZERO);
+            (
+                observe(actual, |l| Observed::Lease(blank_lease(l))),
+                observe(expected, |l| Observed::Lease(blank_lease(l))),
+            )
+        }
+        Command::Commit { cell, lease } => {
+            let (c, id) = (cell_of(*cell), lease_id(*lease));
+            let actual = store.commit_update(&c, id).await;
+            let expected = model.commit_update(&c, id, ZERO);
+            (
+                observe(actual, |_| Observed::Done),
+                observe(expected, |_| Observed::Done),
+            )
+        }
+        Command::Rollback { cell, lease } => {
+            let (c, id) = (cell_of(*cell), lease_id(*lease));
+            let actual = store.rollback_update(&c, id).await;
+            let expected = model.rollback_update(&c, id, ZERO);
+            (
+                observe(actual, |_| Observed::Done),
+                observe(expected, |_| Observed::Done),
+            )
+        }
+        Command::Renew { cell, lease } => {
+            let (c, id) = (cell_of(*cell), lease_id(*lease));
+            let actual = store.renew_lease(&c, id).await;
+            let expected = model.renew_lease(&c, id, ZERO);
+            (
+                observe(actual, |l| Observed::Lease(blank_lease(l))),
+                observe(expected, |l| Observed::Lease(blank_lease(l))),
+            )
+        }
+        Command::Lookup { key } => {
+            let actual = store.lookup_claim(&key_of(*key)).await;
+            let expected = model.lookup_claim(&key_of(*key));
+            (
+                observe(actual, |c| Observed::Claim(blank_claim(c))),
+                observe(expected, |c| Observed::Claim(blank_claim(c))),
+            )
+        }
+    }
+}
+
+async fn outstanding<S: ClaimStore>(store: &S) -> Result<BTreeMap<LeaseId, Lease>, String> {
+    let mut leases = BTreeMap::new();
+    for n in 0..CELLS {
+        let mut after = None;
+        loop {
+            let query = LeasesQuery {
+                cell_id: cell_of(n),
+                after,
+                limit: 3,
+            };
+            let page = store
+                .list_outstanding_leases(&query)
+                .await
+                .map_err(|e| e.to_string())?;
+            for lease in page.leases {
+                if lease.cell_id != cell_of(n) {
+                    return Err(format!(
+                        "lease {} of {} listed for cell-{n}",
+                        lease.lease_id, lease.cell_id
+                    ));
+                }
+                leases.insert(lease.lease_id, blank_lease(lease));
+            }
+            match page.next_cursor {
+                Some(cursor) => after = Some(cursor),
+                None => break,
+            }
+        }
+    }
+    Ok(leases)
+}
+
+async fn claims<S: ClaimStore>(store: &S) -> Result<BTreeMap<ClaimKey, Claim>, String> {
+    let mut claims = BTreeMap::new();
+    for n in 0..KEYS {
+        match store.lookup_claim(&key_of(n)).await {
+            Ok(claim) => {
+                claims.insert(key_of(n), blank_claim(claim));
+            }
+            Err(ClaimsError::ClaimNotFound { .. }) => {}
+            Err(other) => return Err(format!("lookup failed: {other}")),
+        }
+    }
+    Ok(claims)
+}
+
+/// The protocol invariants, read through the adapter's public API.
+async fn check_invariants<S: ClaimStore>(store: &S, model: &Tables) -> Result<(), String> {
+    let leases = outstanding(store).await?;
+    let claims = claims(store).await?;
+    for claim in claims.values() {
+        if let Some(held) = claim.lease {
+            let lease = leases.get(&held.lease_id).ok_or_else(|| {
+                format!(
+                    "claim {} carries lease {} which is not outstanding",
+                    claim.key(),
+                    held.lease_id
+                )
+            })?;
+            if lease.cell_id != claim.cell_id {
+                return Err(format!(
+                    "claim {} of {} is leased by {}",
+                    claim.key(),
+                    claim.cell_id,
+                    lease.cell_id
+                ));
+            }
+        }
+    }
+    for lease in leases.values() {
+        for (op, record) in lease.request.operations() {
+            let carried = claims.get(&record.key).and_then(|c| c.lease);
+            if carried.map(|l| (l.lease_id, l.op)) != Some((lease.lease_id, op)) {
+                return Err(format!(
+                    "lease {} should hold {} for {op:?}, but the claim carries {carried:?}",
+                    lease.lease_id, record.key
+                ));
+            }
+        }
+    }
+    let expected: BTreeSet<LeaseId> = model.leases.keys().copied().collect();
+    let actual: BTreeSet<LeaseId> = leases.keys().copied().collect();
+    if actual != expected {
+        return Err(format!(
+            "outstanding leases {actual:?}, model has {expected:?}"
+        ));
+    }
+    Ok(())
+}
+
+async fn check_final_state<S: ClaimStore>(store: &S, model: &Tables) -> Result<(), String> {
+    let expected: BTreeMap<ClaimKey, Claim> = model
+        .claims
+        .iter()
+        .map(|(k, c)| (k.clone(), blank_claim(c.clone())))
+        .collect();
+    let actual = claims(store).await?;
+    if actual != expected {
+        return Err(format!(
+            "final claims differ:\nadapter {actual:#?}\nmodel {expected:#?}"
+        ));
+    }
+    let expected: BTreeMap<LeaseId, Lease> = model
+        .leases
+        .iter()
+        .map(|(id, l)| (*id, blank_lease(l.clone())))
+        .collect();
+    let actual = outstanding(store).await?;
+    if actual != expected {
+        return Err(format!(
+            "final leases differ:\nadapter {actual:#?}\nmodel {expected:#?}"
+        ));
+    }
+    for n in 0..CELLS {
+        let query = ClaimsQuery {
+            cell_id: cell_of(n),
+            table_name: TableName::Users,
+            cursor: 0,
+            limit: 2,
+        };
+        let mut cursor_query = query.clone();
+        loop {
+            let actual = store
+                .list_claims(&cursor_query)
+                .await
+                .map_err(|e| e.to_string())?;
+            let expected = model.list_claims(&cursor_query);
+            let strip = |page: &crate::domain::ClaimsPage| {
+                (
+                    page.claims
+                        .iter()
+                        .cloned()
+                        .map(blank_claim)
+                        .collect::<Vec<_>>(),
+                    page.start_range,
+                    page.end_range,
+                    page.next_cursor,
+                )
+            };
+            if strip(&actual) != strip(&expected) {
+                return Err(format!(
+                    "ListClaims page differs for cell-{n} at cursor {}",
+                    cursor_query.cursor
+                ));
+            }
+            match actual.next_cursor {
+                Some(next) => cursor_query.cursor = next,
+                None => break,
+            }
+        }
+    }
+    Ok(())
+}

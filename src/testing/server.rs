@@ -1,0 +1,89 @@
+//! [`TestServer`]: the real gRPC server (`grpc::server::serve`) on an ephemeral 127.0.0.1 port
+//! in the test's own runtime, for end-to-end tests over TCP.
+//!
+//! Test scaffolding only: it panics when the server cannot start or fails, which is the test
+//! failing.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+use crate::error::ClaimsError;
+use crate::grpc::pb::claims_service_client::ClaimsServiceClient;
+use crate::grpc::server::{serve, ServerConfig};
+use crate::ports::ClaimStore;
+
+/// A running in-process server. Dropping it without [`shutdown`](Self::shutdown) stops it too,
+/// without waiting.
+pub struct TestServer {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), ClaimsError>>>,
+}
+
+impl TestServer {
+    /// Starts a server over `store` with the default [`ServerConfig`].
+    pub async fn start(store: Arc<dyn ClaimStore>) -> TestServer {
+        Self::start_with(store, ServerConfig::default()).await
+    }
+
+    /// Starts a server over `store` with `config` (e.g. a small `max_batch`).
+    pub async fn start_with(store: Arc<dyn ClaimStore>, config: ServerConfig) -> TestServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind an ephemeral port on 127.0.0.1");
+        let addr = listener.local_addr().expect("the bound address");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let shutdown = async move {
+            // A dropped sender (the TestServer dropped) stops the server as well.
+            let _ = stopped.await;
+        };
+        let task = tokio::spawn(serve(listener, store, config, shutdown));
+        TestServer {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A client on a fresh connection.
+    pub async fn client(&self) -> ClaimsServiceClient<Channel> {
+        ClaimsServiceClient::connect(self.endpoint())
+            .await
+            .unwrap_or_else(|e| panic!("connect to the test server at {}: {e}", self.endpoint()))
+    }
+
+    /// Stops accepting, waits for in-flight requests to finish and the server to return.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => panic!("the test server failed: {e}"),
+                Err(e) => panic!("the test server task failed: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}

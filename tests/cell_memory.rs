@@ -1,0 +1,502 @@
+//! The cell side against the real gRPC server with an in-memory local database: the shared
+//! scenarios, plus the client behaviours that do not depend on the local database (retried
+//! BeginUpdate, staleness guard, renewal, typed errors, verifier).
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use topology_claims::cell::{
+    ClaimSource, ClaimsClient, ClientConfig, LocalClaim, LocalEnd, PendingUpdate, TransactionError,
+    UpdateConfig, Verifier, VerifierConfig,
+};
+use topology_claims::memory::{MemoryClaimStore, MemoryLocalLeaseStore};
+use topology_claims::testing::cell::LocalDb;
+use topology_claims::testing::fixtures::{cell, creates, record_in, username};
+use topology_claims::testing::TestServer;
+use topology_claims::{
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimState, ClaimStore, ClaimType, ClaimsError,
+    ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, LocalLeaseStore, TableName,
+    Timestamp,
+};
+
+struct MemoryDb {
+    store: MemoryLocalLeaseStore,
+    users: Mutex<BTreeSet<String>>,
+}
+
+impl LocalDb for MemoryDb {
+    type Store = MemoryLocalLeaseStore;
+
+    fn lease_store(&self) -> MemoryLocalLeaseStore {
+        self.store.clone()
+    }
+
+    async fn app_transaction(
+        &self,
+        name: &str,
+        lease_id: LeaseId,
+        commit: bool,
+    ) -> Result<(), ClaimsError> {
+        let mut tx = self.store.begin();
+        self.store.record(&mut tx, lease_id).await?;
+        if commit {
+            self.store.commit(tx);
+            self.users.lock().unwrap().insert(name.to_owned());
+        }
+        Ok(())
+    }
+
+    async fn committed_users(&self) -> Result<BTreeSet<String>, ClaimsError> {
+        Ok(self.users.lock().unwrap().clone())
+    }
+}
+
+async fn memory_db() -> MemoryDb {
+    MemoryDb {
+        store: MemoryLocalLeaseStore::new(),
+        users: Mutex::default(),
+    }
+}
+
+topology_claims::cell_scenarios!(memory_db);
+
+async fn server() -> TestServer {
+    TestServer::start(Arc::new(MemoryClaimStore::new())).await
+}
+
+fn client(server: &TestServer) -> ClaimsClient {
+    ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap()
+}
+
+/// Applies the first BeginUpdate, then answers it too late for the client: a dropped response.
+struct SlowFirstBegin {
+    inner: MemoryClaimStore,
+    delayed: Mutex<bool>,
+}
+
+#[async_trait]
+impl ClaimStore for SlowFirstBegin {
+    async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        let result = self.inner.begin_update(request).await;
+        let first = std::mem::replace(&mut *self.delayed.lock().unwrap(), false);
+        if first {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+        result
+    }
+    async fn commit_update(&self, c: &CellId, l: LeaseId) -> Result<(), ClaimsError> {
+        self.inner.commit_update(c, l).await
+    }
+    async fn rollback_update(&self, c: &CellId, l: LeaseId) -> Result<(), ClaimsError> {
+        self.inner.rollback_update(c, l).await
+    }
+    async fn renew_lease(&self, c: &CellId, l: LeaseId) -> Result<Lease, ClaimsError> {
+        self.inner.renew_lease(c, l).await
+    }
+    async fn list_outstanding_leases(&self, q: &LeasesQuery) -> Result<LeasesPage, ClaimsError> {
+        self.inner.list_outstanding_leases(q).await
+    }
+    async fn list_claims(&self, q: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
+        self.inner.list_claims(q).await
+    }
+    async fn lookup_claim(&self, k: &ClaimKey) -> Result<Claim, ClaimsError> {
+        self.inner.lookup_claim(k).await
+    }
+    async fn collect_outcomes(&self, r: Duration) -> Result<u64, ClaimsError> {
+        self.inner.collect_outcomes(r).await
+    }
+}
+
+#[tokio::test]
+async fn begin_retried_after_a_dropped_response_yields_one_lease() {
+    let store = Arc::new(SlowFirstBegin {
+        inner: MemoryClaimStore::new(),
+        delayed: Mutex::new(true),
+    });
+    let server = TestServer::start(store.clone()).await;
+    let config = ClientConfig {
+        call_timeout: Duration::from_millis(200),
+        ..ClientConfig::default()
+    };
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), config).unwrap();
+    let a = cell("cell-a");
+    let lease = client
+        .begin_update(creates(&a, &[username("once")]))
+        .await
+        .unwrap();
+    let query = LeasesQuery {
+        cell_id: a.clone(),
+        after: None,
+        limit: 10,
+    };
+    let page = store.inner.list_outstanding_leases(&query).await.unwrap();
+    assert_eq!(page.leases.len(), 1, "one lease, not two");
+    assert_eq!(page.leases[0].lease_id, lease.lease_id);
+    client.commit_update(&a, lease.lease_id).await.unwrap();
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn errors_are_typed_for_the_application() {
+    let server = server().await;
+    let client = client(&server);
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+    let lease = client
+        .begin_update(creates(&a, &[username("taken")]))
+        .await
+        .unwrap();
+    let err = client
+        .begin_update(creates(&b, &[username("taken")]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ClaimsError::ClaimLeased {
+            claim: username("taken").key
+        }
+    );
+    client.commit_update(&a, lease.lease_id).await.unwrap();
+    let err = client
+        .begin_update(creates(&b, &[username("taken")]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ClaimsError::ClaimTaken {
+            claim: username("taken").key
+        }
+    );
+    assert_eq!(err.to_string(), "claim username/taken is already taken");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn unavailable_service_is_reported_after_retries() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let config = ClientConfig {
+        max_attempts: 3,
+        call_timeout: Duration::from_millis(300),
+        ..ClientConfig::default()
+    };
+    let client = ClaimsClient::connect_lazy(&format!("http://127.0.0.1:{port}"), config).unwrap();
+    let err = client
+        .begin_update(creates(&cell("cell-a"), &[username("x")]))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClaimsError::Unavailable { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn staleness_guard_refuses_a_local_commit_past_the_window_and_rolls_back() {
+    let server = server().await;
+    let client = client(&server);
+    let a = cell("cell-a");
+    let local = MemoryLocalLeaseStore::new();
+    let config = UpdateConfig {
+        staleness: Duration::from_millis(400),
+        safety_margin: Duration::from_millis(150),
+        renew_every: None,
+    };
+    let pending = PendingUpdate::begin(&client, creates(&a, &[username("slow")]), config)
+        .await
+        .unwrap();
+    assert!(
+        pending.check_fresh().is_ok(),
+        "fresh right after BeginUpdate"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let elapsed = pending
+        .check_fresh()
+        .expect_err("past the commit window of 250ms");
+    let err = pending
+        .finish::<(), String, _>(LocalEnd::Stale { elapsed }, &local)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TransactionError::Stale { .. }), "{err:?}");
+    let gone = client.lookup_claim(&username("slow").key).await;
+    assert!(
+        matches!(gone, Err(ClaimsError::ClaimNotFound { .. })),
+        "rolled back: {gone:?}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn renewal_keeps_a_long_local_transaction_alive() {
+    let server = server().await;
+    let client = client(&server);
+    let a = cell("cell-a");
+    let local = MemoryLocalLeaseStore::new();
+    let config = UpdateConfig {
+        staleness: Duration::from_millis(400),
+        safety_margin: Duration::from_millis(150),
+        renew_every: Some(Duration::from_millis(50)),
+    };
+    let pending = PendingUpdate::begin(&client, creates(&a, &[username("long")]), config)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        pending.check_fresh().is_ok(),
+        "renewal moved the window forward"
+    );
+    let query = LeasesQuery {
+        cell_id: a.clone(),
+        after: None,
+        limit: 10,
+    };
+    let page = client.list_outstanding_leases(&query).await.unwrap();
+    assert!(
+        page.leases[0].last_renewed_at > page.leases[0].created_at,
+        "the server saw renewals"
+    );
+    let mut tx = local.begin();
+    local.record(&mut tx, pending.lease_id()).await.unwrap();
+    local.commit(tx);
+    let ((), outcome) = pending
+        .finish::<(), String, _>(LocalEnd::Committed(()), &local)
+        .await
+        .unwrap();
+    assert_eq!(outcome, topology_claims::cell::CommitOutcome::Committed);
+    assert_eq!(
+        client
+            .lookup_claim(&username("long").key)
+            .await
+            .unwrap()
+            .state,
+        ClaimState::Active
+    );
+    assert!(
+        local
+            .find(&[page.leases[0].lease_id])
+            .await
+            .unwrap()
+            .is_empty(),
+        "local row deleted"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn commit_of_a_lease_rolled_back_meanwhile_names_the_lost_claims() {
+    let server = server().await;
+    let client = client(&server);
+    let a = cell("cell-a");
+    let local = MemoryLocalLeaseStore::new();
+    let config = UpdateConfig {
+        renew_every: None,
+        ..UpdateConfig::default()
+    };
+    let pending = PendingUpdate::begin(&client, creates(&a, &[username("lost")]), config)
+        .await
+        .unwrap();
+    // A (misconfigured) reconciler rolls the lease back while the local transaction commits.
+    client
+        .rollback_update(&a, pending.lease_id())
+        .await
+        .unwrap();
+    let err = pending
+        .finish::<(), String, _>(LocalEnd::Committed(()), &local)
+        .await
+        .unwrap_err();
+    match err {
+        TransactionError::LostClaims { claims, .. } => {
+            assert_eq!(claims, vec![username("lost").key])
+        }
+        other => panic!("expected LostClaims, got {other:?}"),
+    }
+    server.shutdown().await;
+}
+
+/// Local records as a verifier sees them: (table record, created_at).
+struct Records(Mutex<Vec<LocalClaim>>);
+
+impl ClaimSource for Records {
+    async fn claims_in_range(
+        &self,
+        table: TableName,
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<LocalClaim>, ClaimsError> {
+        let all = self.0.lock().unwrap();
+        Ok(all
+            .iter()
+            .filter(|c| {
+                c.record.table_name == table && (start..end).contains(&c.record.table_record_id)
+            })
+            .cloned()
+            .collect())
+    }
+}
+
+fn user_record(id: i64, name: &str) -> topology_claims::ClaimRecord {
+    record_in(TableName::Users, id, ClaimType::Username, name)
+}
+
+/// A store clock two hours behind, so the claims written through it are not "recent".
+struct TwoHoursAgo;
+
+impl topology_claims::Clock for TwoHoursAgo {
+    fn now(&self) -> Timestamp {
+        topology_claims::Clock::now(&topology_claims::SystemClock)
+            .saturating_sub(Duration::from_secs(7200))
+    }
+}
+
+#[tokio::test]
+async fn verifier_repairs_each_kind_of_drift_and_leaves_recent_records_alone() {
+    let server = TestServer::start(Arc::new(MemoryClaimStore::with_clock(Arc::new(
+        TwoHoursAgo,
+    ))))
+    .await;
+    let client = client(&server);
+    let a = cell("cell-a");
+    let old = Timestamp::from_unix_micros(1_000_000);
+    let now = topology_claims::Clock::now(&topology_claims::SystemClock);
+    // The service holds: ok(1), different(2: other owner value), extra(3).
+    let mut different = user_record(2, "bob");
+    different.owner_value = "someone-else".into();
+    for record in [user_record(1, "alice"), different, user_record(3, "carol")] {
+        let lease = client.begin_update(creates(&a, &[record])).await.unwrap();
+        client.commit_update(&a, lease.lease_id).await.unwrap();
+    }
+    // Locally: alice(1) ok, bob(2) different, dave(4) missing, erin(5) missing but recent.
+    let records = Records(Mutex::new(vec![
+        LocalClaim {
+            record: user_record(1, "alice"),
+            created_at: old,
+        },
+        LocalClaim {
+            record: user_record(2, "bob"),
+            created_at: old,
+        },
+        LocalClaim {
+            record: user_record(4, "dave"),
+            created_at: old,
+        },
+        LocalClaim {
+            record: user_record(5, "erin"),
+            created_at: now,
+        },
+    ]));
+    let config = VerifierConfig {
+        page_size: 2,
+        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+    };
+
+    let dry = Verifier::new(
+        client.clone(),
+        &records,
+        VerifierConfig {
+            dry_run: true,
+            ..config.clone()
+        },
+    );
+    let report = dry.run(|_| {}).await.unwrap();
+    assert_eq!(
+        (report.missing, report.different, report.extra),
+        (1, 1, 1),
+        "{report}"
+    );
+    assert_eq!(report.corrections_applied, 0, "dry run changes nothing");
+    assert!(client.lookup_claim(&username("carol").key).await.is_ok());
+
+    let mut pages = 0;
+    let report = Verifier::new(client.clone(), &records, config.clone())
+        .run(|_| pages += 1)
+        .await
+        .unwrap();
+    assert!(pages >= 2, "progress is reported per page");
+    assert_eq!(
+        (report.missing, report.different, report.extra),
+        (1, 1, 1),
+        "{report}"
+    );
+    assert_eq!(report.corrections_applied, 4, "{report}");
+    assert_eq!(report.corrections_failed, 0);
+    assert!(report.skipped_recent >= 1, "erin is recent");
+    let bob = client.lookup_claim(&username("bob").key).await.unwrap();
+    assert_eq!(bob.record, user_record(2, "bob"));
+    assert!(matches!(
+        client.lookup_claim(&username("carol").key).await,
+        Err(ClaimsError::ClaimNotFound { .. })
+    ));
+    assert_eq!(
+        client
+            .lookup_claim(&username("dave").key)
+            .await
+            .unwrap()
+            .cell_id,
+        a
+    );
+    assert!(matches!(
+        client.lookup_claim(&username("erin").key).await,
+        Err(ClaimsError::ClaimNotFound { .. })
+    ));
+
+    let again = Verifier::new(client.clone(), &records, config)
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            again.missing,
+            again.different,
+            again.extra,
+            again.corrections_applied
+        ),
+        (0, 0, 0, 0),
+        "{again}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn verifier_resumes_from_its_saved_cursor_within_a_time_budget() {
+    let server = server().await;
+    let client = client(&server);
+    let a = cell("cell-a");
+    let records: Vec<LocalClaim> = (0..10)
+        .map(|i| LocalClaim {
+            record: user_record(i, &format!("u{i}")),
+            created_at: Timestamp::from_unix_micros(1),
+        })
+        .collect();
+    let records = Records(Mutex::new(records));
+    let dir = tempfile::tempdir().unwrap();
+    let cursor_file = dir.path().join("verify.cursor");
+    let config = VerifierConfig {
+        page_size: 1,
+        time_budget: Some(Duration::ZERO),
+        cursor_file: Some(cursor_file.clone()),
+        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+    };
+    let report = Verifier::new(client.clone(), &records, config.clone())
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert!(!report.finished, "a zero budget stops at once");
+    let config = VerifierConfig {
+        time_budget: None,
+        ..config
+    };
+    let report = Verifier::new(client.clone(), &records, config)
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert!(report.finished);
+    assert_eq!(report.missing, 10, "{report}");
+    assert!(
+        !cursor_file.exists()
+            || std::fs::read_to_string(&cursor_file)
+                .unwrap()
+                .trim()
+                .is_empty(),
+        "a finished table clears its cursor"
+    );
+    server.shutdown().await;
+}

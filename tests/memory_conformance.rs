@@ -1,0 +1,40 @@
+//! The in-memory adapters through the shared suite.
+
+use topology_claims::memory::{MemoryClaimStore, MemoryLocalLeaseStore};
+use topology_claims::testing::LocalLeaseFixture;
+use topology_claims::{ClaimsError, LeaseId, LocalLeaseStore};
+
+async fn store() -> MemoryClaimStore {
+    MemoryClaimStore::new()
+}
+
+topology_claims::claim_store_conformance!(store, model_cases = 256);
+
+struct Fixture(MemoryLocalLeaseStore);
+
+impl LocalLeaseFixture for Fixture {
+    type Store = MemoryLocalLeaseStore;
+
+    fn store(&self) -> &MemoryLocalLeaseStore {
+        &self.0
+    }
+
+    async fn record_in_transaction(
+        &self,
+        lease_id: LeaseId,
+        commit: bool,
+    ) -> Result<(), ClaimsError> {
+        let mut tx = self.0.begin();
+        self.0.record(&mut tx, lease_id).await?;
+        if commit {
+            self.0.commit(tx);
+        }
+        Ok(())
+    }
+}
+
+async fn fixture() -> Fixture {
+    Fixture(MemoryLocalLeaseStore::new())
+}
+
+topology_claims::local_lease_store_conformance!(fixture);

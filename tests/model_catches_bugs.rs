@@ -1,0 +1,61 @@
+//! The model-based suite must fail for a store that breaks the protocol: a wrapper around the
+//! in-memory store that forgets to refuse commits of unknown leases is caught.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use topology_claims::memory::MemoryClaimStore;
+use topology_claims::{
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
+    LeaseId, LeasesPage, LeasesQuery,
+};
+
+/// Answers OK to a commit of a lease it does not know instead of LEASE_NOT_FOUND.
+struct ForgivingCommits(MemoryClaimStore);
+
+#[async_trait]
+impl ClaimStore for ForgivingCommits {
+    async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        self.0.begin_update(request).await
+    }
+    async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError> {
+        match self.0.commit_update(cell_id, lease_id).await {
+            Err(ClaimsError::LeaseNotFound { .. }) => Ok(()),
+            other => other,
+        }
+    }
+    async fn rollback_update(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<(), ClaimsError> {
+        self.0.rollback_update(cell_id, lease_id).await
+    }
+    async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {
+        self.0.renew_lease(cell_id, lease_id).await
+    }
+    async fn list_outstanding_leases(
+        &self,
+        query: &LeasesQuery,
+    ) -> Result<LeasesPage, ClaimsError> {
+        self.0.list_outstanding_leases(query).await
+    }
+    async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
+        self.0.list_claims(query).await
+    }
+    async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
+        self.0.lookup_claim(key).await
+    }
+    async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
+        self.0.collect_outcomes(retention).await
+    }
+}
+
+#[test]
+#[should_panic(expected = "adapter diverged from the model")]
+fn model_test_catches_a_store_that_accepts_commits_of_unknown_leases() {
+    topology_claims::testing::model::check_against_model(
+        || async { ForgivingCommits(MemoryClaimStore::new()) },
+        256,
+    );
+}
