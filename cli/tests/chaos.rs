@@ -2,18 +2,19 @@
 //! find no violation while every fault kind fires, and a deliberately broken cell must be caught
 //! with the seed and the history that shows it.
 //!
-//! With `CI=true` the servers share a fresh schema of the test PostgreSQL
-//! (`TOPOLOGY_CLAIMS_TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`), so
-//! `pg-terminate` fires too; otherwise a SQLite file. Each run draws a fresh seed (printed in
-//! the summary): a failure is reproduced with `topology-claims chaos --seed S`.
+//! With `CI=true` the servers share a PostgreSQL cluster the campaign creates for itself
+//! (`--store private-postgres:`: `initdb` + `pg_ctl` of the installed PostgreSQL), so
+//! `pg-terminate` and `pg-restart` (a crash of the whole database server) fire too; otherwise a
+//! SQLite file. A second campaign runs against the Cloud Spanner emulator started with
+//! `--enable_fault_injection` (missing emulator: fails when CI=true, else one skip line). Each
+//! run draws a fresh seed (printed in the summary): a failure is reproduced with
+//! `topology-claims chaos --seed S`.
 #![cfg(unix)]
 
 use std::path::Path;
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_topology-claims");
-const PG_URL_ENV: &str = "TOPOLOGY_CLAIMS_TEST_POSTGRES_URL";
-const PG_DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
@@ -72,9 +73,8 @@ fn ci_campaign_heals_every_fault_with_no_violation_and_linearizable_histories() 
         "--history",
         history.to_str().unwrap(),
     ];
-    let pg_url = std::env::var(PG_URL_ENV).unwrap_or_else(|_| PG_DEFAULT_URL.to_owned());
     if in_ci() {
-        args.extend(["--store", &pg_url]);
+        args.extend(["--store", "private-postgres:"]);
     }
     let output = chaos(dir.path(), &args);
     let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
@@ -100,7 +100,7 @@ fn ci_campaign_heals_every_fault_with_no_violation_and_linearizable_histories() 
         "proxy-reset",
     ];
     if in_ci() {
-        expected.push("pg-terminate");
+        expected.extend(["pg-terminate", "pg-restart"]);
     }
     let fired = fired(&stdout);
     for kind in expected {
@@ -121,6 +121,89 @@ fn ci_campaign_heals_every_fault_with_no_violation_and_linearizable_histories() 
         recorded.lines().count() > 2 * 2000,
         "every call is in the history file"
     );
+}
+
+/// The Cloud Spanner emulator binary, as the Spanner tests find it.
+#[cfg(feature = "spanner")]
+fn spanner_emulator() -> Option<std::path::PathBuf> {
+    if let Some(path) = std::env::var_os("TOPOLOGY_CLAIMS_SPANNER_EMULATOR") {
+        return Some(path.into());
+    }
+    [
+        "/usr/lib/google-cloud-sdk/bin/cloud_spanner_emulator/emulator_main",
+        "/usr/share/google-cloud-sdk/bin/cloud_spanner_emulator/emulator_main",
+        "/opt/google-cloud-sdk/bin/cloud_spanner_emulator/emulator_main",
+    ]
+    .into_iter()
+    .map(std::path::PathBuf::from)
+    .find(|p| p.is_file())
+}
+
+#[cfg(feature = "spanner")]
+#[test]
+fn spanner_campaign_under_emulator_aborts_has_no_violation_and_linearizable_histories() {
+    let Some(emulator) = spanner_emulator() else {
+        assert!(!in_ci(), "the Spanner campaign needs the emulator under CI");
+        eprintln!("spanner chaos campaign skipped: no Cloud Spanner emulator");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let mut command = Command::new(BIN);
+    command
+        .args([
+            "chaos",
+            "--store",
+            "spanner-emulator:",
+            "--cells",
+            "4",
+            "--keys",
+            "16",
+            "--transactions",
+            "400",
+            "--servers",
+            "2",
+            "--faults",
+            "all",
+            "--work-dir",
+            work.to_str().unwrap(),
+        ])
+        .current_dir(dir.path())
+        .env("RUST_LOG", "error");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("TOPOLOGY_CLAIMS_") {
+            command.env_remove(name);
+        }
+    }
+    command.env("TOPOLOGY_CLAIMS_SPANNER_EMULATOR", &emulator);
+    let output = command.output().expect("run topology-claims chaos");
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "the Spanner campaign failed ({:?}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(stdout.contains("\nviolations: 0\n"), "{stdout}");
+    assert!(stdout.contains("\ninconclusive: 0\n"), "{stdout}");
+    assert!(stdout.contains("--enable_fault_injection"), "{stdout}");
+    let fired = fired(&stdout);
+    for kind in [
+        "crash-after-begin",
+        "crash-in-local-tx",
+        "crash-after-local-commit",
+        "crash-after-commit",
+        "server-kill",
+        "proxy-drop",
+        "proxy-delay",
+        "proxy-reset",
+    ] {
+        let count = fired.iter().find(|(name, _)| name == kind).map(|(_, n)| *n);
+        assert!(
+            count.is_some_and(|n| n > 0),
+            "fault {kind} never fired: {fired:?}"
+        );
+    }
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! | `crash-after-begin`, `crash-in-local-tx`, `crash-after-local-commit`, `crash-after-commit` | the cell itself (see `cell.rs`): its work is dropped at that boundary |
 //! | `server-kill` | SIGKILL of a server process, restarted on the same store after a short outage |
 //! | `pg-terminate` | `pg_terminate_backend` of every PostgreSQL connection of the servers |
+//! | `pg-restart` | the campaign's own PostgreSQL cluster (`private-postgres:`) crashed with `pg_ctl stop -m immediate`, started again after an outage (WAL recovery) |
 //! | `proxy-drop` | the proxy holds all bytes for a window, then closes every connection (what it held is lost) |
 //! | `proxy-delay` | the proxy delays every chunk for a window |
 //! | `proxy-reset` | the proxy aborts every open connection with RST |
@@ -32,19 +33,21 @@ pub enum FaultKind {
     CrashAfterCommit,
     ServerKill,
     PgTerminate,
+    PgRestart,
     ProxyDrop,
     ProxyDelay,
     ProxyReset,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::CrashAfterBegin,
         FaultKind::CrashInLocalTx,
         FaultKind::CrashAfterLocalCommit,
         FaultKind::CrashAfterCommit,
         FaultKind::ServerKill,
         FaultKind::PgTerminate,
+        FaultKind::PgRestart,
         FaultKind::ProxyDrop,
         FaultKind::ProxyDelay,
         FaultKind::ProxyReset,
@@ -58,6 +61,7 @@ impl FaultKind {
             FaultKind::CrashAfterCommit => "crash-after-commit",
             FaultKind::ServerKill => "server-kill",
             FaultKind::PgTerminate => "pg-terminate",
+            FaultKind::PgRestart => "pg-restart",
             FaultKind::ProxyDrop => "proxy-drop",
             FaultKind::ProxyDelay => "proxy-delay",
             FaultKind::ProxyReset => "proxy-reset",
@@ -210,6 +214,19 @@ impl Injector {
                     self.count(kind);
                 }
             }
+            FaultKind::PgRestart => {
+                if let Some(guard) = self.backing.crash_postgres()? {
+                    self.count(kind);
+                    let outage = Duration::from_millis(rng.u64(100..1000));
+                    let (backing, errors) = (Arc::clone(&self.backing), Arc::clone(&self.errors));
+                    self.background(tokio::spawn(async move {
+                        if let Err(e) = backing.start_postgres_after(guard, outage).await {
+                            tracing::error!(error = %e, "could not restart PostgreSQL");
+                            errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                        }
+                    }));
+                }
+            }
             FaultKind::ProxyDrop => {
                 let length = Duration::from_millis(rng.u64(100..800));
                 self.open_window(Mode::Hold, length, |proxy| proxy.drop_connections());
@@ -245,6 +262,13 @@ impl Injector {
         }
         self.window.fetch_add(1, Ordering::SeqCst);
         self.proxy.set_mode(Mode::Pass);
+        if let Err(e) = self.backing.ensure_up().await {
+            self.errors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(e.clone());
+            return Err(e);
+        }
         let result = self.fleet.lock().await.ensure_all_running().await;
         if let Err(e) = &result {
             self.errors

@@ -14,9 +14,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use tokio::sync::OwnedMutexGuard;
 use topology_claims_postgres::tokio_postgres::{self, NoTls};
 
 use crate::chaos::proxy::Proxy;
+use crate::chaos::services::{FaultyEmulator, PrivatePostgres};
 
 /// The store the servers share.
 pub enum Backing {
@@ -28,8 +30,37 @@ pub enum Backing {
         admin_url: String,
         /// `tc_chaos_<unix seconds>_<random>`; also the servers' `application_name`.
         schema: String,
-        admin: tokio_postgres::Client,
+        /// Reconnected when a restart of the private cluster closed it.
+        admin: Box<tokio::sync::Mutex<tokio_postgres::Client>>,
+        /// `private-postgres:`: the campaign's own cluster, which `pg-restart` crashes.
+        cluster: Option<PrivatePostgres>,
     },
+    /// `spanner-emulator:`: a database on the campaign's own emulator, which aborts about 5 %
+    /// of commits on purpose.
+    Spanner {
+        emulator: FaultyEmulator,
+        url: String,
+    },
+}
+
+/// The database of a `spanner-emulator:` campaign.
+const SPANNER_URL: &str = "spanner://projects/chaos/instances/chaos/databases/claims";
+
+async fn connect_admin(url: &str) -> Result<tokio_postgres::Client, String> {
+    let (admin, connection) =
+        tokio::time::timeout(Duration::from_secs(10), tokio_postgres::connect(url, NoTls))
+            .await
+            .map_err(|_| "PostgreSQL did not answer within 10s".to_owned())?
+            .map_err(|e| {
+                format!(
+                    "cannot connect to {}: {e}",
+                    topology_claims_postgres::redacted_url(url)
+                )
+            })?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(admin)
 }
 
 impl Backing {
@@ -42,44 +73,48 @@ impl Backing {
                 Ok(Backing::Sqlite(PathBuf::from(&url["sqlite://".len()..])))
             }
             Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                let (admin, connection) = tokio::time::timeout(
-                    Duration::from_secs(10),
-                    tokio_postgres::connect(url, NoTls),
-                )
-                .await
-                .map_err(|_| "PostgreSQL did not answer within 10s".to_owned())?
-                .map_err(|e| {
-                    format!(
-                        "cannot connect to {}: {e}",
-                        topology_claims_postgres::redacted_url(url)
-                    )
-                })?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                let secs = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0);
-                sweep_old_schemas(&admin, secs).await;
-                let schema = format!("tc_chaos_{secs}_{:08x}", fastrand::u32(..));
-                admin
-                    .batch_execute(&format!("CREATE SCHEMA \"{schema}\""))
-                    .await
-                    .map_err(|e| format!("creating schema {schema}: {e}"))?;
-                Ok(Backing::Postgres {
-                    admin_url: url.to_owned(),
-                    schema,
-                    admin,
+                Backing::postgres(url, None).await
+            }
+            Some("private-postgres:") => {
+                let cluster = tokio::task::block_in_place(PrivatePostgres::start)?;
+                let url = cluster.url();
+                Backing::postgres(&url, Some(cluster)).await
+            }
+            Some("spanner-emulator:") => {
+                let emulator = tokio::task::block_in_place(|| FaultyEmulator::start(work_dir))?;
+                create_spanner_database(&emulator).await?;
+                Ok(Backing::Spanner {
+                    emulator,
+                    url: SPANNER_URL.to_owned(),
                 })
             }
             Some(other) => {
                 let scheme = other.split_once(':').map_or("", |(s, _)| s);
                 Err(format!(
-                    "unsupported chaos store (scheme {scheme:?}); use memory:, sqlite://PATH or postgres://USER@HOST:PORT/DB"
+                    "unsupported chaos store (scheme {scheme:?}); use memory:, sqlite://PATH, postgres://USER@HOST:PORT/DB, private-postgres: or spanner-emulator:"
                 ))
             }
         }
+    }
+
+    async fn postgres(url: &str, cluster: Option<PrivatePostgres>) -> Result<Backing, String> {
+        let admin = connect_admin(url).await?;
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        sweep_old_schemas(&admin, secs).await;
+        let schema = format!("tc_chaos_{secs}_{:08x}", fastrand::u32(..));
+        admin
+            .batch_execute(&format!("CREATE SCHEMA \"{schema}\""))
+            .await
+            .map_err(|e| format!("creating schema {schema}: {e}"))?;
+        Ok(Backing::Postgres {
+            admin_url: url.to_owned(),
+            schema,
+            admin: Box::new(tokio::sync::Mutex::new(admin)),
+            cluster,
+        })
     }
 
     /// The `--store` URL the servers get.
@@ -95,6 +130,17 @@ impl Backing {
                     "{admin_url}{sep}options=-csearch_path%3D{schema}&application_name={schema}"
                 )
             }
+            Backing::Spanner { url, .. } => url.clone(),
+        }
+    }
+
+    /// Environment the servers need (the emulator's address).
+    pub fn server_env(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Backing::Spanner { emulator, .. } => {
+                vec![("SPANNER_EMULATOR_HOST", emulator.host.clone())]
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -104,10 +150,20 @@ impl Backing {
             Backing::Memory => "memory:".to_owned(),
             Backing::Sqlite(path) => format!("sqlite://{}", path.display()),
             Backing::Postgres {
-                admin_url, schema, ..
-            } => format!(
-                "{} (schema {schema})",
-                topology_claims_postgres::redacted_url(admin_url)
+                admin_url,
+                schema,
+                cluster,
+                ..
+            } => match cluster {
+                Some(cluster) => format!("{} (schema {schema})", cluster.describe()),
+                None => format!(
+                    "{} (schema {schema})",
+                    topology_claims_postgres::redacted_url(admin_url)
+                ),
+            },
+            Backing::Spanner { emulator, url } => format!(
+                "{url} on the Spanner emulator at {} with --enable_fault_injection",
+                emulator.host
             ),
         }
     }
@@ -116,21 +172,56 @@ impl Backing {
         matches!(self, Backing::Postgres { .. })
     }
 
+    /// Whether `pg-restart` can crash the store's database (only a cluster the campaign owns).
+    pub fn is_private_postgres(&self) -> bool {
+        matches!(
+            self,
+            Backing::Postgres {
+                cluster: Some(_),
+                ..
+            }
+        )
+    }
+
+    pub fn is_spanner(&self) -> bool {
+        matches!(self, Backing::Spanner { .. })
+    }
+
     pub fn survives_restarts(&self) -> bool {
         !matches!(self, Backing::Memory)
+    }
+
+    /// The admin connection, opened again if a restart closed it.
+    async fn admin(
+        &self,
+    ) -> Result<Option<(tokio::sync::MutexGuard<'_, tokio_postgres::Client>, &str)>, String> {
+        let Backing::Postgres {
+            admin_url,
+            schema,
+            admin,
+            ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let mut guard = admin.lock().await;
+        if guard.is_closed() {
+            *guard = connect_admin(admin_url).await?;
+        }
+        Ok(Some((guard, schema.as_str())))
     }
 
     /// Terminates every PostgreSQL connection of the servers (`pg_terminate_backend`); returns
     /// how many. Nothing for other stores.
     pub async fn terminate_connections(&self) -> Result<u64, String> {
-        let Backing::Postgres { schema, admin, .. } = self else {
+        let Some((admin, schema)) = self.admin().await? else {
             return Ok(0);
         };
         let row = admin
             .query_one(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
                  WHERE application_name = $1 AND pid <> pg_backend_pid()",
-                &[schema],
+                &[&schema],
             )
             .await
             .map_err(|e| format!("pg_terminate_backend: {e}"))?;
@@ -140,17 +231,117 @@ impl Backing {
         Ok(n as u64)
     }
 
-    /// Drops the PostgreSQL schema (after a passing run; a failing one keeps it for study).
-    pub async fn drop_schema(&self) {
-        if let Backing::Postgres { schema, admin, .. } = self {
-            if let Err(e) = admin
-                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                .await
-            {
-                tracing::warn!(%schema, error = %e, "could not drop the campaign schema");
-            }
+    /// Crashes the private PostgreSQL cluster (`pg_ctl stop -m immediate`). `None` for other
+    /// stores, or while another restart is under way; else the guard to hand to
+    /// [`Backing::start_postgres_after`].
+    pub fn crash_postgres(&self) -> Result<Option<OwnedMutexGuard<()>>, String> {
+        match self {
+            Backing::Postgres {
+                cluster: Some(cluster),
+                ..
+            } => cluster.crash_now(),
+            _ => Ok(None),
         }
     }
+
+    /// Starts the crashed private cluster again after `outage`.
+    pub async fn start_postgres_after(
+        &self,
+        guard: OwnedMutexGuard<()>,
+        outage: Duration,
+    ) -> Result<(), String> {
+        match self {
+            Backing::Postgres {
+                cluster: Some(cluster),
+                ..
+            } => cluster.start_after(guard, outage).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Makes sure the store's database runs (the private cluster after a failed restart).
+    pub async fn ensure_up(&self) -> Result<(), String> {
+        match self {
+            Backing::Postgres {
+                cluster: Some(cluster),
+                ..
+            } => cluster.ensure_up().await,
+            _ => Ok(()),
+        }
+    }
+
+    /// After a failing run: keeps what the store wrote, and says where it is.
+    pub fn keep_for_study(&self) -> Option<String> {
+        match self {
+            Backing::Postgres {
+                cluster: Some(cluster),
+                schema,
+                ..
+            } => Some(format!(
+                "private PostgreSQL data kept in {} (schema {schema}; start it with pg_ctl -D <dir>/data start)",
+                cluster.keep().display()
+            )),
+            Backing::Postgres { schema, .. } => Some(format!("schema {schema} kept")),
+            _ => None,
+        }
+    }
+
+    /// Drops the PostgreSQL schema (after a passing run; a failing one keeps it for study).
+    pub async fn drop_schema(&self) {
+        if self.is_private_postgres() {
+            // The whole cluster goes away with the campaign.
+            return;
+        }
+        match self.admin().await {
+            Ok(Some((admin, schema))) => {
+                if let Err(e) = admin
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                    .await
+                {
+                    tracing::warn!(%schema, error = %e, "could not drop the campaign schema");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "could not drop the campaign schema"),
+        }
+    }
+}
+
+/// Creates instance, database and schema on the campaign's emulator with this very binary's
+/// `migrate --create-database` (retried: the emulator aborts on purpose).
+async fn create_spanner_database(emulator: &FaultyEmulator) -> Result<(), String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find this executable to run migrate: {e}"))?;
+    let mut last = String::new();
+    for _ in 0..5 {
+        let mut command = Command::new(&exe);
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("TOPOLOGY_CLAIMS_") {
+                command.env_remove(name);
+            }
+        }
+        let output = command
+            .args(["migrate", "--create-database", "--store", SPANNER_URL])
+            .env("SPANNER_EMULATOR_HOST", &emulator.host)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let output = tokio::time::timeout(Duration::from_secs(120), output)
+            .await
+            .map_err(|_| "migrate --create-database took over 120 s".to_owned())?
+            .map_err(|e| format!("running migrate: {e}"))?;
+        if output.status.success() {
+            return Ok(());
+        }
+        last = format!(
+            "migrate --create-database --store {SPANNER_URL} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(last)
 }
 
 /// A failing run keeps its schema for study; the next runs drop those older than a day, so the
@@ -190,6 +381,8 @@ pub struct Fleet {
     store_url: String,
     /// Extra `serve` flags (a small pool per server for PostgreSQL).
     store_args: Vec<String>,
+    /// Extra environment of `serve` (the Spanner emulator's address).
+    store_env: Vec<(&'static str, String)>,
     log_dir: PathBuf,
     children: Vec<Option<Child>>,
     proxy: Arc<Proxy>,
@@ -216,6 +409,7 @@ impl Fleet {
             } else {
                 Vec::new()
             },
+            store_env: backing.server_env(),
             log_dir: log_dir.to_path_buf(),
             children: (0..servers).map(|_| None).collect(),
             proxy,
@@ -233,14 +427,15 @@ impl Fleet {
     }
 
     /// Starts server `slot`, as a supervisor would: a process that exits before listening (say
-    /// its start-up migration check lost its PostgreSQL connection to `pg-terminate`) is
-    /// started again, up to 5 times.
+    /// its start-up migration check lost its PostgreSQL connection to `pg-terminate`, or met
+    /// the database down for `pg-restart`) is started again, for up to 30 s.
     async fn spawn(&mut self, slot: usize) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let mut attempt = 0;
         loop {
             match self.spawn_once(slot).await {
                 Ok(()) => return Ok(()),
-                Err(error) if attempt < 4 => {
+                Err(error) if std::time::Instant::now() < deadline => {
                     attempt += 1;
                     self.start_retries += 1;
                     tracing::warn!(slot, attempt, %error, "server did not start; starting it again");
@@ -274,6 +469,7 @@ impl Fleet {
             ])
             .args(["--drain-timeout", "1s"])
             .args(&self.store_args)
+            .envs(self.store_env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -22,6 +22,7 @@ mod linearizability;
 mod model;
 mod proxy;
 mod report;
+mod services;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -75,9 +76,13 @@ pub struct ChaosArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     keys: u32,
 
-    /// The servers' store: memory: (one server, no server-kill), sqlite://PATH, or
+    /// The servers' store: memory: (one server, no server-kill), sqlite://PATH,
     /// postgres://USER@HOST:PORT/DB (a fresh schema is created there and dropped after a
-    /// passing run). Default: a fresh SQLite file in the work directory.
+    /// passing run), private-postgres: (a throwaway PostgreSQL cluster of the campaign's own,
+    /// which `pg-restart` crashes; initdb/pg_ctl from TOPOLOGY_CLAIMS_CHAOS_PG_BIN or
+    /// pg_config), or spanner-emulator: (a Cloud Spanner emulator of the campaign's own,
+    /// started with --enable_fault_injection). Default: a fresh SQLite file in the work
+    /// directory.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_STORE")]
     store: Option<String>,
 
@@ -88,7 +93,8 @@ pub struct ChaosArgs {
 
     /// Faults to inject: all, none, or a comma-separated list of crash-after-begin,
     /// crash-in-local-tx, crash-after-local-commit, crash-after-commit, server-kill,
-    /// pg-terminate (postgres:// stores only), proxy-drop, proxy-delay, proxy-reset.
+    /// pg-terminate (PostgreSQL stores only), pg-restart (private-postgres: only), proxy-drop,
+    /// proxy-delay, proxy-reset.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_FAULTS", default_value = "all")]
     faults: String,
 
@@ -225,6 +231,13 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     if !backing.is_postgres() && faults.contains(&FaultKind::PgTerminate) {
         notes.push("pg-terminate skipped: the store is not PostgreSQL");
         faults.retain(|k| *k != FaultKind::PgTerminate);
+    }
+    if !backing.is_private_postgres() && faults.contains(&FaultKind::PgRestart) {
+        notes.push("pg-restart skipped: the store is not a private-postgres: cluster");
+        faults.retain(|k| *k != FaultKind::PgRestart);
+    }
+    if backing.is_spanner() {
+        notes.push("the emulator aborts about 5% of commits on purpose (--enable_fault_injection)");
     }
 
     let proxy = Arc::new(Proxy::start(servers).await?);
@@ -607,6 +620,9 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         }
     } else {
         println!("work directory kept: {}", work_dir.display());
+        if let Some(kept) = backing.keep_for_study() {
+            println!("{kept}");
+        }
     }
     Ok(passed)
 }

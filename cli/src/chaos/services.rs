@@ -9,7 +9,10 @@
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tokio::sync::OwnedMutexGuard;
 
 /// Overrides the emulator binary (same variable as the Spanner tests).
 const EMULATOR_ENV: &str = "TOPOLOGY_CLAIMS_SPANNER_EMULATOR";
@@ -68,7 +71,8 @@ pub struct PrivatePostgres {
     port: u16,
     as_postgres: bool,
     /// Serialises restarts (a restart is stop, outage, start).
-    restart: tokio::sync::Mutex<()>,
+    restart: Arc<tokio::sync::Mutex<()>>,
+    keep: std::sync::atomic::AtomicBool,
 }
 
 impl PrivatePostgres {
@@ -94,7 +98,8 @@ impl PrivatePostgres {
             dir,
             port,
             as_postgres,
-            restart: tokio::sync::Mutex::new(()),
+            restart: Arc::new(tokio::sync::Mutex::new(())),
+            keep: std::sync::atomic::AtomicBool::new(false),
         };
         let data = cluster.data_dir();
         cluster.run_tool(
@@ -192,16 +197,26 @@ impl PrivatePostgres {
         )
     }
 
-    /// Crashes the server, keeps it down for `outage`, starts it again. Returns false (and does
-    /// nothing) when another restart is already under way.
-    pub async fn restart(&self, outage: Duration) -> Result<bool, String> {
-        let Ok(_guard) = self.restart.try_lock() else {
-            return Ok(false);
+    /// Crashes the server now, unless another restart is under way (then `None`). The guard
+    /// holds off other restarts until [`PrivatePostgres::start_after`] has brought it back.
+    pub fn crash_now(&self) -> Result<Option<OwnedMutexGuard<()>>, String> {
+        let Ok(guard) = Arc::clone(&self.restart).try_lock_owned() else {
+            return Ok(None);
         };
         tokio::task::block_in_place(|| self.crash())?;
+        Ok(Some(guard))
+    }
+
+    /// Starts the crashed server again after `outage`.
+    pub async fn start_after(
+        &self,
+        guard: OwnedMutexGuard<()>,
+        outage: Duration,
+    ) -> Result<(), String> {
         tokio::time::sleep(outage).await;
-        tokio::task::block_in_place(|| self.start_server())?;
-        Ok(true)
+        let started = tokio::task::block_in_place(|| self.start_server());
+        drop(guard);
+        started
     }
 
     /// Makes sure the server runs (after a restart whose start failed, say).
@@ -213,8 +228,10 @@ impl PrivatePostgres {
         tokio::task::block_in_place(|| self.start_server())
     }
 
-    /// Keeps the directory (a failing run's database, for study).
-    pub fn keep(&mut self) -> &Path {
+    /// Keeps the data directory when the cluster stops (a failing run's database, for
+    /// study); returns where it is.
+    pub fn keep(&self) -> &Path {
+        self.keep.store(true, std::sync::atomic::Ordering::SeqCst);
         &self.dir
     }
 }
@@ -222,7 +239,7 @@ impl PrivatePostgres {
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
         let _ = self.crash();
-        if !std::thread::panicking() {
+        if !self.keep.load(std::sync::atomic::Ordering::SeqCst) {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
@@ -290,7 +307,8 @@ impl FaultyEmulator {
         for _ in 0..3 {
             let port = free_port()?;
             let log = work_dir.join(format!("spanner-emulator-{port}.log"));
-            let file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+            let file =
+                std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
             let err = file
                 .try_clone()
                 .map_err(|e| format!("{}: {e}", log.display()))?;
