@@ -22,6 +22,11 @@ fn in_ci() -> bool {
 
 /// `chaos` with a clean environment (no ambient TOPOLOGY_CLAIMS_* settings), run in `dir`.
 fn chaos(dir: &Path, args: &[&str]) -> Output {
+    chaos_with(dir, args, &[])
+}
+
+/// `chaos` with a clean environment plus `env`.
+fn chaos_with(dir: &Path, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
     let mut command = Command::new(BIN);
     command
         .arg("chaos")
@@ -33,7 +38,48 @@ fn chaos(dir: &Path, args: &[&str]) -> Output {
             command.env_remove(name);
         }
     }
+    command.envs(env.iter().copied());
     command.output().expect("run topology-claims chaos")
+}
+
+/// The client crashes, server kills and proxy faults every store gets.
+const COMMON_FAULTS: [&str; 8] = [
+    "crash-after-begin",
+    "crash-in-local-tx",
+    "crash-after-local-commit",
+    "crash-after-commit",
+    "server-kill",
+    "proxy-drop",
+    "proxy-delay",
+    "proxy-reset",
+];
+
+/// A passing campaign: exit 0, no violation, every key decided. Prints the summary (it belongs
+/// in the test log) and returns it.
+fn assert_passed(output: Output) -> String {
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "the campaign failed ({:?}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(stdout.contains("\nviolations: 0\n"), "{stdout}");
+    assert!(stdout.contains("\ninconclusive: 0\n"), "{stdout}");
+    assert!(stdout.contains("result: PASS"), "{stdout}");
+    stdout
+}
+
+/// Each of `kinds` fired at least once, by the summary's `faults:` line.
+fn assert_fired(summary: &str, kinds: &[&str]) {
+    let fired = fired(summary);
+    for kind in kinds {
+        let count = fired.iter().find(|(name, _)| name == kind).map(|(_, n)| *n);
+        assert!(
+            count.is_some_and(|n| n > 0),
+            "fault {kind} never fired: {fired:?}"
+        );
+    }
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -76,40 +122,13 @@ fn ci_campaign_heals_every_fault_with_no_violation_and_linearizable_histories() 
     if in_ci() {
         args.extend(["--store", "private-postgres:"]);
     }
-    let output = chaos(dir.path(), &args);
-    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
-    // The summary belongs in the test log.
-    println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "the campaign failed ({:?}):\n{stdout}\n{stderr}",
-        output.status
-    );
-    assert!(stdout.contains("\nviolations: 0\n"), "{stdout}");
-    assert!(stdout.contains("\ninconclusive: 0\n"), "{stdout}");
-    assert!(stdout.contains("result: PASS"), "{stdout}");
+    let stdout = assert_passed(chaos(dir.path(), &args));
 
-    let mut expected = vec![
-        "crash-after-begin",
-        "crash-in-local-tx",
-        "crash-after-local-commit",
-        "crash-after-commit",
-        "server-kill",
-        "proxy-drop",
-        "proxy-delay",
-        "proxy-reset",
-    ];
+    let mut expected = COMMON_FAULTS.to_vec();
     if in_ci() {
         expected.extend(["pg-terminate", "pg-restart"]);
     }
-    let fired = fired(&stdout);
-    for kind in expected {
-        let count = fired.iter().find(|(name, _)| name == kind).map(|(_, n)| *n);
-        assert!(
-            count.is_some_and(|n| n > 0),
-            "fault {kind} never fired: {fired:?}"
-        );
-    }
+    assert_fired(&stdout, &expected);
     let transactions = stdout
         .lines()
         .find_map(|l| l.strip_prefix("transactions"))
@@ -149,10 +168,9 @@ fn spanner_campaign_under_emulator_aborts_has_no_violation_and_linearizable_hist
     };
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
-    let mut command = Command::new(BIN);
-    command
-        .args([
-            "chaos",
+    let output = chaos_with(
+        dir.path(),
+        &[
             "--store",
             "spanner-emulator:",
             "--cells",
@@ -167,43 +185,12 @@ fn spanner_campaign_under_emulator_aborts_has_no_violation_and_linearizable_hist
             "all",
             "--work-dir",
             work.to_str().unwrap(),
-        ])
-        .current_dir(dir.path())
-        .env("RUST_LOG", "error");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("TOPOLOGY_CLAIMS_") {
-            command.env_remove(name);
-        }
-    }
-    command.env("TOPOLOGY_CLAIMS_SPANNER_EMULATOR", &emulator);
-    let output = command.output().expect("run topology-claims chaos");
-    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
-    println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "the Spanner campaign failed ({:?}):\n{stdout}\n{stderr}",
-        output.status
+        ],
+        &[("TOPOLOGY_CLAIMS_SPANNER_EMULATOR", emulator.as_os_str())],
     );
-    assert!(stdout.contains("\nviolations: 0\n"), "{stdout}");
-    assert!(stdout.contains("\ninconclusive: 0\n"), "{stdout}");
+    let stdout = assert_passed(output);
     assert!(stdout.contains("--enable_fault_injection"), "{stdout}");
-    let fired = fired(&stdout);
-    for kind in [
-        "crash-after-begin",
-        "crash-in-local-tx",
-        "crash-after-local-commit",
-        "crash-after-commit",
-        "server-kill",
-        "proxy-drop",
-        "proxy-delay",
-        "proxy-reset",
-    ] {
-        let count = fired.iter().find(|(name, _)| name == kind).map(|(_, n)| *n);
-        assert!(
-            count.is_some_and(|n| n > 0),
-            "fault {kind} never fired: {fired:?}"
-        );
-    }
+    assert_fired(&stdout, &COMMON_FAULTS);
 }
 
 #[test]

@@ -34,7 +34,7 @@ pub fn run_async<F: std::future::Future>(future: F) -> F::Output {
 /// Expands to one `#[test]` per [`conformance`] case plus the model-based property test, each
 /// calling `$factory().await` for a fresh, empty, isolated store.
 ///
-/// ```ignore
+/// ```text
 /// async fn store() -> MyStore { MyStore::open_fresh().await }
 /// topology_claims::claim_store_conformance!(store);
 /// topology_claims::claim_store_conformance!(store, model_cases = 16); // fewer model cases

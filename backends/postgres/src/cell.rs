@@ -28,13 +28,22 @@ use crate::PostgresLocalLeaseStore;
 /// then the lease. A COMMIT cut off by a broken connection has an unknown outcome: the lease is
 /// left to the reconciler ([`TransactionError::Indeterminate`]).
 ///
-/// ```ignore
+/// ```no_run
+/// # use topology_claims::cell::{ClaimsClient, TransactionError, UpdateConfig};
+/// # use topology_claims::BeginUpdate;
+/// # use topology_claims_postgres::{cell::transact, tokio_postgres, PostgresLocalLeaseStore};
+/// # async fn signup(
+/// #     client: ClaimsClient, mut db: tokio_postgres::Client, leases: PostgresLocalLeaseStore,
+/// #     request: BeginUpdate, name: String,
+/// # ) -> Result<i64, TransactionError<tokio_postgres::Error>> {
 /// let (id, _) = transact(&client, &mut db, &leases, request, UpdateConfig::default(), |tx| {
 ///     Box::pin(async move {
 ///         let row = tx.query_one("INSERT INTO users (name) VALUES ($1) RETURNING id", &[&name]).await?;
 ///         Ok::<i64, tokio_postgres::Error>(row.get(0))
 ///     })
 /// }).await?;
+/// # Ok(id)
+/// # }
 /// ```
 pub async fn transact<T, E, F>(
     client: &ClaimsClient,

@@ -24,7 +24,7 @@ const MAX_CONSTRAINT_RETRIES: u32 = 3;
 
 /// One write operation's attempts. Use as
 ///
-/// ```ignore
+/// ```text
 /// let mut attempts = Attempts::new(&options, "BeginUpdate");
 /// let (value, commit_ts) = loop {
 ///     let Some(mut tx) = attempts.begin(&client).await? else { continue };

@@ -27,11 +27,20 @@ use crate::SqliteLocalLeaseStore;
 /// CommitUpdate and the deletion of the local lease row. Any local failure rolls back locally
 /// and then the lease. `leases` must be the `leases_outstanding` store of the same database.
 ///
-/// ```ignore
+/// ```no_run
+/// # use topology_claims::cell::{ClaimsClient, TransactionError, UpdateConfig};
+/// # use topology_claims::BeginUpdate;
+/// # use topology_claims_sqlite::{cell::transact, SqliteLocalLeaseStore};
+/// # async fn signup(
+/// #     client: ClaimsClient, mut db: rusqlite::Connection, leases: SqliteLocalLeaseStore,
+/// #     request: BeginUpdate, name: String, email: String,
+/// # ) -> Result<i64, TransactionError<rusqlite::Error>> {
 /// let (user_id, _) = transact(&client, &mut db, &leases, request, UpdateConfig::default(), |tx| {
 ///     tx.execute("INSERT INTO users (name, email) VALUES (?1, ?2)", (&name, &email))?;
 ///     Ok::<_, rusqlite::Error>(tx.last_insert_rowid())
 /// }).await?;
+/// # Ok(user_id)
+/// # }
 /// ```
 pub async fn transact<T, E>(
     client: &ClaimsClient,
