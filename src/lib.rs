@@ -13,10 +13,14 @@
 //! `testing` (feature `testing`).
 
 pub mod cell;
+pub mod codec;
+pub mod config;
 pub mod domain;
 pub mod error;
 pub mod grpc;
 pub mod memory;
+pub mod migrations;
+pub mod pb;
 pub mod ports;
 #[cfg(feature = "testing")]
 pub mod testing;

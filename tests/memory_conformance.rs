@@ -4,8 +4,8 @@ use topology_claims::memory::{MemoryClaimStore, MemoryLocalLeaseStore};
 use topology_claims::testing::LocalLeaseFixture;
 use topology_claims::{ClaimsError, LeaseId, LocalLeaseStore};
 
-async fn store() -> MemoryClaimStore {
-    MemoryClaimStore::new()
+async fn store() -> (MemoryClaimStore, ()) {
+    (MemoryClaimStore::new(), ())
 }
 
 topology_claims::claim_store_conformance!(store, model_cases = 256);

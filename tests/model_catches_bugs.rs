@@ -55,7 +55,7 @@ impl ClaimStore for ForgivingCommits {
 #[should_panic(expected = "adapter diverged from the model")]
 fn model_test_catches_a_store_that_accepts_commits_of_unknown_leases() {
     topology_claims::testing::model::check_against_model(
-        || async { ForgivingCommits(MemoryClaimStore::new()) },
+        || async { (ForgivingCommits(MemoryClaimStore::new()), ()) },
         256,
     );
 }

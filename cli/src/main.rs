@@ -1,12 +1,11 @@
-//! The `topology-claims` binary: `serve` (the gRPC server over a store chosen by URL),
-//! `migrate`, and operator commands against a running server (`lookup`, `leases`).
+//! The `topology-claims` binary, the product operators install: `serve` (the gRPC server over a
+//! store chosen by URL), `migrate`, the operator commands against a running server (`lookup`,
+//! `leases`) and the two cell sidecars (`reconcile`, `verify`).
 //!
 //! Owns argument parsing, process wiring (logging, signals, exit codes) and printing. Must not
-//! hold protocol rules or storage code: those are the core's and the backends'.
+//! hold protocol rules or storage code (the core's and the backends'), nor anything only a
+//! benchmark, a fault campaign or a test needs (those are `tools/`).
 
-mod bench;
-mod chaos;
-mod duration;
 mod ops;
 mod serve;
 mod sidecar;
@@ -48,15 +47,6 @@ enum Command {
     Reconcile(sidecar::ReconcileArgs),
     /// Sidecar: compare a cell's records with the service's claims and correct drift.
     Verify(sidecar::VerifyArgs),
-    /// Load generator: N concurrent gRPC clients doing BeginUpdate + CommitUpdate pairs against
-    /// the service, interleaved with raw-SQL and etcd baselines; prints tables, writes JSON and a
-    /// PNG plot (docs/benchmarks.md).
-    Bench(bench::BenchArgs),
-    /// Fault campaign: simulated cells against real server processes while clients crash at
-    /// every phase, servers are killed, connections dropped, delayed and reset; then checks the
-    /// healed state and per-key linearizability. Prints a summary; exit 1 on any violation
-    /// (docs/reliability.md).
-    Chaos(chaos::ChaosArgs),
 }
 
 #[derive(Args, Debug)]
@@ -100,8 +90,6 @@ fn main() -> ExitCode {
             Command::Leases(args) => ops::leases(args).await,
             Command::Reconcile(args) => sidecar::reconcile(args).await,
             Command::Verify(args) => sidecar::verify(args).await,
-            Command::Bench(args) => bench::run(args).await,
-            Command::Chaos(args) => chaos::run(args).await,
         }
     })
 }
@@ -124,10 +112,7 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match store
-        .migrate(&args.store_options, args.create_database)
-        .await
-    {
+    match store::migrate(&store, &args.store_options, args.create_database).await {
         Ok(applied) if applied.is_empty() => {
             println!("schema is up to date");
             ExitCode::SUCCESS

@@ -15,7 +15,7 @@ use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims::grpc::status::from_status;
 use topology_claims::{ClaimType, ClaimsError, OwnerType, TableName};
 
-use crate::duration::format_duration;
+use topology_claims::config::format_duration;
 
 #[derive(Args, Debug)]
 pub struct LookupArgs {

@@ -12,8 +12,8 @@ use clap::Args;
 use topology_claims::grpc::server::{serve, ServerConfig};
 use topology_claims::MigrationPolicy;
 
-use crate::duration::parse_duration;
-use crate::store::{StoreOptions, StoreUrl};
+use crate::store::{self, StoreOptions, StoreUrl};
+use topology_claims::config::{parse_duration, parse_nonzero_duration};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -57,7 +57,7 @@ pub struct ServeArgs {
 
     /// How often outcomes past retention are collected. Units: ms, s, m, h, d; not zero.
     #[arg(long, env = "TOPOLOGY_CLAIMS_GC_INTERVAL", default_value = "5m",
-          value_parser = crate::duration::parse_nonzero_duration)]
+          value_parser = parse_nonzero_duration)]
     gc_interval: Duration,
 
     /// After SIGINT/SIGTERM, how long in-flight requests may take to finish before the process
@@ -90,8 +90,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     } else {
         MigrationPolicy::Apply
     };
-    let store = store_url
-        .open(policy, &args.store_options)
+    let store = store::open(&store_url, policy, &args.store_options)
         .await
         .map_err(|e| format!("opening {store_url}: {e}"))?;
 

@@ -16,7 +16,7 @@ use topology_claims::cell::{
 };
 use topology_claims::{CellId, ClaimsError, LocalLeaseStore, LocalLock, TableName};
 
-use crate::duration::parse_duration;
+use topology_claims::config::{parse_duration, StoreUrl};
 
 /// Where the cell's own database is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,16 +29,20 @@ impl std::str::FromStr for LocalDbUrl {
     type Err = String;
 
     fn from_str(url: &str) -> Result<Self, String> {
-        if let Some(path) = url.strip_prefix("sqlite://").filter(|p| !p.is_empty()) {
-            return Ok(Self::Sqlite(PathBuf::from(path)));
+        match url.parse::<StoreUrl>() {
+            Ok(StoreUrl::Sqlite(path)) => Ok(Self::Sqlite(path)),
+            Ok(StoreUrl::Postgres(url)) => Ok(Self::Postgres(url)),
+            other => {
+                let scheme = match other {
+                    Ok(StoreUrl::Memory) => "memory",
+                    Ok(StoreUrl::Spanner(_)) => "spanner",
+                    _ => url.split_once(':').map(|(s, _)| s).unwrap_or(""),
+                };
+                Err(format!(
+                    "unsupported local database URL (scheme {scheme:?}); use sqlite://PATH or postgres://USER@HOST:PORT/DB"
+                ))
+            }
         }
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(Self::Postgres(url.to_owned()));
-        }
-        let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-        Err(format!(
-            "unsupported local database URL (scheme {scheme:?}); use sqlite://PATH or postgres://USER@HOST:PORT/DB"
-        ))
     }
 }
 

@@ -22,7 +22,7 @@ fn with_emulator(mut command: Command, emulator: &Emulator) -> Command {
 
 #[tokio::test]
 async fn migrate_creates_the_database_and_serve_answers_from_spanner() {
-    let emulator = Emulator::start(Mode::Plain);
+    let emulator = emulator::start(Mode::Plain);
     let dir = tempfile::tempdir().unwrap();
     let url = "spanner://projects/cli-project/instances/cli-instance/databases/claims";
 

@@ -8,12 +8,6 @@ pub mod service;
 pub mod status;
 
 /// The generated protobuf types and tonic client/server of `topology.claims.v1`.
-pub mod pb {
-    #![allow(clippy::all, missing_docs)]
-    tonic::include_proto!("topology.claims.v1");
-
-    /// The encoded file descriptor set, for server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("claims_descriptor");
-}
+pub use crate::pb;
 
 pub use service::{ClaimsServiceImpl, ServiceConfig};

@@ -6,17 +6,22 @@
 //! - [`model`]: a model-based property test — random command sequences from several cells over a
 //!   small key space, run against [`Tables`](crate::domain::Tables) and the adapter side by side;
 //! - [`local`]: the [`LocalLeaseStore`](crate::LocalLeaseStore) contract;
-//! - `server`: an in-process gRPC server on an ephemeral port for end-to-end tests.
+//! - `server`: an in-process gRPC server on an ephemeral port for end-to-end tests;
+//! - [`grpc_store`]: a `ClaimStore` that goes through that server and a real client, to run the
+//!   suite once more over the wire.
 //!
 //! Owns test scaffolding only; never used by production code paths.
 
 pub mod cell;
 pub mod conformance;
 pub mod fixtures;
+pub mod grpc_store;
 pub mod local;
+pub mod migrations;
 pub mod model;
 pub mod server;
 
+pub use grpc_store::{GrpcClaimStore, GrpcStoreGuard};
 pub use local::LocalLeaseFixture;
 pub use server::TestServer;
 
@@ -31,11 +36,19 @@ pub fn run_async<F: std::future::Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
-/// Expands to one `#[test]` per [`conformance`] case plus the model-based property test, each
-/// calling `$factory().await` for a fresh, empty, isolated store.
+/// Expands to one `#[test]` per [`conformance`] case plus the model-based property test.
+///
+/// The factory contract: `$factory().await` returns `(store, guard)`, where `store` is a fresh,
+/// empty, isolated [`ClaimStore`](crate::ClaimStore) and `guard` is any value that must stay
+/// alive while the store is used (a temporary directory, a server, a container; `()` when there
+/// is none). Each test (and each model-test history) calls the factory once, uses only `store`,
+/// then drops `store` first and `guard` after it. The suite never looks inside the guard.
 ///
 /// ```text
-/// async fn store() -> MyStore { MyStore::open_fresh().await }
+/// async fn store() -> (MyStore, TempDir) {
+///     let dir = TempDir::new().unwrap();
+///     (MyStore::open_fresh(dir.path()).await, dir)
+/// }
 /// topology_claims::claim_store_conformance!(store);
 /// topology_claims::claim_store_conformance!(store, model_cases = 16); // fewer model cases
 /// ```
@@ -100,8 +113,10 @@ macro_rules! __claim_store_cases {
             #[test]
             fn $case() {
                 $crate::testing::run_async(async {
-                    let store = $factory().await;
-                    $crate::testing::conformance::$case(&store).await;
+                    // (store, guard): a tuple drops its fields in order, so the guard
+                    // outlives the store.
+                    let fresh = $factory().await;
+                    $crate::testing::conformance::$case(&fresh.0).await;
                 });
             }
         )*

@@ -126,11 +126,14 @@ fn observe<T>(result: Result<T, ClaimsError>, f: impl FnOnce(T) -> Observed) -> 
 
 /// Runs `cases` random histories against fresh stores from `factory` and the model; panics with
 /// the minimal failing history.
-pub fn check_against_model<S, F, Fut>(factory: F, cases: u32)
+///
+/// `factory` follows the contract of [`claim_store_conformance!`](crate::claim_store_conformance):
+/// it returns `(store, guard)`, and `guard` is kept alive until the history's store is dropped.
+pub fn check_against_model<S, G, F, Fut>(factory: F, cases: u32)
 where
     S: ClaimStore,
     F: Fn() -> Fut,
-    Fut: Future<Output = S>,
+    Fut: Future<Output = (S, G)>,
 {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -146,8 +149,9 @@ where
     let strategy = proptest::collection::vec(command(), 1..40);
     let result = runner.run(&strategy, |history| {
         runtime.block_on(async {
-            let store = factory().await;
-            run_history(&store, &history).await
+            // (store, guard): the tuple drops the store first, then the guard.
+            let fresh = factory().await;
+            run_history(&fresh.0, &history).await
         })
     });
     match result {

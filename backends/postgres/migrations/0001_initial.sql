@@ -30,7 +30,7 @@ CREATE INDEX claims_by_cell_table_record
 CREATE INDEX claims_by_lease ON claims (lease_id) WHERE lease_id IS NOT NULL;
 
 -- Outstanding leases (the design's service-side leases_outstanding), with the original request
--- as protobuf bytes (grpc::convert::encode_request).
+-- as protobuf bytes (topology_claims::codec::encode_request).
 CREATE TABLE leases (
     lease_id        uuid        NOT NULL,
     cell_id         text        COLLATE "C" NOT NULL,

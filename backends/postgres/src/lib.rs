@@ -12,7 +12,9 @@
 //! Every transaction reads and locks the rows a request touches, asks `topology_claims::domain`
 //! for the decision and writes it: no protocol rule lives here. A BeginUpdate, CommitUpdate or
 //! RollbackUpdate costs **2 round trips** (statements pipelined; see `store.rs` for the table).
-//! All SQL is in [`sql`], so benchmarks can run the very statements the adapter runs.
+//! All SQL is in one private module; [`baseline`] hands the statements of a BeginUpdate +
+//! CommitUpdate pair to the raw-SQL benchmark baseline, so it runs the very statements the
+//! adapter runs.
 //!
 //! Schema, indexes, migrations, pool sizing and timeouts: `docs/backends/postgres.md`.
 
@@ -23,8 +25,20 @@ mod migrations;
 mod options;
 mod rows;
 mod session;
-pub mod sql;
+mod sql;
 mod store;
+
+/// The statements of a BeginUpdate + CommitUpdate pair, exactly as the adapter runs them, for
+/// the raw-SQL baseline of the benchmark (`tools/bench`): the ratio service / raw SQL is then the
+/// cost of gRPC + domain + pool on the same SQL. Not a store: it decides nothing.
+pub mod baseline {
+    pub use crate::sql::{
+        BEGIN, COMMIT, DELETE_CLAIMS_OF_LEASE, DELETE_LEASE, INSERT_CLAIMS, INSERT_LEASE,
+        INSERT_OUTCOME, LEASE_LOCK_CLASS, LOCK_CLAIMS_OF_LEASE, LOCK_LEASE_ID, MARK_DESTROYS,
+        RELEASE_CLAIMS_OF_LEASE, ROLLBACK, SELECT_CLAIMS_FOR_UPDATE, SELECT_LEASE_FOR_UPDATE,
+        SELECT_OUTCOME_FOR_UPDATE,
+    };
+}
 
 pub use local::{ensure_local_schema, PostgresLocalLeaseStore, LOCAL_LEASES_DDL};
 pub use options::{redacted_url, PostgresOptions, DEFAULT_APPLICATION_NAME};

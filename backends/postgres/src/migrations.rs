@@ -7,16 +7,16 @@
 //!
 //! Owns schema versioning only; the statements themselves live in `sql.rs`.
 
-use std::collections::BTreeSet;
-
 use deadpool_postgres::Pool;
+use topology_claims::migrations::{plan_migrations, MigrationId, MigrationPlan};
 use topology_claims::{ClaimsError, MigrationPolicy};
 
 use crate::error::{final_error, pool_error};
 use crate::sql;
 
-/// At open: applies pending migrations (`Apply`), or fails with `MigrationsPending` (`Refuse`).
-/// Returns the names of the migrations applied.
+/// At open: applies pending migrations (`Apply`), or fails with `MigrationsPending` (`Refuse`),
+/// as the core's one migration rule says (`topology_claims::migrations`). Returns the names of
+/// the migrations applied.
 pub(crate) async fn prepare(
     pool: &Pool,
     target: &str,
@@ -27,49 +27,60 @@ pub(crate) async fn prepare(
     match policy {
         MigrationPolicy::Apply => apply(&mut client, target, schema).await,
         MigrationPolicy::Refuse => {
-            let pending = pending(&client, target).await?;
-            if pending.is_empty() {
-                Ok(Vec::new())
+            // Only reads: refusing leaves the schema exactly as it was.
+            let fail =
+                |e: tokio_postgres::Error| final_error(&e, target, "reading the schema version");
+            let exists: bool = client
+                .query_one(sql::MIGRATIONS_TABLE_EXISTS, &[])
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(fail)?;
+            let applied = if exists {
+                applied_migrations(
+                    client
+                        .query(sql::SELECT_APPLIED_MIGRATIONS, &[])
+                        .await
+                        .map_err(fail)?,
+                )
+                .map_err(fail)?
             } else {
-                Err(ClaimsError::MigrationsPending { pending })
-            }
+                Vec::new()
+            };
+            plan(&applied, policy, target)?;
+            Ok(Vec::new())
         }
     }
 }
 
-/// Names of the migrations not yet applied to the connection's schema (search_path).
-async fn pending(
-    client: &tokio_postgres::Client,
-    target: &str,
-) -> Result<Vec<String>, ClaimsError> {
-    let fail = |e: tokio_postgres::Error| final_error(&e, target, "reading the schema version");
-    let exists: bool = client
-        .query_one(sql::MIGRATIONS_TABLE_EXISTS, &[])
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(fail)?;
-    let applied = if exists {
-        applied_versions(
-            client
-                .query(sql::SELECT_APPLIED_MIGRATIONS, &[])
-                .await
-                .map_err(fail)?,
-        )
-        .map_err(fail)?
-    } else {
-        BTreeSet::new()
-    };
-    Ok(sql::MIGRATIONS
-        .iter()
-        .filter(|m| !applied.contains(&m.version))
-        .map(|m| m.name.to_owned())
-        .collect())
+fn applied_migrations(
+    rows: Vec<tokio_postgres::Row>,
+) -> Result<Vec<MigrationId>, tokio_postgres::Error> {
+    rows.iter()
+        .map(|row| {
+            let version: i32 = row.try_get(0)?;
+            Ok(MigrationId::new(
+                i64::from(version),
+                row.try_get::<_, String>(1)?,
+            ))
+        })
+        .collect()
 }
 
-fn applied_versions(
-    rows: Vec<tokio_postgres::Row>,
-) -> Result<BTreeSet<i32>, tokio_postgres::Error> {
-    rows.iter().map(|row| row.try_get(0)).collect()
+/// What the core's rule says for these applied migrations (warning once for a newer schema).
+fn plan(
+    applied: &[MigrationId],
+    policy: MigrationPolicy,
+    target: &str,
+) -> Result<MigrationPlan, ClaimsError> {
+    let known: Vec<MigrationId> = sql::MIGRATIONS
+        .iter()
+        .map(|m| MigrationId::new(i64::from(m.version), m.name))
+        .collect();
+    let plan = plan_migrations(&known, applied, policy)?;
+    if let Some(warning) = plan.newer_warning() {
+        tracing::warn!(target_db = target, "PostgreSQL: {warning}");
+    }
+    Ok(plan)
 }
 
 async fn apply(
@@ -97,25 +108,19 @@ async fn apply(
     tx.batch_execute(sql::CREATE_MIGRATIONS_TABLE)
         .await
         .map_err(fail("creating the migrations table"))?;
-    let applied = applied_versions(
+    let applied = applied_migrations(
         tx.query(sql::SELECT_APPLIED_MIGRATIONS, &[])
             .await
             .map_err(fail("reading the schema version"))?,
     )
     .map_err(fail("reading the schema version"))?;
-    if let Some(newest) = applied.last().filter(|v| **v > latest_version()) {
-        // Migrations only add: an older binary keeps working beside a newer schema.
-        tracing::warn!(
-            schema_version = newest,
-            binary_version = latest_version(),
-            "the PostgreSQL schema is newer than this binary"
-        );
-    }
+    let plan = plan(&applied, MigrationPolicy::Apply, target)?;
     let mut names = Vec::new();
-    for migration in sql::MIGRATIONS
-        .iter()
-        .filter(|m| !applied.contains(&m.version))
-    {
+    for version in plan.pending {
+        let migration = sql::MIGRATIONS
+            .iter()
+            .find(|m| i64::from(m.version) == version)
+            .expect("the plan names only this binary's migrations");
         let doing = format!("applying migration {}", migration.name);
         tx.batch_execute(migration.sql)
             .await
@@ -142,8 +147,4 @@ fn failed<'a>(
     doing: &'a str,
 ) -> impl Fn(tokio_postgres::Error) -> ClaimsError + 'a {
     move |e| final_error(&e, target, doing)
-}
-
-fn latest_version() -> i32 {
-    sql::MIGRATIONS.last().map_or(0, |m| m.version)
 }

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::Row;
+use topology_claims::codec::decode_request;
 use topology_claims::domain::{LeaseRecord, Outcome};
-use topology_claims::grpc::convert::decode_request;
 use topology_claims::{
     CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease, LeaseId,
     LeaseOp, LeaseOutcome, OwnerType, TableName, Timestamp,

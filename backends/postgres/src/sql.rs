@@ -49,7 +49,7 @@ pub const LOCK_MIGRATIONS: &str =
 pub const MIGRATIONS_TABLE_EXISTS: &str =
     "SELECT to_regclass('topology_claims_migrations') IS NOT NULL";
 pub const SELECT_APPLIED_MIGRATIONS: &str =
-    "SELECT version FROM topology_claims_migrations ORDER BY version";
+    "SELECT version, name FROM topology_claims_migrations ORDER BY version";
 pub const INSERT_APPLIED_MIGRATION: &str =
     "INSERT INTO topology_claims_migrations (version, name) VALUES ($1::int4, $2::text)";
 

@@ -40,8 +40,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
+use topology_claims::codec::encode_request;
 use topology_claims::domain::{self, BeginPlan, ClaimsPagePlan, EndPlan, LeaseRecord};
-use topology_claims::grpc::convert::encode_request;
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
     LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy,

@@ -7,9 +7,9 @@ use topology_claims::testing::LocalLeaseFixture;
 use topology_claims::{ClaimsError, LeaseId, LocalLeaseStore};
 use topology_claims_postgres::{tokio_postgres, PostgresClaimStore, PostgresLocalLeaseStore};
 
-async fn store() -> PostgresClaimStore {
+async fn store() -> (PostgresClaimStore, ()) {
     match common::fresh_store().await {
-        Some((store, _schema)) => store,
+        Some((store, _schema)) => (store, ()),
         None => common::skip_process(),
     }
 }

@@ -1,10 +1,74 @@
-//! Embedded migrations: refused when pending under `Refuse`, applied once by `migrate`, and
-//! safe when several servers migrate the same fresh schema at the same time.
+//! Embedded migrations: refused when pending under `Refuse`, applied once by `migrate`, safe
+//! when several servers migrate the same fresh schema at the same time, and the shared
+//! migration-rule cases.
 
 mod common;
 
+use topology_claims::testing::migrations::MigrationFixture;
 use topology_claims::{ClaimStore, ClaimsError, MigrationPolicy};
 use topology_claims_postgres::{migrate_with, PostgresClaimStore};
+
+/// A migrated schema of its own, for the shared migration-rule cases (dropped at the end).
+struct MigratedSchema {
+    admin: tokio_postgres::Client,
+    schema: String,
+}
+
+impl MigrationFixture for MigratedSchema {
+    type Store = PostgresClaimStore;
+
+    async fn record_applied(&self, version: i64, name: &str) {
+        let version = i32::try_from(version).expect("a migration version fits int4");
+        self.admin
+            .execute(
+                &format!(
+                    "INSERT INTO \"{}\".topology_claims_migrations (version, name) VALUES ($1, $2)",
+                    self.schema
+                ),
+                &[&version, &name],
+            )
+            .await
+            .expect("record a migration");
+    }
+
+    async fn reopen(&self, policy: MigrationPolicy) -> Result<PostgresClaimStore, ClaimsError> {
+        PostgresClaimStore::connect(&common::url(), common::options(&self.schema), policy).await
+    }
+}
+
+impl Drop for MigratedSchema {
+    fn drop(&mut self) {
+        // Best effort on a runtime of its own: the test's runtime is ending.
+        let url = common::url();
+        let schema = self.schema.clone();
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(runtime) = runtime {
+                runtime.block_on(async {
+                    if let Ok(admin) = topology_claims_harness::postgres::connect(&url).await {
+                        common::drop_schema(&admin, &schema).await;
+                    }
+                });
+            }
+        })
+        .join();
+    }
+}
+
+async fn migrated_schema() -> MigratedSchema {
+    let Some(admin) = common::admin().await else {
+        common::skip_process();
+    };
+    let schema = common::fresh_schema_name();
+    migrate_with(&common::url(), &common::options(&schema))
+        .await
+        .expect("migrate");
+    MigratedSchema { admin, schema }
+}
+
+topology_claims::migration_conformance!(migrated_schema);
 
 #[tokio::test]
 async fn refuse_reports_pending_migrations_until_migrate_applies_them() {

@@ -9,8 +9,8 @@ use gcloud_spanner::key::Key;
 use gcloud_spanner::mutation::{delete, insert, update};
 use gcloud_spanner::row::Row;
 use gcloud_spanner::value::CommitTimestamp;
+use topology_claims::codec::{decode_request, encode_request, timestamp_from_pb};
 use topology_claims::domain::{LeaseOutcome, Outcome};
-use topology_claims::grpc::convert::{decode_request, encode_request, timestamp_from_pb};
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease,
     LeaseId, LeaseOp, OwnerType, TableName, Timestamp,

@@ -23,6 +23,7 @@ use gcloud_spanner::mutation::insert_or_update;
 use gcloud_spanner::statement::Statement;
 use gcloud_spanner::transaction::{QueryOptions, ReadOptions};
 use gcloud_spanner::value::CommitTimestamp;
+use topology_claims::migrations::{plan_migrations, MigrationId};
 use topology_claims::{ClaimsError, MigrationPolicy};
 
 use crate::config::{DatabaseName, SpannerOptions};
@@ -111,35 +112,46 @@ fn ddl_polling() -> RetrySetting {
 /// progress: try again a few times before giving up.
 const DDL_ATTEMPTS: u32 = 8;
 
-/// Brings the schema up to date (or refuses, per `policy`); returns the names applied.
+/// Brings the schema up to date (or refuses, per `policy`), as the core's one migration rule
+/// says (`topology_claims::migrations`); returns the names applied.
 pub(crate) async fn ensure(
     client: &Client,
     name: &DatabaseName,
     options: &SpannerOptions,
     policy: MigrationPolicy,
 ) -> Result<Vec<String>, ClaimsError> {
-    let pending = pending(client, options).await?;
-    if pending.is_empty() {
-        return Ok(Vec::new());
+    let applied = applied(client, options).await?;
+    let known: Vec<MigrationId> = MIGRATIONS
+        .iter()
+        .map(|m| MigrationId::new(m.version, m.name))
+        .collect();
+    let plan = plan_migrations(&known, &applied, policy)?;
+    if let Some(warning) = plan.newer_warning() {
+        tracing::warn!(database = %name, "Spanner: {warning}");
     }
-    let names: Vec<String> = pending.iter().map(|m| m.name.to_owned()).collect();
-    if policy == MigrationPolicy::Refuse {
-        return Err(ClaimsError::MigrationsPending { pending: names });
+    let mut names = Vec::new();
+    if plan.pending.is_empty() {
+        return Ok(names);
     }
     let admin = admin_client(options).await?;
-    for migration in pending {
+    for version in plan.pending {
+        let migration = MIGRATIONS
+            .iter()
+            .find(|m| m.version == version)
+            .expect("the plan names only this binary's migrations");
         update_ddl(&admin, name, options, migration).await?;
         record(client, options, &[migration]).await?;
         tracing::info!(migration = migration.name, database = %name, "applied Spanner schema migration");
+        names.push(migration.name.to_owned());
     }
     Ok(names)
 }
 
-/// The migrations not recorded in `schema_migrations` (all of them on an empty database).
-async fn pending(
+/// The migrations recorded in `schema_migrations` (none on an empty database).
+async fn applied(
     client: &Client,
     options: &SpannerOptions,
-) -> Result<Vec<&'static Migration>, ClaimsError> {
+) -> Result<Vec<MigrationId>, ClaimsError> {
     let context = "reading the schema version";
     let mut tx = client
         .single()
@@ -166,7 +178,7 @@ async fn pending(
     };
     drop(rows);
     if count == 0 {
-        return Ok(MIGRATIONS.iter().collect());
+        return Ok(Vec::new());
     }
     // A single-use transaction serves one read: take a fresh one for the versions.
     drop(tx);
@@ -179,7 +191,12 @@ async fn pending(
         ..Default::default()
     };
     let mut rows = tx
-        .read_with_option(MIGRATIONS_TABLE, &["version"], all_keys(), read_options)
+        .read_with_option(
+            MIGRATIONS_TABLE,
+            &["version", "name"],
+            all_keys(),
+            read_options,
+        )
         .await
         .map_err(|s| status_error(context, &s))?;
     let mut applied = Vec::new();
@@ -187,22 +204,12 @@ async fn pending(
         let version: i64 = row
             .column_by_name("version")
             .map_err(|e| ClaimsError::internal(format!("{context}: {e}")))?;
-        applied.push(version);
+        let name: String = row
+            .column_by_name("name")
+            .map_err(|e| ClaimsError::internal(format!("{context}: {e}")))?;
+        applied.push(MigrationId::new(version, name));
     }
-    if let Some(newer) = applied
-        .iter()
-        .find(|v| !MIGRATIONS.iter().any(|m| m.version == **v))
-    {
-        return Err(ClaimsError::Configuration {
-            message: format!(
-                "the Spanner database has schema version {newer}, unknown to this binary: it was migrated by a newer topology-claims"
-            ),
-        });
-    }
-    Ok(MIGRATIONS
-        .iter()
-        .filter(|m| !applied.contains(&m.version))
-        .collect())
+    Ok(applied)
 }
 
 /// Records migrations as applied.

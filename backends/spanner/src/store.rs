@@ -411,10 +411,7 @@ impl SpannerClaimStore {
         );
         let shards: Vec<i64> = (0..OUTCOME_SHARDS).collect();
         stmt.add_param("shards", &shards);
-        stmt.add_param(
-            "cutoff",
-            &topology_claims::grpc::convert::timestamp_to_pb(cutoff),
-        );
+        stmt.add_param("cutoff", &topology_claims::codec::timestamp_to_pb(cutoff));
         stmt.add_param("limit", &(COLLECT_BATCH as i64));
         let candidates = self
             .query_all(&mut tx, stmt, context, |row| {

@@ -158,5 +158,5 @@ impl<'a> Attempts<'a> {
 /// truncated the same way as every TIMESTAMP read back, so the two always compare equal).
 pub(crate) fn commit_timestamp(timestamp: gcloud_spanner::value::Timestamp) -> Timestamp {
     let timestamp: prost_types::Timestamp = timestamp.into();
-    topology_claims::grpc::convert::timestamp_from_pb(&timestamp)
+    topology_claims::codec::timestamp_from_pb(&timestamp)
 }

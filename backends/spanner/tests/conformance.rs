@@ -6,8 +6,8 @@ mod common;
 
 use topology_claims_spanner::SpannerClaimStore;
 
-async fn store() -> SpannerClaimStore {
-    common::fresh_store(common::Mode::Plain).await
+async fn store() -> (SpannerClaimStore, ()) {
+    (common::fresh_store(common::Mode::Plain).await, ())
 }
 
 topology_claims::claim_store_conformance!(store, model_cases = 8);

@@ -1,5 +1,5 @@
 //! What is particular to the Spanner store beyond the shared suite: schema migrations through
-//! UpdateDatabaseDdl (idempotent, refused on request), the database's commit timestamps as the
+//! UpdateDatabaseDdl (idempotent, refused on request, and the shared migration-rule cases), the database's commit timestamps as the
 //! only clock, and failing `Unavailable` (not hanging) when Spanner is gone.
 
 mod common;
@@ -11,10 +11,64 @@ use gcloud_googleapis::spanner::admin::database::v1::{CreateDatabaseRequest, Dat
 use gcloud_spanner::admin::client::Client as AdminClient;
 use gcloud_spanner::admin::AdminClientConfig;
 use topology_claims::testing::fixtures::{cell, creates, username};
+use topology_claims::testing::migrations::MigrationFixture;
 use topology_claims::{
     ClaimStore, ClaimsError, ClaimsQuery, LeasesQuery, MigrationPolicy, TableName,
 };
 use topology_claims_spanner::{SpannerClaimStore, SpannerOptions};
+
+/// A migrated database on the shared emulator, for the shared migration-rule cases.
+struct MigratedDatabase {
+    url: String,
+    emulator: &'static common::Emulator,
+}
+
+impl MigrationFixture for MigratedDatabase {
+    type Store = SpannerClaimStore;
+
+    async fn record_applied(&self, version: i64, name: &str) {
+        use gcloud_spanner::client::{Client, ClientConfig, Error};
+        use gcloud_spanner::mutation::insert_or_update;
+        use gcloud_spanner::value::CommitTimestamp;
+
+        let config = ClientConfig {
+            environment: Environment::Emulator(self.emulator.host.clone()),
+            ..ClientConfig::default()
+        };
+        let database = self.url.trim_start_matches("spanner://").to_owned();
+        let client = Client::new(database, config).await.unwrap();
+        client
+            .read_write_transaction(|tx| {
+                let name = name.to_owned();
+                Box::pin(async move {
+                    tx.buffer_write(vec![insert_or_update(
+                        "schema_migrations",
+                        &["version", "name", "applied_at"],
+                        &[&version, &name, &CommitTimestamp::new()],
+                    )]);
+                    Ok::<(), Error>(())
+                })
+            })
+            .await
+            .expect("record a migration");
+        client.close().await;
+    }
+
+    async fn reopen(&self, policy: MigrationPolicy) -> Result<SpannerClaimStore, ClaimsError> {
+        SpannerClaimStore::connect(&self.url, common::options(self.emulator), policy).await
+    }
+}
+
+async fn migrated_database() -> MigratedDatabase {
+    let emulator = common::shared(common::Mode::Plain);
+    let url = common::fresh_url();
+    topology_claims_spanner::migrate(&url, common::options(emulator), true)
+        .await
+        .unwrap();
+    MigratedDatabase { url, emulator }
+}
+
+topology_claims::migration_conformance!(migrated_database);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -228,7 +282,7 @@ fn every_timestamp_is_a_spanner_commit_timestamp() {
 fn a_store_whose_spanner_is_gone_answers_unavailable_instead_of_hanging() {
     runtime().block_on(async {
         // An emulator of its own, to kill.
-        let emulator = common::Emulator::start(common::Mode::Plain);
+        let emulator = common::start(common::Mode::Plain);
         let url = common::fresh_url();
         let options = SpannerOptions {
             rpc_timeout: Duration::from_secs(2),

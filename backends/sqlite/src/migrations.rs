@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
-use topology_claims::{ClaimsError, Clock, MigrationPolicy};
+use topology_claims::migrations::{plan_migrations, MigrationId, MigrationPlan};
+use topology_claims::{Clock, MigrationPolicy};
 
 use crate::error::StoreError;
 
@@ -48,29 +49,34 @@ fn applied(conn: &Connection) -> rusqlite::Result<BTreeMap<i64, String>> {
     rows.collect()
 }
 
-/// The migrations this binary has and the file lacks, in order. A file migrated by a newer
-/// binary (a version this one does not know) is refused: this binary cannot know what that
-/// schema means.
-fn pending(applied: &BTreeMap<i64, String>) -> Result<Vec<&'static Migration>, StoreError> {
-    if let Some((version, name)) = applied
+/// What the core's one migration rule says for this file (`topology_claims::migrations`).
+fn plan(
+    applied: &BTreeMap<i64, String>,
+    policy: MigrationPolicy,
+) -> Result<MigrationPlan, StoreError> {
+    let known: Vec<MigrationId> = MIGRATIONS
         .iter()
-        .find(|(v, _)| !MIGRATIONS.iter().any(|m| m.version == **v))
-    {
-        return Err(ClaimsError::Configuration {
-            message: format!(
-                "the database has schema migration {version} ({name}), which this binary does \
-                 not know: it was migrated by a newer topology-claims"
-            ),
-        }
-        .into());
+        .map(|m| MigrationId::new(m.version, m.name))
+        .collect();
+    let applied: Vec<MigrationId> = applied
+        .iter()
+        .map(|(version, name)| MigrationId::new(*version, name.clone()))
+        .collect();
+    let plan = plan_migrations(&known, &applied, policy)?;
+    if let Some(warning) = plan.newer_warning() {
+        tracing::warn!("SQLite: {warning}");
     }
-    Ok(MIGRATIONS
-        .iter()
-        .filter(|m| !applied.contains_key(&m.version))
-        .collect())
+    Ok(plan)
 }
 
-/// Applies or refuses the pending migrations as `policy` says; returns the names applied.
+fn migration(version: i64) -> &'static Migration {
+    MIGRATIONS
+        .iter()
+        .find(|m| m.version == version)
+        .expect("the plan names only this binary's migrations")
+}
+
+/// Applies or refuses the pending migrations as the core's rule says; returns the names applied.
 ///
 /// Everything happens in one `BEGIN IMMEDIATE` transaction: two processes migrating the same
 /// file serialize on the write lock, and the second one finds nothing left to do.
@@ -81,21 +87,15 @@ pub(crate) fn run(
 ) -> Result<Vec<String>, StoreError> {
     if policy == MigrationPolicy::Refuse {
         // Only reads: refusing leaves the schema exactly as it was, not even schema_migrations.
-        let pending = pending(&applied(conn)?)?;
-        if !pending.is_empty() {
-            return Err(ClaimsError::MigrationsPending {
-                pending: pending.iter().map(|m| m.name.to_owned()).collect(),
-            }
-            .into());
-        }
+        plan(&applied(conn)?, policy)?;
         return Ok(Vec::new());
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute_batch(CREATE_SCHEMA_MIGRATIONS)?;
-    let pending = pending(&applied(&tx)?)?;
+    let plan = plan(&applied(&tx)?, policy)?;
     let now = clock.now().as_unix_micros();
-    let mut names = Vec::with_capacity(pending.len());
-    for migration in pending {
+    let mut names = Vec::with_capacity(plan.pending.len());
+    for migration in plan.pending.into_iter().map(migration) {
         tx.execute_batch(migration.sql)?;
         tx.execute(
             "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",

@@ -5,8 +5,8 @@
 //! corrupt data (`Internal`), never a protocol answer.
 
 use rusqlite::{params_from_iter, Connection, OptionalExtension, Row, ToSql};
+use topology_claims::codec::decode_request;
 use topology_claims::domain::{LeaseRecord, Outcome};
-use topology_claims::grpc::convert::decode_request;
 use topology_claims::{
     CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease, LeaseId,
     LeaseOp, LeaseOutcome, OwnerType, TableName, Timestamp,

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{Connection, TransactionBehavior};
+use topology_claims::codec::encode_request;
 use topology_claims::domain::{self, BeginPlan, ClaimsPagePlan, EndPlan, EndWrites};
-use topology_claims::grpc::convert::encode_request;
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Clock,
     Lease, LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy, SystemClock, Timestamp,

@@ -1,9 +1,10 @@
-//! Opening a SQLite file: migrations applied or refused, bad paths refused with a clear error,
+//! Opening a SQLite file: migrations applied or refused (and the shared migration-rule cases), bad paths refused with a clear error,
 //! and data that outlives the store that wrote it.
 
 use rusqlite::Connection;
 use tempfile::TempDir;
 use topology_claims::testing::fixtures::{cell, creates, destroys, email, username};
+use topology_claims::testing::migrations::MigrationFixture;
 use topology_claims::{ClaimState, ClaimStore, ClaimsError, LeasesQuery, MigrationPolicy};
 use topology_claims_sqlite::{migrate, SqliteClaimStore, SqliteLocalLeaseStore};
 
@@ -83,27 +84,38 @@ async fn concurrent_migrations_apply_each_migration_once() {
     assert_eq!(applied, ALL_MIGRATIONS);
 }
 
-#[tokio::test]
-async fn a_schema_from_a_newer_binary_is_refused() {
+/// A migrated file for the shared migration-rule cases.
+struct MigratedFile {
+    path: std::path::PathBuf,
+    _dir: TempDir,
+}
+
+impl MigrationFixture for MigratedFile {
+    type Store = SqliteClaimStore;
+
+    async fn record_applied(&self, version: i64, name: &str) {
+        Connection::open(&self.path)
+            .unwrap()
+            .execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, 0)",
+                (version, name),
+            )
+            .unwrap();
+    }
+
+    async fn reopen(&self, policy: MigrationPolicy) -> Result<SqliteClaimStore, ClaimsError> {
+        SqliteClaimStore::open(&self.path, policy).await
+    }
+}
+
+async fn migrated_file() -> MigratedFile {
     let dir = temp_dir();
     let path = dir.path().join("claims.db");
     migrate(&path).await.unwrap();
-    Connection::open(&path)
-        .unwrap()
-        .execute(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (999, '0999_future', 0)",
-            [],
-        )
-        .unwrap();
-    for policy in [MigrationPolicy::Apply, MigrationPolicy::Refuse] {
-        match SqliteClaimStore::open(&path, policy).await.unwrap_err() {
-            ClaimsError::Configuration { message } => {
-                assert!(message.contains("0999_future"), "{message}")
-            }
-            other => panic!("expected a configuration error, got {other:?}"),
-        }
-    }
+    MigratedFile { path, _dir: dir }
 }
+
+topology_claims::migration_conformance!(migrated_file);
 
 #[tokio::test]
 async fn data_survives_closing_and_reopening_the_file() {

@@ -8,50 +8,37 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 use topology_claims::{ClaimsError, MigrationPolicy};
+use topology_claims_harness::postgres as pg;
+pub use topology_claims_harness::postgres::URL_ENV;
 use topology_claims_postgres::{
     ensure_local_schema, PostgresClaimStore, PostgresLocalLeaseStore, PostgresOptions,
 };
 
-pub const URL_ENV: &str = "TOPOLOGY_CLAIMS_TEST_POSTGRES_URL";
-pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 /// Test schemas are named `tc_test_<unix seconds>_<random>`; those older than this are dropped
 /// by the next run, so the database does not grow forever.
 const SCHEMA_PREFIX: &str = "tc_test_";
 const STALE_AFTER: Duration = Duration::from_secs(3600);
 
 pub fn url() -> String {
-    std::env::var(URL_ENV).unwrap_or_else(|_| DEFAULT_URL.to_owned())
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
+    pg::test_url()
 }
 
 /// An admin connection to the test server, or `None` when the tests must be skipped (after
 /// printing why). Panics in CI: an unreachable PostgreSQL fails the run there.
 pub async fn admin() -> Option<Client> {
     let url = url();
-    let connected = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio_postgres::connect(&url, NoTls),
-    )
-    .await;
-    let why = match connected {
-        Ok(Ok((client, connection))) => {
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
+    let why = match pg::connect(&url).await {
+        Ok(client) => {
             sweep_stale_schemas(&client).await;
             return Some(client);
         }
-        Ok(Err(e)) => format!("cannot connect to {URL_ENV}={url}: {}", with_causes(&e)),
-        Err(_) => format!("no answer from {URL_ENV}={url} within 10s"),
+        Err(why) => format!("{URL_ENV}: {why}"),
     };
-    if in_ci() {
+    if topology_claims_harness::in_ci() {
         panic!("PostgreSQL is required when CI=true: {why}");
     }
     static SAID: AtomicBool = AtomicBool::new(false);
@@ -72,11 +59,7 @@ pub fn skip_process() -> ! {
 
 /// A fresh, unique schema name (not yet created).
 pub fn fresh_schema_name() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    format!("{SCHEMA_PREFIX}{secs}_{:016x}", fastrand::u64(..))
+    pg::schema_name(SCHEMA_PREFIX)
 }
 
 /// Options for a test store in its own `schema`.
@@ -124,51 +107,15 @@ pub async fn fresh_local_store() -> Option<(Client, String, PostgresLocalLeaseSt
 
 /// Drops a test schema (best effort: a leftover is swept by a later run).
 pub async fn drop_schema(admin: &Client, schema: &str) {
-    let _ = admin
-        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-        .await;
+    let _ = pg::drop_schema(admin, schema).await;
 }
 
 /// Drops test schemas older than an hour, once per test process.
 async fn sweep_stale_schemas(client: &Client) {
     static SWEPT: AtomicBool = AtomicBool::new(false);
-    if SWEPT.swap(true, Ordering::Relaxed) {
-        return;
+    if !SWEPT.swap(true, Ordering::Relaxed) {
+        pg::sweep_stale_schemas(client, SCHEMA_PREFIX, STALE_AFTER).await;
     }
-    let Ok(rows) = client
-        .query(
-            "SELECT nspname::text FROM pg_namespace WHERE starts_with(nspname, $1)",
-            &[&SCHEMA_PREFIX],
-        )
-        .await
-    else {
-        return;
-    };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    for row in rows {
-        let name: String = row.get(0);
-        let created = name
-            .strip_prefix(SCHEMA_PREFIX)
-            .and_then(|rest| rest.split('_').next())
-            .and_then(|secs| secs.parse::<u64>().ok());
-        if created.is_some_and(|secs| now.saturating_sub(secs) > STALE_AFTER.as_secs()) {
-            drop_schema(client, &name).await;
-        }
-    }
-}
-
-/// An error with its source chain (the driver's Display alone says only "error connecting").
-pub fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
 }
 
 /// A test-side error as the core's error type.

@@ -1,0 +1,114 @@
+//! The encoding of domain values that outlives one request: the lease payload every store keeps
+//! (the original BeginUpdate as protobuf `BeginUpdateRequest` bytes) and the timestamp
+//! conversions stores need. The on-disk format is owned here, not by the gRPC layer: `grpc/`
+//! uses these functions for the request it decodes, and every backend uses them for its rows, so
+//! the bytes a store writes and the request the API returns can never drift apart.
+//!
+//! Decoding validates every field (errors name the field's path); encoding cannot fail. Must not
+//! hold protocol rules (those are `crate::domain`'s) or anything about transport.
+
+use prost::Message;
+
+use crate::domain::{
+    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, LeaseId, OwnerType, TableName, Timestamp,
+};
+use crate::error::ClaimsError;
+use crate::pb;
+
+/// Protobuf timestamp from a domain timestamp.
+pub fn timestamp_to_pb(ts: Timestamp) -> prost_types::Timestamp {
+    let micros = ts.as_unix_micros();
+    prost_types::Timestamp {
+        seconds: micros.div_euclid(1_000_000),
+        nanos: (micros.rem_euclid(1_000_000) * 1000) as i32,
+    }
+}
+
+/// Domain timestamp from a protobuf timestamp (sub-microsecond digits are dropped).
+pub fn timestamp_from_pb(ts: &prost_types::Timestamp) -> Timestamp {
+    Timestamp::from_unix_micros(
+        ts.seconds
+            .saturating_mul(1_000_000)
+            .saturating_add(i64::from(ts.nanos / 1000)),
+    )
+}
+
+/// Decodes and validates a claim record; `field` prefixes error paths.
+pub fn claim_record_from_pb(
+    record: &pb::ClaimRecord,
+    field: &str,
+) -> Result<ClaimRecord, ClaimsError> {
+    let record = ClaimRecord {
+        key: ClaimKey {
+            claim_type: ClaimType::parse_field(record.claim_type, &format!("{field}.claim_type"))?,
+            value: record.claim_value.clone(),
+        },
+        owner_type: OwnerType::parse_field(record.owner, &format!("{field}.owner"))?,
+        owner_value: record.owner_value.clone(),
+        table_name: TableName::parse_field(record.table_name, &format!("{field}.table_name"))?,
+        table_record_id: record.table_record_id,
+    };
+    record.check(field)?;
+    Ok(record)
+}
+
+pub fn claim_record_to_pb(record: &ClaimRecord) -> pb::ClaimRecord {
+    pb::ClaimRecord {
+        claim_type: record.key.claim_type.number(),
+        claim_value: record.key.value.clone(),
+        owner: record.owner_type.number(),
+        owner_value: record.owner_value.clone(),
+        table_name: record.table_name.number(),
+        table_record_id: record.table_record_id,
+    }
+}
+
+/// Decodes and validates a BeginUpdate request (field by field; batch rules are the domain's).
+pub fn begin_update_from_pb(request: &pb::BeginUpdateRequest) -> Result<BeginUpdate, ClaimsError> {
+    let records = |list: &[pb::ClaimRecord], name: &str| {
+        list.iter()
+            .enumerate()
+            .map(|(i, r)| claim_record_from_pb(r, &format!("{name}[{i}]")))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok(BeginUpdate {
+        cell_id: CellId::parse(&request.cell_id)?,
+        lease_id: optional_lease_id(&request.lease_id)?,
+        creates: records(&request.creates_claims, "creates_claims")?,
+        destroys: records(&request.destroys_claims, "destroys_claims")?,
+    })
+}
+
+fn optional_lease_id(value: &str) -> Result<Option<LeaseId>, ClaimsError> {
+    if value.is_empty() {
+        Ok(None)
+    } else {
+        LeaseId::parse(value).map(Some)
+    }
+}
+
+pub fn begin_update_to_pb(request: &BeginUpdate) -> pb::BeginUpdateRequest {
+    pb::BeginUpdateRequest {
+        cell_id: request.cell_id.to_string(),
+        creates_claims: request.creates.iter().map(claim_record_to_pb).collect(),
+        destroys_claims: request.destroys.iter().map(claim_record_to_pb).collect(),
+        lease_id: request
+            .lease_id
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
+    }
+}
+
+/// The bytes a store keeps for a lease's original request (protobuf `BeginUpdateRequest`).
+pub fn encode_request(request: &BeginUpdate) -> Vec<u8> {
+    begin_update_to_pb(request).encode_to_vec()
+}
+
+/// Reads back what [`encode_request`] wrote. Failure means the store holds corrupt data.
+pub fn decode_request(bytes: &[u8]) -> Result<BeginUpdate, ClaimsError> {
+    let message = pb::BeginUpdateRequest::decode(bytes).map_err(|e| {
+        ClaimsError::internal(format!("stored lease payload is not decodable: {e}"))
+    })?;
+    begin_update_from_pb(&message)
+        .map_err(|e| ClaimsError::internal(format!("stored lease payload is invalid: {e}")))
+}

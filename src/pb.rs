@@ -1,0 +1,8 @@
+//! The generated protobuf types and tonic client / server of `topology.claims.v1`: the public
+//! contract, shared by the API layer (`grpc/`) and the stored lease payload (`codec`).
+#![allow(clippy::all, missing_docs)]
+
+tonic::include_proto!("topology.claims.v1");
+
+/// The encoded file descriptor set, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("claims_descriptor");

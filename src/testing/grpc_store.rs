@@ -1,0 +1,253 @@
+//! [`GrpcClaimStore`]: a [`ClaimStore`] that answers every call through the real gRPC server
+//! ([`TestServer`], `grpc::server::serve`) and a tonic client, so the conformance suite and the
+//! model test run once more over the wire (as quickwit runs its metastore suite through its gRPC
+//! adapter). A case that passes on the inner store but fails here is a bug of the front end: a
+//! conversion that loses a field, a status that maps back to another error.
+//!
+//! Requests are encoded and responses decoded by the same functions the server and the cell's
+//! client use (`grpc::convert`, `grpc::decode`); statuses become errors through
+//! `grpc::status::from_status`. Two things have no RPC of their own:
+//!
+//! - `collect_outcomes` is the server's background job, not an API call: it goes to the inner
+//!   store directly.
+//! - The API shows a claim's state but not the lease holding it (`ClaimView`: lease ids are not
+//!   revealed to other cells), while the port returns that lease (`Claim::lease`). The adapter
+//!   finds it as a client could: the one outstanding lease of the claim's cell whose request
+//!   creates (CREATING) or destroys (DESTROYING) the claim, read with ListOutstandingLeases. None
+//!   or several such leases is an `Internal` error, so an inconsistent store still fails the suite.
+//!
+//! Test scaffolding only (feature `testing`): no retries, no deadlines, no reconnects.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tonic::transport::Channel;
+
+use crate::domain::{
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimState, ClaimView, ClaimsPage,
+    ClaimsQuery, Lease, LeaseId, LeaseOp, LeasesPage, LeasesQuery, LEASES_MAX_LIMIT,
+};
+use crate::error::ClaimsError;
+use crate::grpc::convert::begin_update_to_pb;
+use crate::grpc::pb::claims_service_client::ClaimsServiceClient;
+use crate::grpc::{decode, pb, status};
+use crate::ports::ClaimStore;
+use crate::testing::server::TestServer;
+
+/// A [`ClaimStore`] over a gRPC connection to a [`TestServer`] that serves an inner store.
+pub struct GrpcClaimStore {
+    client: ClaimsServiceClient<Channel>,
+    inner: Arc<dyn ClaimStore>,
+}
+
+/// Keeps a [`GrpcClaimStore`]'s server running, and then the inner store's own guard alive.
+/// Fields drop in order: the server is stopped before the inner guard goes.
+pub struct GrpcStoreGuard<G> {
+    _server: TestServer,
+    _inner: G,
+}
+
+impl GrpcClaimStore {
+    /// Serves `inner` on a fresh [`TestServer`] (default `ServerConfig`) and connects to it.
+    /// Takes and returns the `(store, guard)` pair of the conformance factory contract, so any
+    /// factory's store can be run through the wire:
+    /// `GrpcClaimStore::serve(other_factory().await).await`.
+    pub async fn serve<S: ClaimStore, G>(
+        (inner, guard): (S, G),
+    ) -> (GrpcClaimStore, GrpcStoreGuard<G>) {
+        let inner: Arc<dyn ClaimStore> = Arc::new(inner);
+        let server = TestServer::start(Arc::clone(&inner)).await;
+        let client = server.client().await;
+        let store = GrpcClaimStore { client, inner };
+        let guard = GrpcStoreGuard {
+            _server: server,
+            _inner: guard,
+        };
+        (store, guard)
+    }
+
+    /// A handle for one call (tonic's calls take `&mut self`; clones share the channel).
+    fn client(&self) -> ClaimsServiceClient<Channel> {
+        self.client.clone()
+    }
+
+    /// Every outstanding lease of `cell_id`, all pages.
+    async fn all_outstanding(&self, cell_id: &CellId) -> Result<Vec<Lease>, ClaimsError> {
+        let mut leases = Vec::new();
+        let mut query = LeasesQuery {
+            cell_id: cell_id.clone(),
+            after: None,
+            limit: LEASES_MAX_LIMIT,
+        };
+        loop {
+            let page = self.list_outstanding_leases(&query).await?;
+            leases.extend(page.leases);
+            match page.next_cursor {
+                Some(after) => query.after = Some(after),
+                None => return Ok(leases),
+            }
+        }
+    }
+
+    /// The claims as the port returns them, each with the lease that holds it (see the module
+    /// doc). `views` all belong to `cell_id`; its leases are read once, and only if needed.
+    async fn with_leases(
+        &self,
+        cell_id: &CellId,
+        views: Vec<ClaimView>,
+    ) -> Result<Vec<Claim>, ClaimsError> {
+        let mut holders: BTreeMap<(LeaseOp, ClaimKey), Vec<LeaseId>> = BTreeMap::new();
+        if views.iter().any(|v| v.state != ClaimState::Active) {
+            for lease in self.all_outstanding(cell_id).await? {
+                for (op, record) in lease.request.operations() {
+                    holders
+                        .entry((op, record.key.clone()))
+                        .or_default()
+                        .push(lease.lease_id);
+                }
+            }
+        }
+        views
+            .into_iter()
+            .map(|view| {
+                let op = match view.state {
+                    ClaimState::Active => None,
+                    ClaimState::Creating => Some(LeaseOp::Create),
+                    ClaimState::Destroying => Some(LeaseOp::Destroy),
+                };
+                let lease = match op {
+                    None => None,
+                    Some(op) => {
+                        let found = holders.get(&(op, view.record.key.clone()));
+                        match found.map(Vec::as_slice) {
+                            Some(&[lease_id]) => Some(ClaimLease { lease_id, op }),
+                            other => {
+                                return Err(ClaimsError::internal(format!(
+                                    "claim {} of {} is {:?}, but the outstanding leases of its \
+                                     cell holding it for {op:?} are {other:?}",
+                                    view.record.key, view.cell_id, view.state
+                                )))
+                            }
+                        }
+                    }
+                };
+                Ok(Claim {
+                    record: view.record,
+                    cell_id: view.cell_id,
+                    lease,
+                    created_at: view.created_at,
+                    updated_at: view.updated_at,
+                })
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl ClaimStore for GrpcClaimStore {
+    async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        // No lease id is chosen here (unlike the cell's client): an id-less request must reach
+        // the server as it is, which then picks one.
+        let response = self
+            .client()
+            .begin_update(begin_update_to_pb(&request))
+            .await
+            .map_err(|s| status::from_status(&s))?;
+        decode::lease_from_pb(response.get_ref().lease_payload.as_ref(), None)
+    }
+
+    async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError> {
+        let message = pb::CommitUpdateRequest {
+            cell_id: cell_id.to_string(),
+            lease_id: lease_id.to_string(),
+        };
+        self.client()
+            .commit_update(message)
+            .await
+            .map(drop)
+            .map_err(|s| status::from_status(&s))
+    }
+
+    async fn rollback_update(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<(), ClaimsError> {
+        let message = pb::RollbackUpdateRequest {
+            cell_id: cell_id.to_string(),
+            lease_id: lease_id.to_string(),
+        };
+        self.client()
+            .rollback_update(message)
+            .await
+            .map(drop)
+            .map_err(|s| status::from_status(&s))
+    }
+
+    async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {
+        let message = pb::RenewLeaseRequest {
+            cell_id: cell_id.to_string(),
+            lease_id: lease_id.to_string(),
+        };
+        let response = self
+            .client()
+            .renew_lease(message)
+            .await
+            .map_err(|s| status::from_status(&s))?;
+        let response = response.get_ref();
+        decode::lease_from_pb(
+            response.lease_payload.as_ref(),
+            response.last_renewed_at.as_ref(),
+        )
+    }
+
+    async fn list_outstanding_leases(
+        &self,
+        query: &LeasesQuery,
+    ) -> Result<LeasesPage, ClaimsError> {
+        let response = self
+            .client()
+            .list_outstanding_leases(decode::leases_query_to_pb(query))
+            .await
+            .map_err(|s| status::from_status(&s))?;
+        decode::leases_page_from_pb(response.get_ref())
+    }
+
+    async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
+        let response = self
+            .client()
+            .list_claims(decode::claims_query_to_pb(query))
+            .await
+            .map_err(|s| status::from_status(&s))?;
+        let page = decode::claims_page_from_pb(response.get_ref(), &query.cell_id)?;
+        Ok(ClaimsPage {
+            claims: self.with_leases(&query.cell_id, page.claims).await?,
+            start_range: page.start_range,
+            end_range: page.end_range,
+            next_cursor: page.next_cursor,
+        })
+    }
+
+    async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
+        let message = pb::LookupClaimRequest {
+            claim_type: key.claim_type.number(),
+            claim_value: key.value.clone(),
+        };
+        let response = self
+            .client()
+            .lookup_claim(message)
+            .await
+            .map_err(|s| status::from_status(&s))?;
+        let view = decode::lookup_from_pb(response.get_ref())?;
+        let cell_id = view.cell_id.clone();
+        let mut claims = self.with_leases(&cell_id, vec![view]).await?;
+        Ok(claims.remove(0))
+    }
+
+    /// The server collects outcomes in the background; there is no RPC to call.
+    async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
+        self.inner.collect_outcomes(retention).await
+    }
+}

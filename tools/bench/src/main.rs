@@ -1,0 +1,670 @@
+//! `topology-claims-bench`: the load generator. N concurrent clients over real gRPC do
+//! BeginUpdate + CommitUpdate pairs of K-claim batches against the service (a `serve` child per
+//! `--store`, or `--server URL`), interleaved round by round with baselines on the same machine
+//! (the adapter's SQL run directly, etcd), so the ratios hold even when the machine drifts.
+//! Reports pairs/s, claims/s, latency percentiles per RPC and per pair, outcomes by reason, CPU
+//! and memory per process, the scale checks (ListClaims / LookupClaim with many claims), JSON and
+//! a PNG plot. How to run it and the measured numbers: `docs/benchmarks.md`.
+//!
+//! Drives the real `topology-claims` binary as a child process (found beside this one, on PATH,
+//! or at `--bin` / `TOPOLOGY_CLAIMS_BIN`). Owns the benchmark only: it must not be a dependency
+//! of the product binary or hold protocol rules.
+
+mod etcd;
+mod plot;
+mod procs;
+mod raw_sql;
+mod report;
+mod runner;
+mod scale;
+mod stats;
+mod systems;
+mod workload;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use serde_json::json;
+use topology_claims_postgres::PostgresOptions;
+
+use systems::{Baseline, PgSchema, System};
+use topology_claims::config::{parse_duration, StoreUrl};
+use topology_claims_harness::postgres::{quote_ident, url_with_search_path};
+use workload::{Scenario, Zipf};
+
+/// Load generator: N concurrent gRPC clients doing BeginUpdate + CommitUpdate pairs against the
+/// service, interleaved with raw-SQL and etcd baselines; prints tables, writes JSON and a PNG plot
+/// (docs/benchmarks.md).
+#[derive(Parser, Debug)]
+#[command(name = "topology-claims-bench", version)]
+pub struct BenchArgs {
+    /// The topology-claims binary whose `serve` is measured (default: the one built beside this
+    /// tool, else the PATH's).
+    #[arg(long = "bin", env = "TOPOLOGY_CLAIMS_BIN")]
+    bin: Option<PathBuf>,
+
+    /// A running server to measure (http://HOST:PORT). Its CPU and memory are not measured; use
+    /// --store to let the bench start (and measure) the server itself.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_SERVER", conflicts_with = "store")]
+    server: Option<String>,
+
+    /// Store URLs to measure, comma-separated (memory:, sqlite://PATH, postgres://…). For each,
+    /// the bench starts `topology-claims serve --listen 127.0.0.1:0 --store URL` as a child; a
+    /// PostgreSQL store gets a fresh schema of its own, dropped at the end.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_STORE", value_delimiter = ',')]
+    store: Vec<String>,
+
+    /// Concurrent clients, comma-separated: every scenario runs once per count.
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_BENCH_CLIENTS",
+        value_delimiter = ',',
+        default_value = "1,4,16,64"
+    )]
+    clients: Vec<usize>,
+
+    /// Measured time of one segment (one system, scenario, client count and round).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_DURATION", default_value = "5s",
+          value_parser = parse_duration)]
+    duration: Duration,
+
+    /// Unmeasured warm-up before each segment (connections, prepared statements, caches).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_WARMUP", default_value = "1s",
+          value_parser = parse_duration)]
+    warmup: Duration,
+
+    /// Rounds: every system runs once per round, in turn (A B A B …), so drift cancels.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_ROUNDS", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+
+    /// Claims per BeginUpdate (K): username, email, then routes.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_BATCH", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    batch: u32,
+
+    /// Scenarios, comma-separated: unique (no conflicts), hot (Zipf over a small key space:
+    /// CLAIM_TAKEN / CLAIM_LEASED happen), churn (create, then destroy the same claims).
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_BENCH_SCENARIO",
+        value_delimiter = ',',
+        default_value = "unique"
+    )]
+    scenario: Vec<Scenario>,
+
+    /// Entities the hot scenario picks from.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_HOT_KEYS", default_value_t = 1000)]
+    hot_keys: usize,
+
+    /// Exponent of the hot scenario's Zipf distribution.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_ZIPF", default_value_t = 1.0)]
+    zipf: f64,
+
+    /// Baselines run in the same rounds, comma-separated: raw-sql (the adapter's statements one
+    /// round trip each), raw-sql-pipelined (the same in the adapter's two flights), etcd.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_BASELINES", value_delimiter = ',')]
+    baselines: Vec<Baseline>,
+
+    /// PostgreSQL for the raw-SQL baselines (a fresh schema is used); default: the first
+    /// postgres:// --store.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_BASELINE_POSTGRES")]
+    baseline_postgres: Option<String>,
+
+    /// The etcd binary of the etcd baseline (Debian package etcd-server).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_ETCD_BIN", default_value = "etcd")]
+    etcd_bin: String,
+
+    /// Scale checks after the rounds: claims to load, comma-separated (10k, 1m, 10m or plain
+    /// numbers); ListClaims and LookupClaim latency are probed at each size. Empty: none.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_SCALE", value_delimiter = ',',
+          value_parser = parse_count)]
+    scale: Vec<u64>,
+
+    /// Claims loaded into every system's store before the rounds (the first of the scale
+    /// check's claims; 0 for none), so PostgreSQL plans its statements against a populated,
+    /// analysed table as in production, not against the empty table of a fresh schema.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_PRELOAD", default_value = "10k",
+          value_parser = parse_count_or_zero)]
+    preload: u64,
+
+    /// Sequential ListClaims and LookupClaim requests per scale size.
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_BENCH_SCALE_SAMPLES",
+        default_value_t = 300
+    )]
+    scale_samples: usize,
+
+    /// ListClaims page size of the scale checks.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_PAGE_SIZE", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    page_size: u32,
+
+    /// Extra arguments for every `serve` child (e.g. --serve-arg=--pg-pool-size=32);
+    /// space-separated in the env var.
+    #[arg(
+        long = "serve-arg",
+        env = "TOPOLOGY_CLAIMS_BENCH_SERVE_ARGS",
+        value_delimiter = ' ',
+        allow_hyphen_values = true
+    )]
+    serve_args: Vec<String>,
+
+    /// Write the results as JSON to this file.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_JSON")]
+    json: Option<PathBuf>,
+
+    /// Draw throughput and p99 against client count (first scenario) into this PNG.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_PLOT")]
+    plot: Option<PathBuf>,
+
+    /// A few seconds end to end: tiny segments, one round, 1000 claims for the scale check;
+    /// without --store: memory: plus PostgreSQL at TOPOLOGY_CLAIMS_TEST_POSTGRES_URL if
+    /// reachable, and every baseline whose system is there. With CI=true a missing PostgreSQL or
+    /// etcd is an error, never a silent skip.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_SMOKE")]
+    smoke: bool,
+
+    /// Seed of the workload's random choices.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_SEED", default_value_t = 1)]
+    seed: u64,
+}
+
+/// `10k`, `1m`, `10m` or a plain number of claims.
+fn parse_count(text: &str) -> Result<u64, String> {
+    let text = text.trim().to_ascii_lowercase();
+    let (number, factor) = match text.strip_suffix('k') {
+        Some(n) => (n, 1_000),
+        None => match text.strip_suffix('m') {
+            Some(n) => (n, 1_000_000),
+            None => (text.as_str(), 1),
+        },
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("invalid claim count {text:?}: expected e.g. 10k, 1m, 10m or 5000"))
+}
+
+fn parse_count_or_zero(text: &str) -> Result<u64, String> {
+    if text.trim() == "0" {
+        Ok(0)
+    } else {
+        parse_count(text)
+    }
+}
+
+fn main() -> ExitCode {
+    let args = BenchArgs::parse();
+    topology_claims_harness::init_tool_logging();
+    if let Some(bin) = &args.bin {
+        // Before any thread starts: the harness finds the binary through this variable.
+        std::env::set_var(topology_claims_harness::serve::BIN_ENV, bin);
+    }
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(run(args)),
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: BenchArgs) -> ExitCode {
+    let mut cleanup = Cleanup::default();
+    let result = run_inner(args, &mut cleanup).await;
+    cleanup.run().await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What a run created outside itself: children (killed when dropped) and PostgreSQL schemas.
+#[derive(Default)]
+struct Cleanup {
+    systems: Vec<System>,
+    schemas: Vec<PgSchema>,
+}
+
+impl Cleanup {
+    async fn run(mut self) {
+        // Children first: a schema is dropped only once no server uses it.
+        self.systems.clear();
+        for pg in self.schemas.drain(..) {
+            if let Err(e) = drop_schema(&pg).await {
+                eprintln!(
+                    "warning: could not drop PostgreSQL schema {}: {e}",
+                    pg.schema
+                );
+            }
+        }
+    }
+}
+
+async fn drop_schema(pg: &PgSchema) -> Result<(), String> {
+    let client = topology_claims_harness::postgres::connect(&pg.url).await?;
+    topology_claims_harness::postgres::drop_schema(&client, &pg.schema).await
+}
+
+/// `VACUUM ANALYZE` of the adapter's tables in a bench schema (one statement per call: VACUUM
+/// cannot run inside the implicit transaction of a multi-statement query).
+async fn vacuum_schema(pg: &PgSchema) -> Result<(), String> {
+    let config = topology_claims_postgres::tokio_postgres::Config::from_str_url(&pg.url)?;
+    let client = raw_sql::connect(&config).await?;
+    let schema = quote_ident(&pg.schema);
+    for table in ["claims", "leases", "lease_outcomes"] {
+        client
+            .batch_execute(&format!("VACUUM ANALYZE {schema}.{table}"))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The PostgreSQL settings that decide its numbers (durability, maintenance, memory).
+async fn postgres_settings(url: &str) -> serde_json::Value {
+    let read = async {
+        let config = topology_claims_postgres::tokio_postgres::Config::from_str_url(url)?;
+        let client = raw_sql::connect(&config).await?;
+        let rows = client
+            .query(
+                "SELECT name, setting FROM pg_settings WHERE name = ANY($1)",
+                &[&vec![
+                    "server_version",
+                    "fsync",
+                    "synchronous_commit",
+                    "autovacuum",
+                    "shared_buffers",
+                    "max_connections",
+                    "wal_level",
+                ]],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(
+            rows.iter()
+                .filter_map(|row| {
+                    Some((
+                        row.try_get::<_, String>(0).ok()?,
+                        json!(row.try_get::<_, String>(1).ok()?),
+                    ))
+                })
+                .collect::<serde_json::Map<_, _>>(),
+        )
+    };
+    read.await
+        .map(serde_json::Value::Object)
+        .unwrap_or_else(|e| json!({ "error": e }))
+}
+
+/// `from_str` with the error as a message that never echoes the URL (it may hold a password).
+trait FromStrUrl: Sized {
+    fn from_str_url(url: &str) -> Result<Self, String>;
+}
+
+impl FromStrUrl for topology_claims_postgres::tokio_postgres::Config {
+    fn from_str_url(url: &str) -> Result<Self, String> {
+        url.parse().map_err(|e| {
+            format!(
+                "invalid PostgreSQL URL {}: {e}",
+                topology_claims_postgres::redacted_url(url)
+            )
+        })
+    }
+}
+
+fn is_postgres(url: &str) -> bool {
+    matches!(url.parse(), Ok(StoreUrl::Postgres(_)))
+}
+
+/// A schema of the bench's own with the adapter's tables.
+async fn fresh_schema(url: &str, name: String) -> Result<PgSchema, String> {
+    let options = PostgresOptions {
+        schema: Some(name.clone()),
+        ..Default::default()
+    };
+    topology_claims_postgres::migrate_with(url, &options)
+        .await
+        .map_err(|e| format!("preparing PostgreSQL schema {name}: {e}"))?;
+    Ok(PgSchema {
+        url: url.to_owned(),
+        schema: name,
+    })
+}
+
+/// Whether PostgreSQL answers at `url` (for the smoke run's choice).
+async fn postgres_reachable(url: &str) -> Result<(), String> {
+    let config = topology_claims_postgres::tokio_postgres::Config::from_str_url(url)?;
+    let client = tokio::time::timeout(Duration::from_secs(5), raw_sql::connect(&config))
+        .await
+        .map_err(|_| "no answer within 5s".to_owned())??;
+    client
+        .simple_query("SELECT 1")
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+fn store_label(url: &str) -> &str {
+    if is_postgres(url) {
+        "postgres"
+    } else {
+        url.split(':').next().unwrap_or("store")
+    }
+}
+
+async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), String> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let mut skipped: Vec<(String, String)> = Vec::new();
+    if args.smoke {
+        args.duration = args.duration.min(Duration::from_millis(300));
+        args.warmup = args.warmup.min(Duration::from_millis(100));
+        args.rounds = 1;
+        args.clients = vec![1, 4];
+        args.scenario = vec![Scenario::Unique, Scenario::Hot];
+        args.scale = vec![1000];
+        args.preload = args.preload.min(500);
+        args.scale_samples = args.scale_samples.min(20);
+        if args.store.is_empty() && args.server.is_none() {
+            args.store.push("memory:".into());
+            let url = topology_claims_harness::postgres::test_url();
+            match postgres_reachable(&url).await {
+                Ok(()) => args.store.push(url),
+                Err(why) if ci => {
+                    return Err(format!(
+                        "CI=true and PostgreSQL is not reachable at {}: {why}",
+                        topology_claims_postgres::redacted_url(&url)
+                    ))
+                }
+                Err(why) => skipped.push(("postgres".into(), why)),
+            }
+        }
+        if args.baselines.is_empty() {
+            if args.store.iter().any(|url| is_postgres(url)) || args.baseline_postgres.is_some() {
+                args.baselines.push(Baseline::RawSql);
+                args.baselines.push(Baseline::RawSqlPipelined);
+            } else {
+                skipped.push(("raw-sql".into(), "no PostgreSQL".into()));
+            }
+            if topology_claims_harness::process::find_program(&args.etcd_bin).is_some() {
+                args.baselines.push(Baseline::Etcd);
+            } else if ci {
+                return Err(format!(
+                    "CI=true and etcd ({}) is not installed; scripts/ensure-services.sh installs it",
+                    args.etcd_bin
+                ));
+            } else {
+                skipped.push(("etcd".into(), format!("{} not found", args.etcd_bin)));
+            }
+        }
+        for (system, why) in &skipped {
+            eprintln!("bench: smoke run without {system}: {why}");
+        }
+    }
+    if args.store.is_empty() && args.server.is_none() {
+        return Err("nothing to measure: give --store URL[,URL…] or --server URL".into());
+    }
+    if args.clients.is_empty() || args.clients.contains(&0) {
+        return Err("--clients needs one or more counts above zero".into());
+    }
+    args.baselines.sort();
+    args.baselines.dedup();
+
+    // One tag per run: schema names and unique keys never collide with another run's; the
+    // PostgreSQL sessions of the run carry it as application_name.
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let application_name = format!("tc-bench-{tag}");
+
+    // The systems, services first (their order is the report's).
+    if let Some(server) = &args.server {
+        cleanup.systems.push(System::Service {
+            label: "server".into(),
+            endpoint: server.clone(),
+            child: None,
+            postgres: None,
+        });
+    }
+    for (i, url) in args.store.iter().enumerate() {
+        let mut label = store_label(url).to_owned();
+        if args
+            .store
+            .iter()
+            .filter(|u| store_label(u) == label)
+            .count()
+            > 1
+        {
+            label = format!("{label}-{i}");
+        }
+        eprintln!("bench: starting the server on {label}");
+        let (store_url, postgres) = if is_postgres(url) {
+            let pg = fresh_schema(url, format!("tc_bench_{tag}_s{i}")).await?;
+            cleanup.schemas.push(pg.clone());
+            (
+                url_with_search_path(url, &pg.schema, &application_name)?,
+                Some(pg),
+            )
+        } else {
+            (url.clone(), None)
+        };
+        let child = procs::start_server(&store_url, &args.serve_args)?;
+        cleanup.systems.push(System::Service {
+            label,
+            endpoint: child.endpoint(),
+            child: Some(child),
+            postgres,
+        });
+    }
+    for baseline in &args.baselines {
+        match baseline.sql_mode() {
+            Some(mode) => {
+                let url = args
+                    .baseline_postgres
+                    .clone()
+                    .or_else(|| args.store.iter().find(|u| is_postgres(u)).cloned())
+                    .ok_or("the raw-SQL baselines need PostgreSQL: give --baseline-postgres URL or a postgres:// --store")?;
+                let pg = fresh_schema(
+                    &url,
+                    format!("tc_bench_{tag}_{}", mode.label().replace('-', "_")),
+                )
+                .await?;
+                cleanup.schemas.push(pg.clone());
+                let target = raw_sql::SqlTarget::new(mode, pg, &application_name)?;
+                cleanup.systems.push(System::RawSql(Arc::new(target)));
+            }
+            None => {
+                eprintln!("bench: starting etcd ({})", args.etcd_bin);
+                cleanup
+                    .systems
+                    .push(System::Etcd(etcd::EtcdServer::start(&args.etcd_bin).await?));
+            }
+        }
+    }
+
+    let postgres_url = args
+        .store
+        .iter()
+        .find(|u| is_postgres(u))
+        .cloned()
+        .or_else(|| args.baseline_postgres.clone());
+    let pg_processes = match &postgres_url {
+        Some(url) => Some(raw_sql::PgProcesses::connect(url, &application_name).await?),
+        None => None,
+    };
+    if args.preload > 0 {
+        for system in &cleanup.systems {
+            eprintln!(
+                "bench: preloading {} claims into {}",
+                args.preload,
+                system.label()
+            );
+            scale::load(system, 0, args.preload).await?;
+        }
+    }
+    let postgres_settings = match &postgres_url {
+        Some(url) => postgres_settings(url).await,
+        None => serde_json::Value::Null,
+    };
+    if postgres_settings["autovacuum"] == "off" {
+        eprintln!(
+            "bench: PostgreSQL runs with autovacuum off; the bench vacuums and analyses its own \
+             schemas before each scenario and client count"
+        );
+    }
+    let zipf = Arc::new(Zipf::new(args.hot_keys, args.zipf));
+    let rounds = args.rounds as usize;
+    let mut segments = Vec::new();
+    let mut failed = Vec::new();
+    let mut segment_id = 0usize;
+    for scenario in &args.scenario {
+        for &clients in &args.clients {
+            // What autovacuum would do between the groups (dead row versions of the previous
+            // group, fresh statistics), so no group pays for the one before it.
+            for pg in &cleanup.schemas {
+                if let Err(e) = vacuum_schema(pg).await {
+                    eprintln!("warning: VACUUM ANALYZE of {} failed: {e}", pg.schema);
+                }
+            }
+            for round in 0..rounds {
+                for system in cleanup.systems.iter_mut() {
+                    segment_id += 1;
+                    let spec = runner::Spec {
+                        scenario: *scenario,
+                        clients,
+                        batch: args.batch as usize,
+                        warmup: args.warmup,
+                        duration: args.duration,
+                        round,
+                        rounds,
+                        prefix: format!("b{tag}s{segment_id}"),
+                        zipf: Arc::clone(&zipf),
+                        seed: args
+                            .seed
+                            .wrapping_mul(1_000_003)
+                            .wrapping_add(segment_id as u64),
+                    };
+                    // One failed segment (say, PostgreSQL out of connections because another
+                    // suite shares it) must not throw away a long run: report it, go on, and
+                    // fail at the end.
+                    match runner::run(system, &spec, pg_processes.as_ref()).await {
+                        Ok(segment) => segments.push(segment),
+                        Err(error) => {
+                            let label = system.label();
+                            eprintln!(
+                                "bench: {label} {scenario} {clients}c round {}: {error}",
+                                round + 1
+                            );
+                            failed.push(json!({
+                                "system": label,
+                                "scenario": scenario.name(),
+                                "clients": clients,
+                                "round": round + 1,
+                                "error": error,
+                            }));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    let mut scale = Vec::new();
+    if !args.scale.is_empty() {
+        for system in cleanup.systems.iter().filter(|s| !s.is_baseline()) {
+            scale.extend(
+                scale::run(
+                    system,
+                    &args.scale,
+                    args.scale_samples,
+                    args.page_size,
+                    args.preload,
+                )
+                .await?,
+            );
+        }
+    }
+
+    let baselines: Vec<String> = cleanup
+        .systems
+        .iter()
+        .filter(|s| s.is_baseline())
+        .map(System::label)
+        .collect();
+    let on_postgres: Vec<String> = cleanup
+        .systems
+        .iter()
+        .filter(|s| s.on_postgres())
+        .map(System::label)
+        .collect();
+    let rows = report::rows(&segments, &baselines, &on_postgres);
+    let ratios = report::ratios(&rows);
+    println!("{}", report::markdown(&rows, &ratios, &scale));
+
+    let config = json!({
+        "stores": args.store.iter().map(|u| if is_postgres(u) { topology_claims_postgres::redacted_url(u) } else { u.clone() }).collect::<Vec<_>>(),
+        "server": args.server,
+        "clients": args.clients,
+        "duration_s": args.duration.as_secs_f64(),
+        "warmup_s": args.warmup.as_secs_f64(),
+        "rounds": args.rounds,
+        "batch": args.batch,
+        "scenarios": args.scenario.iter().map(|s| s.name()).collect::<Vec<_>>(),
+        "hot_keys": args.hot_keys,
+        "zipf": args.zipf,
+        "baselines": baselines,
+        "scale": args.scale,
+        "preload": args.preload,
+        "postgres_settings": postgres_settings,
+        "page_size": args.page_size,
+        "serve_args": args.serve_args,
+        "smoke": args.smoke,
+        "seed": args.seed,
+    });
+    if let Some(path) = &args.json {
+        let document = report::document(config, &skipped, &failed, &rows, &ratios, &scale);
+        let text = serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        let first = args.scenario.first().map(|s| s.name()).unwrap_or("unique");
+        plot::write(path, first, &rows)?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} segment(s) failed (see above and \"failed\" in the JSON)",
+            failed.len()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_counts_take_k_and_m_suffixes() {
+        assert_eq!(parse_count("10k"), Ok(10_000));
+        assert_eq!(parse_count("1m"), Ok(1_000_000));
+        assert_eq!(parse_count("10M"), Ok(10_000_000));
+        assert_eq!(parse_count("2500"), Ok(2500));
+        assert!(parse_count("0").is_err());
+        assert!(parse_count("lots").is_err());
+    }
+}

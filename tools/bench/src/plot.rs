@@ -1,0 +1,167 @@
+//! The PNG plot of a run (`--plot`): throughput (pairs/s) and p99 pair latency against the
+//! client count, one line per system, for the first scenario measured.
+//!
+//! Text is drawn with DejaVu Sans Mono shipped in `fonts/` (Bitstream Vera license, beside it)
+//! through plotters' `ab_glyph` backend, so the plot renders the same on a machine without any
+//! system font. The bitmap is encoded with `png` directly. Owns drawing only.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use super::report::Row;
+
+static FONT: &[u8] = include_bytes!("fonts/DejaVuSansMono.ttf");
+const WIDTH: u32 = 1400;
+const HEIGHT: u32 = 560;
+
+/// Draws the plot of `scenario` (rows of other scenarios are ignored) into a PNG at `path`.
+pub fn write(path: &Path, scenario: &str, rows: &[Row]) -> Result<(), String> {
+    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| "the bundled font cannot be read".to_owned())?;
+    let rows: Vec<&Row> = rows.iter().filter(|r| r.scenario == scenario).collect();
+    let mut clients: Vec<usize> = rows.iter().map(|r| r.clients).collect();
+    clients.sort_unstable();
+    clients.dedup();
+    let mut systems: Vec<&str> = Vec::new();
+    for row in &rows {
+        if !systems.contains(&row.system.as_str()) {
+            systems.push(&row.system);
+        }
+    }
+    let mut buffer = vec![255u8; (WIDTH * HEIGHT * 3) as usize];
+    draw(&mut buffer, scenario, &rows, &clients, &systems).map_err(|e| format!("drawing: {e}"))?;
+    encode(path, &buffer)
+}
+
+fn draw(
+    buffer: &mut [u8],
+    scenario: &str,
+    rows: &[&Row],
+    clients: &[usize],
+    systems: &[&str],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let root = BitMapBackend::with_buffer(buffer, (WIDTH, HEIGHT)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(
+        &format!("topology-claims-bench, scenario {scenario}: BeginUpdate+CommitUpdate pairs"),
+        ("sans-serif", 22),
+    )?;
+    let (left, right) = root.split_horizontally(WIDTH / 2);
+    let x_range = -1..clients.len() as i32;
+    let x_label = |i: &i32| {
+        usize::try_from(*i)
+            .ok()
+            .and_then(|i| clients.get(i))
+            .map(|c| c.to_string())
+            .unwrap_or_default()
+    };
+    let point = |row: &Row, value: f64| {
+        let x = clients.iter().position(|c| *c == row.clients).unwrap_or(0) as i32;
+        (x, value)
+    };
+    let series = |system: &str, value: &dyn Fn(&Row) -> f64| -> Vec<(i32, f64)> {
+        rows.iter()
+            .filter(|r| r.system == system)
+            .map(|r| point(r, value(r)))
+            .collect()
+    };
+
+    let max_rate = rows.iter().map(|r| r.pairs_per_s()).fold(1.0, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(&left)
+        .margin(16)
+        .caption("throughput (pairs/s, higher is better)", ("sans-serif", 18))
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x_range.clone(), 0.0..max_rate)?;
+    chart
+        .configure_mesh()
+        .x_labels(clients.len() + 2)
+        .x_label_formatter(&x_label)
+        .x_desc("concurrent clients")
+        .y_desc("pairs/s")
+        .label_style(("sans-serif", 14))
+        .draw()?;
+    for (i, system) in systems.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let points = series(system, &|r: &Row| r.pairs_per_s());
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(*system)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart.draw_series(
+            points
+                .into_iter()
+                .map(|p| Circle::new(p, 4, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+
+    let p99 = |r: &Row| r.tally.pair.ms(0.99).max(0.01);
+    let (lo, hi) = rows
+        .iter()
+        .map(|r| p99(r))
+        .fold((f64::MAX, 0.01f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let lo = if lo == f64::MAX { 0.01 } else { lo };
+    let mut chart = ChartBuilder::on(&right)
+        .margin(16)
+        .caption(
+            "p99 of the pair (ms, log scale, lower is better)",
+            ("sans-serif", 18),
+        )
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x_range, (lo / 1.5..hi * 1.5).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_labels(clients.len() + 2)
+        .x_label_formatter(&x_label)
+        .x_desc("concurrent clients")
+        .y_desc("ms")
+        .label_style(("sans-serif", 14))
+        .draw()?;
+    for (i, system) in systems.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let points = series(system, &p99);
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(*system)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart.draw_series(
+            points
+                .into_iter()
+                .map(|p| Circle::new(p, 4, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn encode(path: &Path, rgb: &[u8]) -> Result<(), String> {
+    let file = std::fs::File::create(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), WIDTH, HEIGHT);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder
+        .write_header()
+        .and_then(|mut writer| writer.write_image_data(rgb))
+        .map_err(|e| format!("writing {}: {e}", path.display()))
+}

@@ -1,0 +1,202 @@
+//! The systems a benchmark run measures side by side, and one client connection to each:
+//! the claims service over real gRPC (a `serve` child or `--server URL`), and the baselines —
+//! the adapter's SQL run directly (`raw_sql`) and etcd (`etcd`).
+//!
+//! Owns the uniform begin/commit interface the load loop drives. Must not measure or report.
+
+use std::sync::Arc;
+
+use tonic::transport::{Channel, Endpoint};
+use topology_claims::grpc::convert::begin_update_to_pb;
+use topology_claims::grpc::pb;
+use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
+use topology_claims::grpc::status::from_status;
+use topology_claims::LeaseId;
+
+use super::etcd::{EtcdConn, EtcdServer};
+use super::raw_sql::{SqlConn, SqlMode, SqlTarget};
+use super::workload::Batch;
+use topology_claims_harness::serve::ServeChild;
+
+/// Why an RPC did not succeed: the service's ErrorInfo reason, or the baseline's equivalent.
+pub type Reason = String;
+
+/// A system under test.
+pub enum System {
+    /// The claims service through gRPC.
+    Service {
+        /// `memory`, `postgres`, `sqlite`, or `server` for `--server URL`.
+        label: String,
+        endpoint: String,
+        /// The `serve` child, when the bench started it (`--store`).
+        child: Option<ServeChild>,
+        /// The store's PostgreSQL database and schema (for the bulk loader of the scale checks).
+        postgres: Option<PgSchema>,
+    },
+    /// The adapter's statements, executed directly with tokio-postgres.
+    RawSql(Arc<SqlTarget>),
+    /// etcd on loopback.
+    Etcd(EtcdServer),
+}
+
+impl System {
+    pub fn label(&self) -> String {
+        match self {
+            Self::Service { label, .. } => label.clone(),
+            Self::RawSql(target) => target.mode.label().to_owned(),
+            Self::Etcd(_) => "etcd".to_owned(),
+        }
+    }
+
+    pub fn is_baseline(&self) -> bool {
+        !matches!(self, Self::Service { .. })
+    }
+
+    /// Whether the system stores its data in PostgreSQL (for the ratios that make sense).
+    pub fn on_postgres(&self) -> bool {
+        match self {
+            Self::Service { postgres, .. } => postgres.is_some(),
+            Self::RawSql(_) => true,
+            Self::Etcd(_) => false,
+        }
+    }
+
+    /// The pid of the process that serves requests, if the bench owns it.
+    pub fn server_pid(&self) -> Option<u32> {
+        match self {
+            Self::Service { child, .. } => child.as_ref().map(|c| c.pid()),
+            Self::RawSql(_) => None,
+            Self::Etcd(server) => Some(server.pid()),
+        }
+    }
+
+    /// Fails when a child the system depends on has died.
+    pub fn check_alive(&mut self) -> Result<(), String> {
+        match self {
+            Self::Service {
+                child: Some(child), ..
+            } => child.check_alive(),
+            Self::Etcd(server) => server.check_alive(),
+            _ => Ok(()),
+        }
+    }
+
+    pub async fn connect(&self) -> Result<Conn, String> {
+        Ok(match self {
+            Self::Service { endpoint, .. } => Conn::Grpc(GrpcConn::connect(endpoint).await?),
+            Self::RawSql(target) => Conn::Sql(Box::new(SqlConn::connect(target).await?)),
+            Self::Etcd(server) => Conn::Etcd(EtcdConn::connect(&server.endpoint).await?),
+        })
+    }
+}
+
+/// A PostgreSQL database URL and the schema (of the bench's own) that holds a store's tables.
+#[derive(Clone)]
+pub struct PgSchema {
+    pub url: String,
+    pub schema: String,
+}
+
+/// One client's connection to a system.
+pub enum Conn {
+    Grpc(GrpcConn),
+    Sql(Box<SqlConn>),
+    Etcd(EtcdConn),
+}
+
+impl Conn {
+    /// BeginUpdate of `batch` under the client-chosen `lease`.
+    pub async fn begin(&mut self, batch: &Batch, lease: LeaseId) -> Result<(), Reason> {
+        match self {
+            Self::Grpc(conn) => conn.begin(batch, lease).await,
+            Self::Sql(conn) => conn.begin(batch, lease).await,
+            Self::Etcd(conn) => conn.begin(batch).await,
+        }
+    }
+
+    /// CommitUpdate of the lease the last successful `begin` took.
+    pub async fn commit(&mut self, batch: &Batch, lease: LeaseId) -> Result<(), Reason> {
+        match self {
+            Self::Grpc(conn) => conn.commit(batch, lease).await,
+            Self::Sql(conn) => conn.commit(batch, lease).await,
+            Self::Etcd(conn) => conn.commit(batch).await,
+        }
+    }
+}
+
+/// The generated gRPC client on its own HTTP/2 connection (one per benchmark client).
+pub struct GrpcConn {
+    client: ClaimsServiceClient<Channel>,
+}
+
+impl GrpcConn {
+    pub async fn connect(endpoint: &str) -> Result<Self, String> {
+        let channel = Endpoint::from_shared(endpoint.to_owned())
+            .map_err(|e| format!("bad server URL {endpoint:?}: {e}"))?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
+        Ok(Self {
+            client: ClaimsServiceClient::new(channel),
+        })
+    }
+
+    pub fn client(&self) -> ClaimsServiceClient<Channel> {
+        self.client.clone()
+    }
+
+    async fn begin(&mut self, batch: &Batch, lease: LeaseId) -> Result<(), Reason> {
+        let request = begin_update_to_pb(&batch.to_begin_update(lease));
+        self.client
+            .begin_update(request)
+            .await
+            .map(drop)
+            .map_err(|status| from_status(&status).reason().to_owned())
+    }
+
+    async fn commit(&mut self, batch: &Batch, lease: LeaseId) -> Result<(), Reason> {
+        let request = pb::CommitUpdateRequest {
+            cell_id: batch.cell.to_string(),
+            lease_id: lease.to_string(),
+        };
+        self.client
+            .commit_update(request)
+            .await
+            .map(drop)
+            .map_err(|status| from_status(&status).reason().to_owned())
+    }
+}
+
+/// Which baselines to run (`--baselines`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Baseline {
+    RawSql,
+    RawSqlPipelined,
+    Etcd,
+}
+
+impl std::str::FromStr for Baseline {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "raw-sql" => Ok(Self::RawSql),
+            "raw-sql-pipelined" => Ok(Self::RawSqlPipelined),
+            "etcd" => Ok(Self::Etcd),
+            other => Err(format!(
+                "unknown baseline {other:?}; expected raw-sql, raw-sql-pipelined or etcd"
+            )),
+        }
+    }
+}
+
+impl Baseline {
+    pub fn sql_mode(self) -> Option<SqlMode> {
+        match self {
+            Self::RawSql => Some(SqlMode::Naive),
+            Self::RawSqlPipelined => Some(SqlMode::Pipelined),
+            Self::Etcd => None,
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! The benchmark's smoke mode through the real binaries: `topology-claims-bench --smoke` runs a few
+//! seconds against the memory store (and PostgreSQL, raw SQL and etcd where present) and reports.
+//! Asserts only that it runs and reports; speed is the benchmark's business, never a test's.
+//! With CI=true PostgreSQL and etcd must be there (the bench refuses to skip them).
+#![cfg(unix)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_topology-claims-bench");
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+#[test]
+fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json_path = dir.path().join("bench.json");
+    let plot_path = dir.path().join("bench.png");
+    let mut command = Command::new(BIN);
+    command
+        .arg("--smoke")
+        .arg("--json")
+        .arg(&json_path)
+        .arg("--plot")
+        .arg(&plot_path)
+        .env("RUST_LOG", "warn");
+    for (name, _) in std::env::vars() {
+        // Ambient settings would change what the smoke run measures.
+        if name.starts_with("TOPOLOGY_CLAIMS_") && name != "TOPOLOGY_CLAIMS_TEST_POSTGRES_URL" {
+            command.env_remove(name);
+        }
+    }
+    let output = command.output().expect("run topology-claims-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "bench --smoke failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    assert!(
+        stdout.contains("| scenario | clients | system |"),
+        "{stdout}"
+    );
+
+    let text = std::fs::read_to_string(&json_path).expect("the JSON report is written");
+    let report: Value = serde_json::from_str(&text).expect("the JSON report parses");
+    for key in [
+        "config", "machine", "systems", "skipped", "results", "ratios", "scale",
+    ] {
+        assert!(report.get(key).is_some(), "missing {key:?} in {report:#}");
+    }
+    let results = report["results"].as_array().expect("results is a list");
+    let memory = results
+        .iter()
+        .find(|row| row["system"] == "memory" && row["scenario"] == "unique")
+        .expect("a memory row");
+    assert!(memory["pairs"].as_u64().unwrap_or(0) > 0, "{memory:#}");
+    for key in ["pairs_per_s", "claims_per_s", "latency", "outcomes", "cpu"] {
+        assert!(memory.get(key).is_some(), "missing {key:?} in {memory:#}");
+    }
+    for rpc in ["begin", "commit", "pair"] {
+        for quantile in ["p50_ms", "p90_ms", "p99_ms", "p99_9_ms"] {
+            assert!(
+                memory["latency"][rpc][quantile].as_f64().is_some(),
+                "missing latency.{rpc}.{quantile} in {memory:#}"
+            );
+        }
+    }
+    let hot = results
+        .iter()
+        .find(|row| row["system"] == "memory" && row["scenario"] == "hot")
+        .expect("a hot-scenario row");
+    assert!(hot["outcomes"].as_object().is_some_and(|o| !o.is_empty()));
+    let scale = report["scale"].as_array().expect("scale is a list");
+    assert!(
+        scale
+            .iter()
+            .any(|s| s["system"] == "memory" && s["claims"] == 1000),
+        "{scale:#?}"
+    );
+
+    let systems: Vec<&str> = report["systems"]
+        .as_array()
+        .expect("systems is a list")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let skipped: Vec<&str> = report["skipped"]
+        .as_array()
+        .expect("skipped is a list")
+        .iter()
+        .filter_map(|s| s["system"].as_str())
+        .collect();
+    // Every system is either measured or named as skipped: nothing disappears silently.
+    for system in ["postgres", "raw-sql", "etcd"] {
+        assert!(
+            systems.contains(&system) || skipped.contains(&system),
+            "{system} neither measured nor reported skipped: {systems:?} / {skipped:?}"
+        );
+    }
+    if ci() {
+        for system in ["postgres", "raw-sql", "raw-sql-pipelined", "etcd"] {
+            assert!(
+                systems.contains(&system),
+                "CI=true but no {system} row: {systems:?}"
+            );
+        }
+    }
+    if systems.contains(&"postgres") {
+        let ratios = report["ratios"].as_array().expect("ratios is a list");
+        assert!(
+            ratios
+                .iter()
+                .any(|r| r["system"] == "postgres" && r["baseline"] == "raw-sql"),
+            "{ratios:#?}"
+        );
+    }
+
+    let png = std::fs::read(&plot_path).expect("the plot is written");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+}

@@ -1,0 +1,790 @@
+//! `topology-claims-chaos`: a fault campaign against real server processes (the
+//! `topology-claims` binary, found beside this one, on PATH, or at `--bin` / `TOPOLOGY_CLAIMS_BIN`).
+//!
+//! M simulated cells (each with its own local SQLite database and the real cell-side client)
+//! run random creates, destroys and conflicting takes over a small shared key space, through a
+//! misbehaving TCP proxy, against one or two `serve` processes on a shared store, while faults
+//! are injected — first swept deterministically over every phase boundary, then at random
+//! (seeded). Every cell's reconciler runs in the background as its sidecar would. Then the
+//! faults stop, each reconciler runs once past the staleness threshold, and two checkers judge
+//! the recorded history: the state after healing (`invariants`) and per-key linearizability
+//! against the pure domain model (`linearizability`). The summary is printed; any violation
+//! prints the seed and a minimal history, and exits 1.
+//!
+//! Owns the campaign's orchestration. Must not hold protocol rules (the client, the reconciler
+//! and the service are the real ones) nor storage code.
+
+mod cell;
+mod faults;
+mod fleet;
+mod history;
+mod invariants;
+mod linearizability;
+mod model;
+mod proxy;
+mod report;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use futures::StreamExt;
+use tokio::sync::watch;
+use topology_claims::cell::{
+    Backoff, ClaimsClient, ClientConfig, Reconciler, ReconcilerConfig, UpdateConfig,
+};
+use topology_claims::LeasesQuery;
+use topology_claims_sqlite::SqliteLocalLeaseStore;
+
+use crate::cell::{Boundary, CellContext, Crash, Sabotage, SimCell, Tally};
+use crate::faults::{FaultKind, Injector};
+use crate::fleet::{Backing, Fleet};
+use crate::history::{Answer, Call, ErrorKind, Event, History, TxOp};
+use crate::invariants::FinalState;
+use crate::linearizability::Verdict;
+use crate::proxy::Proxy;
+use topology_claims::config::parse_nonzero_duration;
+
+/// Fault campaign: simulated cells against real server processes while clients crash at every
+/// phase, servers are killed, connections dropped, delayed and reset; then checks the healed
+/// state and per-key linearizability. Prints a summary; exit 1 on any violation
+/// (docs/reliability.md).
+#[derive(Parser, Debug)]
+#[command(name = "topology-claims-chaos", version)]
+pub struct ChaosArgs {
+    /// The topology-claims binary whose servers are attacked (default: the one built beside this
+    /// tool, else the PATH's).
+    #[arg(long = "bin", env = "TOPOLOGY_CLAIMS_BIN")]
+    bin: Option<PathBuf>,
+
+    /// Simulated cells, each with its own local SQLite database, client and reconciler.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_CELLS", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..=100))]
+    cells: u16,
+
+    /// Claim transactions of the random phase (the deterministic sweep before it adds its
+    /// own: about 230 with 8 cells). `--long` raises it to at least 10000.
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_CHAOS_TRANSACTIONS",
+        default_value_t = 2000
+    )]
+    transactions: u64,
+
+    /// Seed of every random choice (operations, keys, crash points, fault schedule). Thread
+    /// timing is not reproducible, so a seed reproduces the schedule, not the interleaving.
+    /// Default: from the clock (printed).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_SEED")]
+    seed: Option<u64>,
+
+    /// Size of the key space all cells share (small: many conflicting takes).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_KEYS", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    keys: u32,
+
+    /// The servers' store: memory: (one server, no server-kill), sqlite://PATH,
+    /// postgres://USER@HOST:PORT/DB (a fresh schema is created there and dropped after a
+    /// passing run), private-postgres: (a throwaway PostgreSQL cluster of the campaign's own,
+    /// which `pg-restart` crashes; initdb/pg_ctl from TOPOLOGY_CLAIMS_CHAOS_PG_BIN or
+    /// pg_config), or spanner-emulator: (a Cloud Spanner emulator of the campaign's own,
+    /// started with --enable_fault_injection). Default: a fresh SQLite file in the work
+    /// directory.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_STORE")]
+    store: Option<String>,
+
+    /// Server processes sharing the store (1 or 2); the proxy spreads connections over them.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_SERVERS", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=2))]
+    servers: u8,
+
+    /// Faults to inject: all, none, or a comma-separated list of crash-after-begin,
+    /// crash-in-local-tx, crash-after-local-commit, crash-after-commit, server-kill,
+    /// pg-terminate (PostgreSQL stores only), pg-restart (private-postgres: only), proxy-drop,
+    /// proxy-delay, proxy-reset.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_FAULTS", default_value = "all")]
+    faults: String,
+
+    /// Long mode: at least 10000 transactions.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_LONG")]
+    long: bool,
+
+    /// Write the whole history (every call with its times and answer) to this file.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_HISTORY")]
+    history: Option<PathBuf>,
+
+    /// The reconcilers' staleness threshold; cells refuse a local commit after half of it.
+    /// Units: ms, s, m.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_STALENESS", default_value = "2s",
+          value_parser = parse_nonzero_duration)]
+    staleness: Duration,
+
+    /// Where the cells' databases, the SQLite store and the server logs go. Default: a fresh
+    /// directory under the system's temp dir, removed after a passing run.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_WORK_DIR")]
+    work_dir: Option<PathBuf>,
+
+    /// A deliberately broken cell, to see the checkers catch it: skip-lease-record (the cell
+    /// commits locally without recording its lease). For testing the campaign itself.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_SABOTAGE")]
+    sabotage: Option<Sabotage>,
+}
+
+/// Each transaction of the random phase crashes with this probability (at a random boundary).
+const CRASH_RATE: f64 = 0.03;
+/// Search steps per key before the linearizability checker gives up (reported, and a failure).
+const SEARCH_BUDGET: u64 = 5_000_000;
+const SHRINK_TIME: Duration = Duration::from_secs(30);
+
+fn main() -> ExitCode {
+    let args = ChaosArgs::parse();
+    topology_claims_harness::init_tool_logging();
+    if let Some(bin) = &args.bin {
+        // Before any thread starts: the harness finds the binary through this variable.
+        std::env::set_var(topology_claims_harness::serve::BIN_ENV, bin);
+    }
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(run(args)),
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: ChaosArgs) -> ExitCode {
+    // On SIGINT/SIGTERM the campaign is dropped, and with it the server processes
+    // (`kill_on_drop`), so an interrupted run leaves nothing behind.
+    let outcome = tokio::select! {
+        outcome = campaign(args) => outcome,
+        signal = interrupted() => Err(format!("{signal}: campaign abandoned, servers stopped")),
+    };
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(unix)]
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut interrupt), Ok(mut terminate)) => tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        },
+        _ => std::future::pending().await,
+    }
+}
+
+#[cfg(not(unix))]
+async fn interrupted() -> &'static str {
+    let _ = tokio::signal::ctrl_c().await;
+    "Ctrl-C"
+}
+
+/// The cells' client: short deadlines and few retries, so faults turn into lost outcomes
+/// quickly instead of stalling the campaign.
+fn client_config() -> ClientConfig {
+    ClientConfig {
+        call_timeout: Duration::from_millis(750),
+        max_attempts: 4,
+        backoff: Backoff {
+            initial: Duration::from_millis(25),
+            max: Duration::from_millis(250),
+        },
+        connect_timeout: Duration::from_millis(500),
+    }
+}
+
+fn seeded(seed: u64, stream: u64) -> fastrand::Rng {
+    fastrand::Rng::with_seed(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+async fn campaign(args: ChaosArgs) -> Result<bool, String> {
+    let started = Instant::now();
+    let seed = args.seed.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let transactions = if args.long {
+        args.transactions.max(10_000)
+    } else {
+        args.transactions
+    };
+    let (cells_n, keys, servers) = (args.cells, args.keys, usize::from(args.servers));
+    let mut faults = FaultKind::parse_list(&args.faults)?;
+    println!("chaos: seed {seed}");
+
+    let (work_dir, temporary) = match &args.work_dir {
+        Some(dir) => (dir.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!(
+                "topology-claims-chaos-{}-{:08x}",
+                std::process::id(),
+                fastrand::u32(..)
+            )),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&work_dir)
+        .map_err(|e| format!("creating {}: {e}", work_dir.display()))?;
+
+    let backing = Arc::new(Backing::prepare(args.store.as_deref(), &work_dir).await?);
+    let mut notes = Vec::new();
+    if !backing.survives_restarts() {
+        if servers > 1 {
+            return Err(
+                "memory: cannot be shared by two servers; use sqlite:// or postgres://".into(),
+            );
+        }
+        if faults.contains(&FaultKind::ServerKill) {
+            notes.push("server-kill skipped: memory: forgets everything on restart");
+        }
+        faults.retain(|k| *k != FaultKind::ServerKill);
+    }
+    if !backing.is_postgres() && faults.contains(&FaultKind::PgTerminate) {
+        notes.push("pg-terminate skipped: the store is not PostgreSQL");
+        faults.retain(|k| *k != FaultKind::PgTerminate);
+    }
+    if !backing.is_private_postgres() && faults.contains(&FaultKind::PgRestart) {
+        notes.push("pg-restart skipped: the store is not a private-postgres: cluster");
+        faults.retain(|k| *k != FaultKind::PgRestart);
+    }
+    if backing.is_spanner() {
+        notes.push("the emulator aborts about 5% of commits on purpose (--enable_fault_injection)");
+    }
+
+    let proxy = Arc::new(Proxy::start(servers).await?);
+    let fleet = Fleet::start(servers, &backing, Arc::clone(&proxy), &work_dir).await?;
+    let fleet = Arc::new(tokio::sync::Mutex::new(fleet));
+    let injector = Arc::new(Injector::new(
+        Arc::clone(&fleet),
+        Arc::clone(&proxy),
+        Arc::clone(&backing),
+    ));
+    let history = Arc::new(History::new());
+    let tally = Arc::new(Tally::default());
+    let update = UpdateConfig {
+        staleness: args.staleness,
+        safety_margin: args.staleness / 2,
+        renew_every: None,
+    };
+    let ctx = Arc::new(CellContext {
+        history: Arc::clone(&history),
+        tally: Arc::clone(&tally),
+        injector: Arc::clone(&injector),
+        update,
+        sabotage: args.sabotage,
+    });
+    let endpoint = proxy.endpoint();
+    let client =
+        || ClaimsClient::connect_lazy(&endpoint, client_config()).map_err(|e| e.to_string());
+    let mut cells = Vec::new();
+    for i in 0..cells_n {
+        let path = work_dir.join(format!("cell-{i:02}.db"));
+        cells.push(SimCell::open(i, path, client()?, Arc::clone(&ctx), seed ^ u64::from(i)).await?);
+    }
+
+    // The reconciler sidecars, running all along as they would in production.
+    let (stop_reconcilers, reconcilers_stopped) = watch::channel(false);
+    let mut sidecars = Vec::new();
+    for cell in &cells {
+        let local = SqliteLocalLeaseStore::open(cell.path())
+            .await
+            .map_err(|e| format!("opening {}: {e}", cell.path().display()))?;
+        let config = ReconcilerConfig {
+            staleness: args.staleness,
+            page_size: 50,
+            lock_ttl: Duration::from_secs(10),
+            holder: format!("chaos-reconciler-{:02}", cell.index),
+            ..ReconcilerConfig::new(model::cell_id(cell.index))
+        };
+        let reconciler = Reconciler::new(client()?, local, config);
+        sidecars.push(tokio::spawn(sidecar(
+            reconciler,
+            cell.index,
+            Arc::clone(&tally),
+            seeded(seed, 1000 + u64::from(cell.index)),
+            reconcilers_stopped.clone(),
+        )));
+    }
+
+    // 1. The deterministic sweep: every crash point on every cell, for a create and for a
+    //    destroy; then every external fault at every phase boundary. Each case is retried
+    //    until its transaction got far enough for the fault to fire.
+    let mut rng = seeded(seed, 1);
+    let crashes: Vec<Crash> = Crash::ALL
+        .into_iter()
+        .filter(|c| faults.contains(&c.fault()))
+        .collect();
+    let mut unswept = Vec::new();
+    for cell in cells.iter_mut() {
+        for &crash in &crashes {
+            for op in [TxOp::Create, TxOp::Destroy] {
+                let fault = crash.fault();
+                if !sweep_case(
+                    cell,
+                    keys,
+                    &injector,
+                    fault,
+                    op,
+                    Some(crash),
+                    None,
+                    &mut rng,
+                )
+                .await
+                {
+                    unswept.push(format!("c{:02} {} on a {op:?}", cell.index, fault.name()));
+                }
+            }
+        }
+    }
+    let externals: Vec<FaultKind> = faults.iter().copied().filter(|k| !k.is_crash()).collect();
+    let mut turn = 0usize;
+    for &kind in &externals {
+        for boundary in Boundary::ALL {
+            let cell = &mut cells[turn % usize::from(cells_n)];
+            let op = if turn % 2 == 0 {
+                TxOp::Create
+            } else {
+                TxOp::Destroy
+            };
+            turn += 1;
+            let pause = Some((boundary, kind));
+            if !sweep_case(cell, keys, &injector, kind, op, None, pause, &mut rng).await {
+                unswept.push(format!("{} at {boundary:?}", kind.name()));
+            }
+            // Each case starts from a healthy service.
+            injector.heal().await?;
+        }
+    }
+    let swept = tally
+        .counts()
+        .iter()
+        .filter(|(k, _)| k.starts_with("transactions:"))
+        .map(|(_, n)| n)
+        .sum::<u64>();
+
+    // 2. The random phase: all cells at once, faults on a seeded schedule.
+    let remaining = Arc::new(AtomicU64::new(transactions));
+    let (stop_faults, faults_stopped) = watch::channel(false);
+    let schedule = tokio::spawn(faults::random_schedule(
+        Arc::clone(&injector),
+        faults.clone(),
+        seeded(seed, 2),
+        faults_stopped,
+    ));
+    let workers: Vec<_> = cells
+        .into_iter()
+        .map(|cell| tokio::spawn(worker(cell, Arc::clone(&remaining), keys, crashes.clone())))
+        .collect();
+    let mut cells = Vec::new();
+    for worker in workers {
+        cells.push(
+            worker
+                .await
+                .map_err(|e| format!("a cell worker failed: {e}"))?,
+        );
+    }
+    let _ = stop_faults.send(true);
+    let _ = schedule.await;
+
+    // 3. Healing: faults end, the sidecars stop, and once every lease is past the staleness
+    //    threshold each cell's reconciler runs once more.
+    injector.heal().await?;
+    let _ = stop_reconcilers.send(true);
+    let mut reconcilers = Vec::new();
+    let mut background_passes = 0;
+    for sidecar in sidecars {
+        let (reconciler, passes) = sidecar
+            .await
+            .map_err(|e| format!("a reconciler sidecar failed: {e}"))?;
+        background_passes += passes;
+        reconcilers.push(reconciler);
+    }
+    tokio::time::sleep(args.staleness + args.staleness / 2 + Duration::from_millis(500)).await;
+    let mut final_passes = 0u64;
+    let mut final_errors = 0u64;
+    for (index, reconciler) in reconcilers.iter().enumerate() {
+        // Once past the threshold; again only if the pass could not finish (then it counts).
+        for attempt in 0..5 {
+            final_passes += 1;
+            match reconciler.run_once().await {
+                Ok(report) if report.acted && report.errors == 0 => {
+                    for lease in report.lost {
+                        tally.lost(index as u16, lease);
+                    }
+                    break;
+                }
+                Ok(report) => {
+                    final_errors += 1;
+                    tracing::warn!(cell = index, %report, attempt, "final reconcile pass incomplete");
+                    for lease in report.lost {
+                        tally.lost(index as u16, lease);
+                    }
+                }
+                Err(error) => {
+                    final_errors += 1;
+                    tracing::warn!(cell = index, %error, attempt, "final reconcile pass failed");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    // 4. Probes: each lease's final fate and each key's final claim, into the history.
+    let probe = client()?;
+    let leases: Vec<Event> = history
+        .snapshot()
+        .into_iter()
+        .filter(|e| matches!(e.call, Call::Begin { .. }))
+        .collect();
+    futures::stream::iter(leases.iter().map(|begin| {
+        let (probe, history) = (probe.clone(), Arc::clone(&history));
+        async move {
+            let Call::Begin { lease, key, .. } = begin.call else {
+                return;
+            };
+            let id = history.invoke(begin.cell, Call::Probe { lease, key });
+            let answer = match probe.renew_lease(&model::cell_id(begin.cell), lease).await {
+                Ok(_) => Answer::Ok,
+                Err(e) => Answer::from_error(&e),
+            };
+            history.complete(id, answer);
+        }
+    }))
+    .buffer_unordered(16)
+    .collect::<Vec<()>>()
+    .await;
+    let mut final_state = FinalState::default();
+    for key in 0..keys {
+        let id = history.invoke(u16::MAX, Call::Lookup { key });
+        let answer = match probe.lookup_claim(&model::claim_key(key)).await {
+            Ok(view) => Answer::Found {
+                cell: model::cell_index(&view.cell_id).unwrap_or(u16::MAX),
+                state: view.state,
+            },
+            Err(e) => Answer::from_error(&e),
+        };
+        history.complete(id, answer);
+        let claim = match answer {
+            Answer::Found { cell, state } => Some((cell, state)),
+            Answer::Err(ErrorKind::ClaimNotFound) => None,
+            other => return Err(format!("final lookup of k{key} failed: {other}")),
+        };
+        final_state.claims.insert(key, claim);
+    }
+    // Ghosts: leases that ended without any client seeing the end succeed.
+    let events = history.snapshot();
+    let mut ended_ok = BTreeSet::new();
+    let mut fate = BTreeMap::new();
+    for event in &events {
+        match (event.call, event.answer) {
+            (Call::Commit { lease, .. } | Call::Rollback { lease, .. }, Answer::Ok) => {
+                ended_ok.insert(lease);
+            }
+            (Call::Probe { lease, .. }, answer) => {
+                fate.insert(lease, (answer, event.ret));
+            }
+            _ => {}
+        }
+    }
+    for begin in &leases {
+        let Call::Begin { lease, key, .. } = begin.call else {
+            continue;
+        };
+        if ended_ok.contains(&lease) {
+            continue;
+        }
+        // The end happened before the probe saw it.
+        let (committed, seen_at) = match fate.get(&lease) {
+            Some((Answer::Err(ErrorKind::LeaseCommitted), Some(at))) => (true, *at),
+            Some((Answer::Err(ErrorKind::LeaseRolledBack), Some(at))) => (false, *at),
+            _ => continue,
+        };
+        let ghost = Call::Ghost {
+            lease,
+            key,
+            committed,
+        };
+        history.push(begin.cell, ghost, begin.invoke, Some(seen_at), Answer::Ok);
+    }
+
+    // 5. The checkers.
+    for cell in &cells {
+        final_state.local_records.push(cell.records()?);
+        final_state.local_lease_rows.push(cell.lease_rows().await?);
+        let page = probe
+            .list_outstanding_leases(&LeasesQuery {
+                cell_id: model::cell_id(cell.index),
+                after: None,
+                limit: 1000,
+            })
+            .await
+            .map_err(|e| format!("listing outstanding leases: {e}"))?;
+        final_state.outstanding_leases.push(page.leases.len());
+    }
+    final_state.lost = tally
+        .lost_leases()
+        .into_iter()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let invariant_violations = invariants::check(&final_state);
+    let events = history.snapshot();
+    if let Some(path) = &args.history {
+        report::write_history(path, seed, &events)?;
+    }
+    let per_key = linearizability::by_key(&linearizability::simplify(&events));
+    let keys_checked = per_key.len();
+    let verdicts = tokio::task::spawn_blocking(move || {
+        per_key
+            .into_iter()
+            .map(|(key, events)| {
+                let started = Instant::now();
+                let verdict = linearizability::check_key(&events, SEARCH_BUDGET, SHRINK_TIME);
+                tracing::debug!(key, calls = events.len(), elapsed = ?started.elapsed(), ?verdict, "checked");
+                (key, verdict)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| format!("the linearizability checker failed: {e}"))?;
+    let mut not_linearizable = Vec::new();
+    let mut inconclusive = Vec::new();
+    for (key, verdict) in verdicts {
+        match verdict {
+            Verdict::Linearizable => {}
+            Verdict::Violation { minimal } => not_linearizable.push((key, minimal)),
+            Verdict::Inconclusive => inconclusive.push(key),
+        }
+    }
+
+    // 6. Report and clean up.
+    fleet.lock().await.stop_all().await;
+    let (restarts, start_retries) = {
+        let fleet = fleet.lock().await;
+        (fleet.restarts, fleet.start_retries)
+    };
+    let fired = injector.counts();
+    let mut machinery_errors = injector.errors();
+    machinery_errors.extend(
+        unswept
+            .into_iter()
+            .map(|case| format!("sweep case never reached its fault: {case}")),
+    );
+    let mut header = vec![
+        ("seed", seed.to_string()),
+        ("store", backing.describe()),
+        ("servers", servers.to_string()),
+        ("cells", cells_n.to_string()),
+        ("keys", keys.to_string()),
+        (
+            "transactions",
+            format!(
+                "{} ({swept} in the sweep, {transactions} random)",
+                swept + transactions
+            ),
+        ),
+        ("staleness", format!("{:?}", args.staleness)),
+        (
+            "server restarts",
+            format!("{restarts} (+{start_retries} starts that failed and were retried)"),
+        ),
+        ("proxy connections", proxy.connections().to_string()),
+    ];
+    for note in &notes {
+        header.push(("note", (*note).to_owned()));
+    }
+    if let Some(sabotage) = args.sabotage {
+        header.push(("SABOTAGE", format!("{sabotage:?}")));
+    }
+    let summary = report::Summary {
+        header,
+        duration: started.elapsed(),
+        events: &events,
+        endings: tally
+            .counts()
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("transactions:"))
+            .collect(),
+        faults: faults
+            .iter()
+            .map(|k| (*k, fired.get(k).copied().unwrap_or(0)))
+            .collect(),
+        reconcile: vec![
+            ("background passes", background_passes),
+            ("final passes", final_passes),
+            ("final passes that had to be repeated", final_errors),
+        ],
+        invariants: &invariant_violations,
+        keys_checked,
+        linearizability: &not_linearizable,
+        inconclusive: &inconclusive,
+        machinery_errors: &machinery_errors,
+        seed,
+    };
+    let passed = summary.passed();
+    eprint!("{}", summary.render_failures());
+    print!("{}", summary.render());
+    if passed {
+        backing.drop_schema().await;
+        if temporary {
+            let _ = std::fs::remove_dir_all(&work_dir);
+        }
+    } else {
+        println!("work directory kept: {}", work_dir.display());
+        if let Some(kept) = backing.keep_for_study() {
+            println!("{kept}");
+        }
+    }
+    Ok(passed)
+}
+
+/// One cell's share of the random phase: until the shared budget of transactions is spent,
+/// an occasional lookup, then a destroy of a key it holds, or a create of a random key (taken,
+/// leased or free: conflicting takes are the point), now and then a destroy of a key it does
+/// not hold, crashing at a random boundary now and then. After a transaction whose outcome was
+/// lost it pauses a little, as an application says "try again later".
+async fn worker(
+    mut cell: SimCell,
+    remaining: Arc<AtomicU64>,
+    keys: u32,
+    crashes: Vec<Crash>,
+) -> SimCell {
+    while remaining
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        if cell.rng().f64() < 0.2 {
+            let key = cell.rng().u32(..keys);
+            cell.lookup(key).await;
+        }
+        let held: Vec<u32> = cell.records().unwrap_or_default().into_iter().collect();
+        let (op, key) = if !held.is_empty() && cell.rng().f64() < 0.35 {
+            let key = held[cell.rng().usize(..held.len())];
+            // Sometimes the owner tries to take its own claim again: refused as taken.
+            let op = if cell.rng().f64() < 0.9 {
+                TxOp::Destroy
+            } else {
+                TxOp::Create
+            };
+            (op, key)
+        } else {
+            let key = cell.rng().u32(..keys);
+            let op = if held.contains(&key) || cell.rng().f64() < 0.1 {
+                TxOp::Destroy
+            } else {
+                TxOp::Create
+            };
+            (op, key)
+        };
+        let crash = if !crashes.is_empty() && cell.rng().f64() < CRASH_RATE {
+            Some(crashes[cell.rng().usize(..crashes.len())])
+        } else {
+            None
+        };
+        if cell.transaction(op, key, crash, None).await == Answer::Unknown {
+            let pause = Duration::from_millis(cell.rng().u64(50..250));
+            tokio::time::sleep(pause).await;
+        }
+    }
+    cell
+}
+
+/// One case of the sweep: a `op` transaction on `cell` with `crash` or `pause`, retried (on
+/// a free key for a create, on a held key for a destroy) until the fault fired, at most 20
+/// times. Returns whether it fired.
+#[allow(clippy::too_many_arguments)]
+async fn sweep_case(
+    cell: &mut SimCell,
+    keys: u32,
+    injector: &Injector,
+    fault: FaultKind,
+    op: TxOp,
+    crash: Option<Crash>,
+    pause: Option<(Boundary, FaultKind)>,
+    rng: &mut fastrand::Rng,
+) -> bool {
+    let fired = |injector: &Injector| injector.counts().get(&fault).copied().unwrap_or(0);
+    let before = fired(injector);
+    for _ in 0..20 {
+        let Some(free) = free_key(cell, keys, rng).await else {
+            continue;
+        };
+        let key = if op == TxOp::Destroy {
+            // Take a key first, to have something to destroy.
+            let held: Vec<u32> = cell.records().unwrap_or_default().into_iter().collect();
+            match held.get(rng.usize(..held.len().max(1))).copied() {
+                Some(key) => key,
+                None => {
+                    cell.transaction(TxOp::Create, free, None, None).await;
+                    continue;
+                }
+            }
+        } else {
+            free
+        };
+        cell.transaction(op, key, crash, pause).await;
+        if fired(injector) > before {
+            return true;
+        }
+        // Refused (the key is leased by an earlier crash, say): give the reconciler a moment.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+/// A key the service has no claim for right now (by LookupClaim), if one is found soon.
+async fn free_key(cell: &mut SimCell, keys: u32, rng: &mut fastrand::Rng) -> Option<u32> {
+    for _ in 0..keys.saturating_mul(2) {
+        let key = rng.u32(..keys);
+        if cell.lookup(key).await == Answer::Err(ErrorKind::ClaimNotFound) {
+            return Some(key);
+        }
+    }
+    None
+}
+
+/// A cell's reconciler sidecar: a pass every 0.4–0.9 s until told to stop (the running pass
+/// finishes first). Returns the reconciler and how many passes it made.
+async fn sidecar(
+    reconciler: Reconciler<SqliteLocalLeaseStore>,
+    cell: u16,
+    tally: Arc<Tally>,
+    mut rng: fastrand::Rng,
+    mut stop: watch::Receiver<bool>,
+) -> (Reconciler<SqliteLocalLeaseStore>, u64) {
+    let mut passes = 0;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(rng.u64(400..900))) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return (reconciler, passes),
+        }
+        passes += 1;
+        match reconciler.run_once().await {
+            Ok(report) => {
+                for lease in report.lost {
+                    tally.lost(cell, lease);
+                }
+            }
+            Err(error) => tracing::debug!(cell, %error, "reconcile pass failed (faults are on)"),
+        }
+    }
+}

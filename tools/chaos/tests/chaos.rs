@@ -1,0 +1,224 @@
+//! The fault campaign through the real binaries (`topology-claims-chaos` driving
+//! `topology-claims serve`): a CI-sized run must
+//! find no violation while every fault kind fires, and a deliberately broken cell must be caught
+//! with the seed and the history that shows it.
+//!
+//! With `CI=true` the servers share a PostgreSQL cluster the campaign creates for itself
+//! (`--store private-postgres:`: `initdb` + `pg_ctl` of the installed PostgreSQL), so
+//! `pg-terminate` and `pg-restart` (a crash of the whole database server) fire too; otherwise a
+//! SQLite file. A second campaign runs against the Cloud Spanner emulator started with
+//! `--enable_fault_injection` (missing emulator: fails when CI=true, else one skip line). Each
+//! run draws a fresh seed (printed in the summary): a failure is reproduced with
+//! `topology-claims-chaos --seed S`.
+#![cfg(unix)]
+
+use std::path::Path;
+use std::process::Output;
+
+use topology_claims_harness::in_ci;
+use topology_claims_harness::serve::clean_command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_topology-claims-chaos");
+
+/// `chaos` with a clean environment (no ambient TOPOLOGY_CLAIMS_* settings), run in `dir`.
+fn chaos(dir: &Path, args: &[&str]) -> Output {
+    chaos_with(dir, args, &[])
+}
+
+/// `chaos` with a clean environment plus `env`.
+fn chaos_with(dir: &Path, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
+    let mut command = clean_command(Path::new(BIN), args);
+    command.current_dir(dir).env("RUST_LOG", "error");
+    command.envs(env.iter().copied());
+    command.output().expect("run topology-claims-chaos")
+}
+
+/// The client crashes, server kills and proxy faults every store gets.
+const COMMON_FAULTS: [&str; 8] = [
+    "crash-after-begin",
+    "crash-in-local-tx",
+    "crash-after-local-commit",
+    "crash-after-commit",
+    "server-kill",
+    "proxy-drop",
+    "proxy-delay",
+    "proxy-reset",
+];
+
+/// A passing campaign: exit 0, no violation, every key decided. Prints the summary (it belongs
+/// in the test log) and returns it.
+fn assert_passed(output: Output) -> String {
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "the campaign failed ({:?}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(stdout.contains("\nviolations: 0\n"), "{stdout}");
+    assert!(stdout.contains("\ninconclusive: 0\n"), "{stdout}");
+    assert!(stdout.contains("result: PASS"), "{stdout}");
+    stdout
+}
+
+/// Each of `kinds` fired at least once, by the summary's `faults:` line.
+fn assert_fired(summary: &str, kinds: &[&str]) {
+    let fired = fired(summary);
+    for kind in kinds {
+        let count = fired.iter().find(|(name, _)| name == kind).map(|(_, n)| *n);
+        assert!(
+            count.is_some_and(|n| n > 0),
+            "fault {kind} never fired: {fired:?}"
+        );
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The `faults: name=count …` line of the summary.
+fn fired(summary: &str) -> Vec<(String, u64)> {
+    let line = summary
+        .lines()
+        .find_map(|l| l.strip_prefix("faults: "))
+        .unwrap_or_else(|| panic!("no faults line in:\n{summary}"));
+    line.split_whitespace()
+        .map(|pair| {
+            let (name, count) = pair.split_once('=').expect("name=count");
+            (name.to_owned(), count.parse().expect("a count"))
+        })
+        .collect()
+}
+
+#[test]
+fn ci_campaign_heals_every_fault_with_no_violation_and_linearizable_histories() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let history = dir.path().join("history.txt");
+    let mut args = vec![
+        "--cells",
+        "8",
+        "--transactions",
+        "2000",
+        "--servers",
+        "2",
+        "--faults",
+        "all",
+        "--work-dir",
+        work.to_str().unwrap(),
+        "--history",
+        history.to_str().unwrap(),
+    ];
+    if in_ci() {
+        args.extend(["--store", "private-postgres:"]);
+    }
+    let stdout = assert_passed(chaos(dir.path(), &args));
+
+    let mut expected = COMMON_FAULTS.to_vec();
+    if in_ci() {
+        expected.extend(["pg-terminate", "pg-restart"]);
+    }
+    assert_fired(&stdout, &expected);
+    let transactions = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("transactions"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .expect("a transactions line");
+    assert!(transactions >= 2000, "{transactions} transactions");
+    let recorded = std::fs::read_to_string(&history).unwrap();
+    assert!(
+        recorded.lines().count() > 2 * 2000,
+        "every call is in the history file"
+    );
+}
+
+/// The Cloud Spanner emulator binary, as the Spanner tests find it.
+fn spanner_emulator() -> Option<std::path::PathBuf> {
+    topology_claims_harness::spanner::emulator_binary().ok()
+}
+
+#[test]
+fn spanner_campaign_under_emulator_aborts_has_no_violation_and_linearizable_histories() {
+    let Some(emulator) = spanner_emulator() else {
+        assert!(!in_ci(), "the Spanner campaign needs the emulator under CI");
+        eprintln!("spanner chaos campaign skipped: no Cloud Spanner emulator");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let output = chaos_with(
+        dir.path(),
+        &[
+            "--store",
+            "spanner-emulator:",
+            "--cells",
+            "4",
+            "--keys",
+            "16",
+            "--transactions",
+            "400",
+            "--servers",
+            "2",
+            "--faults",
+            "all",
+            "--work-dir",
+            work.to_str().unwrap(),
+        ],
+        &[("TOPOLOGY_CLAIMS_SPANNER_EMULATOR", emulator.as_os_str())],
+    );
+    let stdout = assert_passed(output);
+    assert!(stdout.contains("--enable_fault_injection"), "{stdout}");
+    assert_fired(&stdout, &COMMON_FAULTS);
+}
+
+#[test]
+fn a_cell_that_does_not_record_its_leases_is_caught_with_the_seed_and_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    // A failing run keeps its work directory: keep it inside the test's.
+    let work = dir.path().join("work");
+    let output = chaos(
+        dir.path(),
+        &[
+            "--work-dir",
+            work.to_str().unwrap(),
+            "--cells",
+            "3",
+            "--keys",
+            "8",
+            "--transactions",
+            "60",
+            "--faults",
+            "crash-after-local-commit",
+            "--sabotage",
+            "skip-lease-record",
+            "--seed",
+            "9",
+        ],
+    );
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("result: FAIL (seed 9)"), "{stdout}");
+    assert!(!stdout.contains("\nviolations: 0\n"), "{stdout}");
+    assert!(stderr.contains("rerun with --seed 9"), "{stderr}");
+    // The reconciler rolled back leases whose local transactions had committed: the records
+    // are there, their claims are not, and the key's history is printed.
+    assert!(
+        stderr.contains("local record without its claim"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("history of k"), "{stderr}");
+}
+
+#[test]
+fn unknown_fault_names_are_refused_with_the_list_of_known_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = chaos(dir.path(), &["--faults", "server-kill,meteor-strike"]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("unknown fault \"meteor-strike\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("proxy-reset"), "{stderr}");
+}

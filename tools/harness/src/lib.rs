@@ -1,0 +1,55 @@
+//! # topology-claims-harness
+//!
+//! What the binary-level tests (`cli/tests`), the backends' tests and the tools (`tools/bench`,
+//! `tools/chaos`) need to run the real thing, written once:
+//!
+//! - [`serve`]: find the `topology-claims` binary, start `serve` and read its `listening on`
+//!   line, signal and stop it;
+//! - [`net`]: a free loopback port, waiting until a port listens;
+//! - [`process`]: a child killed by its PID when dropped, whether a program exists;
+//! - [`postgres`]: the test database's URL, temporary schemas (quoted, swept when stale);
+//! - [`private_postgres`]: a throwaway PostgreSQL cluster a test may crash and restart;
+//! - [`spanner`]: the Cloud Spanner emulator on a free port, stopped by PID.
+//!
+//! `publish = false`: never a dependency of the product binary or of a backend's library.
+//! Errors are `String`s that name what failed; callers that are tests turn them into panics.
+
+pub mod net;
+pub mod postgres;
+pub mod private_postgres;
+pub mod process;
+pub mod serve;
+pub mod spanner;
+
+/// Whether this is a CI run (`CI=true`): a missing service fails there instead of skipping.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// An error with its source chain (many drivers' Display alone says only "error connecting").
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // Drivers often repeat their cause in their own text: say each part once.
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Logs of a tool to stderr (stdout is for results), filtered by `RUST_LOG` (default `info`).
+pub fn init_tool_logging() {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
