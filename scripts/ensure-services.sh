@@ -40,7 +40,7 @@ else
     [ "${CI:-}" = "true" ] && exit 1
   fi
 fi
-# etcd: the benchmark's etcd baseline (`topology-claims bench --baselines etcd`, and its smoke
+# etcd: the benchmark's etcd baseline (`topology-claims-bench --baselines etcd`, and its smoke
 # test under CI=true) starts Debian's etcd itself on loopback ports.
 etcd_bin="${TOPOLOGY_CLAIMS_BENCH_ETCD_BIN:-etcd}"
 if command -v "${etcd_bin}" >/dev/null; then

@@ -2,7 +2,7 @@
 //! binary knows and those the database records as applied, which are pending, and whether this
 //! binary may use the database at all.
 //!
-//! The rule (docs/decisions/033-one-migration-rule.md): a fleet upgrades one server at a time, so
+//! The rule (docs/decisions/051-one-migration-rule.md): a fleet upgrades one server at a time, so
 //! for a while old and new binaries share one database. Every migration therefore keeps the
 //! previous release working (it only adds; removing is a later migration, one release after the
 //! code stopped using what it removes). So:
@@ -79,7 +79,7 @@ pub fn plan_migrations(
     let diverges = |detail: String| ClaimsError::Configuration {
         message: format!(
             "the database's schema history diverges from this binary's: {detail}; no release \
-             of topology-claims produced this schema (docs/decisions/033-one-migration-rule.md)"
+             of topology-claims produced this schema (docs/decisions/051-one-migration-rule.md)"
         ),
     };
     let mut newer = Vec::new();

@@ -6,6 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
+use topology_claims::codec;
 use topology_claims::domain::{self, MAX_CELL_ID_LEN, MAX_VALUE_LEN};
 use topology_claims::grpc::{convert, pb};
 use topology_claims::BeginUpdate;
@@ -18,8 +19,8 @@ fn check_accepted_begin(request: &BeginUpdate) {
         assert!((0..i64::MAX).contains(&record.table_record_id));
     }
     // The lease payload codec every store uses must give back exactly what it was given.
-    let stored = convert::encode_request(request);
-    let back = convert::decode_request(&stored).expect("an accepted request round-trips");
+    let stored = codec::encode_request(request);
+    let back = codec::decode_request(&stored).expect("an accepted request round-trips");
     assert_eq!(&back, request);
     assert_eq!(
         convert::begin_update_to_pb(&back),
@@ -85,5 +86,5 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     // A store's stored payload may be corrupt: decoding it is an error, never a panic.
-    let _ = convert::decode_request(body);
+    let _ = codec::decode_request(body);
 });

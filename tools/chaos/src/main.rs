@@ -360,7 +360,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     for &kind in &externals {
         for boundary in Boundary::ALL {
             let cell = &mut cells[turn % usize::from(cells_n)];
-            let op = if turn % 2 == 0 {
+            let op = if turn.is_multiple_of(2) {
                 TxOp::Create
             } else {
                 TxOp::Destroy
