@@ -49,6 +49,13 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     max_batch: u32,
 
+    /// Budget of one ListOutstandingLeases / ListClaims response in encoded bytes: a page stops
+    /// before it (as well as at its limit) and its cursor continues where it stopped. At least
+    /// 64 KiB; keep it well under the 4 MiB gRPC clients accept by default.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_MAX_RESPONSE_BYTES", default_value_t = 1024 * 1024,
+          value_parser = clap::value_parser!(u32).range(65_536..=4_000_000))]
+    max_response_bytes: u32,
+
     /// How long committed / rolled-back lease outcomes are remembered, so late retries get
     /// LEASE_COMMITTED / LEASE_ROLLED_BACK rather than LEASE_NOT_FOUND. Units: ms, s, m, h, d.
     #[arg(long, env = "TOPOLOGY_CLAIMS_OUTCOME_RETENTION", default_value = "24h",
@@ -102,6 +109,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
     let config = ServerConfig {
         max_batch: args.max_batch as usize,
+        max_response_bytes: args.max_response_bytes as usize,
         outcome_retention: args.outcome_retention,
         gc_interval: args.gc_interval,
         drain_timeout: args.drain_timeout,

@@ -32,6 +32,8 @@ pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 pub struct ServerConfig {
     /// Most claims one BeginUpdate may carry (`--max-batch`).
     pub max_batch: usize,
+    /// Budget of one list response in encoded bytes (`--max-response-bytes`).
+    pub max_response_bytes: usize,
     /// How long committed / rolled-back outcomes are remembered (`--outcome-retention`), so
     /// late retries get LEASE_COMMITTED / LEASE_ROLLED_BACK instead of LEASE_NOT_FOUND.
     pub outcome_retention: Duration,
@@ -47,6 +49,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             max_batch: crate::domain::DEFAULT_MAX_BATCH,
+            max_response_bytes: crate::grpc::service::DEFAULT_MAX_RESPONSE_BYTES,
             outcome_retention: Duration::from_secs(24 * 60 * 60),
             gc_interval: Duration::from_secs(5 * 60),
             drain_timeout: Duration::from_secs(30),
@@ -85,6 +88,7 @@ pub async fn serve(
         Arc::clone(&store),
         ServiceConfig {
             max_batch: config.max_batch,
+            max_response_bytes: config.max_response_bytes,
         },
     ))
     .max_decoding_message_size(MAX_REQUEST_BYTES);

@@ -22,12 +22,20 @@ use crate::ports::ClaimStore;
 pub struct ServiceConfig {
     /// Most claims (creates + destroys) one BeginUpdate may carry (`--max-batch`).
     pub max_batch: usize,
+    /// Budget of one ListOutstandingLeases / ListClaims response, in encoded bytes
+    /// (`--max-response-bytes`): a page stops before it, as well as at its `limit`, so every
+    /// page fits the 4 MiB gRPC clients accept by default.
+    pub max_response_bytes: usize,
 }
+
+/// Default of [`ServiceConfig::max_response_bytes`]: well under the 4 MiB clients accept.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
 impl Default for ServiceConfig {
     fn default() -> Self {
         Self {
             max_batch: DEFAULT_MAX_BATCH,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 }
