@@ -9,6 +9,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use topology_claims::grpc::health::HealthConfig;
+use topology_claims::grpc::limits::ServerLimits;
 use topology_claims::grpc::server::{serve, ServerConfig};
 use topology_claims::MigrationPolicy;
 
@@ -72,6 +74,89 @@ pub struct ServeArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_DRAIN_TIMEOUT", default_value = "30s",
           value_parser = parse_duration)]
     drain_timeout: Duration,
+
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// The transport's bounds (docs/reliability.md, "Limits": what a client sees at each one).
+#[derive(Args, Debug)]
+struct LimitArgs {
+    /// Most open connections; one more is answered with an HTTP/2 GOAWAY and closed.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_connections: u32,
+
+    /// HTTP/2 MAX_CONCURRENT_STREAMS of every connection (requests in flight on one
+    /// connection; clients queue the rest).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_MAX_STREAMS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    max_streams: u32,
+
+    /// Bytes of request bodies the whole server buffers for requests not yet complete; a
+    /// request past it fails RESOURCE_EXHAUSTED.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_MAX_REQUEST_BYTES", default_value_t = 64 * 1024 * 1024,
+          value_parser = clap::value_parser!(u32).range(65_536..))]
+    max_request_bytes: u32,
+
+    /// The same budget for one connection.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_MAX_REQUEST_BYTES_PER_CONNECTION",
+          default_value_t = 8 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(65_536..))]
+    max_request_bytes_per_connection: u32,
+
+    /// A new connection must send the HTTP/2 client preface within this. Units: ms, s, m.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_HANDSHAKE_TIMEOUT", default_value = "10s",
+          value_parser = parse_nonzero_duration)]
+    handshake_timeout: Duration,
+
+    /// A connection whose peer sends nothing at all for this long is closed. Must exceed
+    /// --keepalive-interval + --keepalive-timeout. Units: ms, s, m.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_IDLE_TIMEOUT", default_value = "2m",
+          value_parser = parse_nonzero_duration)]
+    idle_timeout: Duration,
+
+    /// How often the server sends an HTTP/2 PING on every connection. Units: ms, s, m.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_KEEPALIVE_INTERVAL", default_value = "30s",
+          value_parser = parse_nonzero_duration)]
+    keepalive_interval: Duration,
+
+    /// A connection whose PING is not answered within this is closed. Units: ms, s, m.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_KEEPALIVE_TIMEOUT", default_value = "20s",
+          value_parser = parse_nonzero_duration)]
+    keepalive_timeout: Duration,
+
+    /// Longest time one request may take (reading its body included); DEADLINE_EXCEEDED
+    /// after it. A client's shorter deadline wins. Units: ms, s, m.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_REQUEST_TIMEOUT", default_value = "30s",
+          value_parser = parse_nonzero_duration)]
+    request_timeout: Duration,
+
+    /// How often the store is probed for the ClaimsService health status. Units: ms, s, m.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_HEALTH_INTERVAL", default_value = "5s",
+          value_parser = parse_nonzero_duration)]
+    health_interval: Duration,
+
+    /// A probe not answered within this counts as the store being down. Units: ms, s, m.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_HEALTH_TIMEOUT", default_value = "2s",
+          value_parser = parse_nonzero_duration)]
+    health_timeout: Duration,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> ServerLimits {
+        ServerLimits {
+            max_connections: self.max_connections as usize,
+            max_concurrent_streams: self.max_streams,
+            request_bytes_per_connection: self.max_request_bytes_per_connection as usize,
+            request_bytes_total: self.max_request_bytes as usize,
+            handshake_timeout: self.handshake_timeout,
+            idle_timeout: self.idle_timeout,
+            keepalive_interval: self.keepalive_interval,
+            keepalive_timeout: self.keepalive_timeout,
+            request_timeout: self.request_timeout,
+            ..ServerLimits::default()
+        }
+    }
 }
 
 pub async fn run(args: ServeArgs) -> ExitCode {
@@ -89,6 +174,9 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     // `listening on` line drains instead of killing the process.
     let shutdown = shutdown_signal()?;
     let store_url: StoreUrl = args.store.parse()?;
+    let limits = args.limits.limits();
+    limits.validate().map_err(|e| e.to_string())?;
+    raise_open_file_limit(limits.max_connections);
 
     // Applying at open (rather than a separate `migrate` first) keeps it one step for the
     // adapter, which logs each migration it applies.
@@ -113,6 +201,11 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         outcome_retention: args.outcome_retention,
         gc_interval: args.gc_interval,
         drain_timeout: args.drain_timeout,
+        limits,
+        health: HealthConfig {
+            interval: args.limits.health_interval,
+            timeout: args.limits.health_timeout,
+        },
     };
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,
         outcome_retention = ?config.outcome_retention, "serving");
@@ -134,6 +227,45 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         Err(e) => Err(format!("server task failed: {e}")),
     }
 }
+
+/// Raises the soft limit of open files to the hard limit: every connection is a descriptor, and
+/// the default soft limit (often 1024) is below what `--max-connections` may need. Says so
+/// when even the hard limit is too low for `max_connections` plus the store's own descriptors.
+#[cfg(unix)]
+fn raise_open_file_limit(max_connections: usize) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed by pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    // Headroom for the store's connections, log files and the listener.
+    let needed = max_connections as u64 + 64;
+    if (limit.rlim_cur as u64) < needed {
+        tracing::warn!(
+            open_files = limit.rlim_cur as u64,
+            max_connections,
+            "the open-file limit is below --max-connections + 64; connections past it wait for \
+             descriptors (raise `ulimit -n` or LimitNOFILE=)"
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn raise_open_file_limit(_: usize) {}
 
 /// Completes on SIGINT or SIGTERM (on Ctrl-C elsewhere).
 #[cfg(unix)]

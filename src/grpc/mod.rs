@@ -3,6 +3,10 @@
 
 pub mod convert;
 pub mod decode;
+pub mod guard;
+pub mod health;
+pub mod limits;
+pub mod listener;
 pub mod server;
 pub mod service;
 pub mod status;

@@ -1,6 +1,7 @@
-//! Runs the gRPC server on a bound listener: the `ClaimsService`, `grpc.health.v1` and server
-//! reflection (v1), a graceful drain on shutdown, and the background collection of old lease
-//! outcomes.
+//! Runs the gRPC server on a bound listener: the `ClaimsService`, `grpc.health.v1` (the service's
+//! status following the store, `health`) and server reflection (v1), under the transport bounds
+//! of `limits` (`listener` for connections, `guard` for requests), a graceful drain on shutdown,
+//! and the background collection of old lease outcomes.
 //!
 //! Owns process-level wiring only. Must not decide protocol questions or pick status codes;
 //! choosing and opening the store is the caller's (the CLI parses store URLs).
@@ -11,12 +12,14 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 use crate::error::ClaimsError;
+use crate::grpc::guard::RequestGuardLayer;
+use crate::grpc::health::{watch_store, HealthConfig};
+use crate::grpc::limits::ServerLimits;
+use crate::grpc::listener::{self, ServerStats};
 use crate::grpc::pb;
 use crate::grpc::pb::claims_service_server::ClaimsServiceServer;
 use crate::grpc::service::{ClaimsServiceImpl, ServiceConfig};
@@ -43,6 +46,10 @@ pub struct ServerConfig {
     /// leaving connections that did not finish (a hung request, a client that never answers
     /// the HTTP/2 GOAWAY handshake) to be closed by the process exit.
     pub drain_timeout: Duration,
+    /// Connections, streams, bytes in flight and timeouts.
+    pub limits: ServerLimits,
+    /// How the store is probed for the health status.
+    pub health: HealthConfig,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +60,8 @@ impl Default for ServerConfig {
             outcome_retention: Duration::from_secs(24 * 60 * 60),
             gc_interval: Duration::from_secs(5 * 60),
             drain_timeout: Duration::from_secs(30),
+            limits: ServerLimits::default(),
+            health: HealthConfig::default(),
         }
     }
 }
@@ -71,6 +80,12 @@ pub async fn serve(
     if config.gc_interval.is_zero() {
         return Err(ClaimsError::Configuration {
             message: "the outcome collection interval must not be zero".to_owned(),
+        });
+    }
+    config.limits.validate()?;
+    if config.health.interval.is_zero() || config.health.timeout.is_zero() {
+        return Err(ClaimsError::Configuration {
+            message: "--health-interval and --health-timeout must not be zero".to_owned(),
         });
     }
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -96,9 +111,16 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(());
     let (draining_tx, mut draining_rx) = watch::channel(false);
     let gc = tokio::spawn(collect_outcomes_periodically(
-        store,
+        Arc::clone(&store),
         config.outcome_retention,
         config.gc_interval,
+        stop_rx.clone(),
+    ));
+    let watcher = tokio::spawn(watch_store(
+        store,
+        health.clone(),
+        SERVICE_NAME,
+        config.health,
         stop_rx,
     ));
     let signal = async move {
@@ -121,14 +143,15 @@ pub async fn serve(
             std::future::pending::<()>().await;
         }
     };
-    // Small request/response messages: Nagle's algorithm would only add latency.
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        if let Ok(stream) = &conn {
-            let _ = stream.set_nodelay(true);
-        }
-        conn
-    });
+    let limits = &config.limits;
+    let stats = Arc::new(ServerStats::default());
+    let incoming = listener::incoming(listener, limits, Arc::clone(&stats));
     let server = Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_max_header_list_size(limits.max_header_list_bytes)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .layer(RequestGuardLayer::new(limits, MAX_REQUEST_BYTES, stats))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(claims)
@@ -144,7 +167,9 @@ pub async fn serve(
         }
     };
     gc.abort();
+    watcher.abort();
     let _ = gc.await;
+    let _ = watcher.await;
     result.map_err(|e| ClaimsError::internal(format!("gRPC server failed: {e}")))
 }
 

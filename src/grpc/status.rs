@@ -9,11 +9,14 @@
 
 use std::collections::HashMap;
 
+use std::sync::LazyLock;
+
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::domain::{ClaimKey, ClaimType, LeaseId};
 use crate::error::ClaimsError;
+use crate::grpc::listener::RateLimitedLog;
 
 /// The `google.rpc.ErrorInfo.domain` of every error this service returns.
 pub const ERROR_DOMAIN: &str = "topology-claims";
@@ -68,7 +71,13 @@ pub fn to_status(error: &ClaimsError) -> Status {
             "internal error".to_owned()
         }
         ClaimsError::Unavailable { .. } => {
-            tracing::warn!(error = %error, "request failed: store unavailable");
+            // An outage fails every request: the health watcher logs when the store goes and
+            // comes back; here one line every few seconds says how many requests it cost.
+            static UNAVAILABLE: LazyLock<RateLimitedLog> = LazyLock::new(RateLimitedLog::default);
+            if let Some(held_back) = UNAVAILABLE.ready() {
+                tracing::warn!(error = %error, failed_since_last_line = held_back,
+                    "request failed: store unavailable");
+            }
             "store unavailable; retry later".to_owned()
         }
         ClaimsError::MigrationsPending { pending } => {

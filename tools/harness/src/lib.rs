@@ -7,6 +7,7 @@
 //!   line, signal and stop it;
 //! - [`net`]: a free loopback port, waiting until a port listens;
 //! - [`process`]: a child killed by its PID when dropped, whether a program exists;
+//! - [`proc_stats`]: CPU seconds and resident memory of a process, from `/proc`;
 //! - [`postgres`]: the test database's URL, temporary schemas (quoted, swept when stale);
 //! - [`private_postgres`]: a throwaway PostgreSQL cluster a test may crash and restart;
 //! - [`spanner`]: the Cloud Spanner emulator on a free port, stopped by PID.
@@ -17,6 +18,7 @@
 pub mod net;
 pub mod postgres;
 pub mod private_postgres;
+pub mod proc_stats;
 pub mod process;
 pub mod serve;
 pub mod spanner;

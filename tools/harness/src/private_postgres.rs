@@ -181,6 +181,42 @@ impl PrivatePostgres {
         tokio::task::block_in_place(|| self.start_server())
     }
 
+    /// The PIDs of the running cluster: the postmaster (first line of `postmaster.pid`) and its
+    /// children (backends, checkpointer, …), for tests that freeze it with SIGSTOP.
+    pub fn pids(&self) -> Result<Vec<u32>, String> {
+        let file = self.data_dir().join("postmaster.pid");
+        let text =
+            std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let postmaster: u32 = text
+            .lines()
+            .next()
+            .and_then(|line| line.trim().parse().ok())
+            .ok_or_else(|| format!("{} has no PID on its first line", file.display()))?;
+        let mut pids = vec![postmaster];
+        let entries = std::fs::read_dir("/proc").map_err(|e| format!("/proc: {e}"))?;
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // The parent PID is the second field after the `(comm)` field.
+            let parent = stat
+                .rfind(')')
+                .and_then(|close| stat[close + 1..].split_whitespace().nth(1))
+                .and_then(|ppid| ppid.parse::<u32>().ok());
+            if parent == Some(postmaster) {
+                pids.push(pid);
+            }
+        }
+        Ok(pids)
+    }
+
     /// Keeps the data directory when the cluster stops (a failing run's database, for
     /// study); returns where it is.
     pub fn keep(&self) -> &Path {

@@ -1,0 +1,301 @@
+//! The tower layer every request passes before any handler: it charges each gRPC message of
+//! the request body against the connection's and the server's budgets of request bytes in
+//! flight, and bounds the whole request (reading the body included) by `--request-timeout`.
+//!
+//! A message is charged its *declared* length as soon as its 5-byte gRPC prefix arrives,
+//! because that is what the decoder reserves for it; a message over a budget fails at once with
+//! RESOURCE_EXHAUSTED naming the limit. So a client that opens many streams, declares large
+//! messages and sends all but their last byte pins at most the budgets, never more. The charge
+//! is held until the request's body is dropped (when the message is decoded, or the request
+//! ends). A declared length above the message-size limit is not charged: the decoder refuses it
+//! (OUT_OF_RANGE) without reserving anything.
+//!
+//! Owns these two bounds only: no identity, no protocol rules.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::body::Body;
+use tonic::Status;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::grpc::limits::ServerLimits;
+use crate::grpc::listener::{ConnInfo, ServerStats};
+
+/// Builds [`RequestGuard`]s sharing one server-wide byte budget.
+#[derive(Clone)]
+pub struct RequestGuardLayer {
+    total: Arc<Semaphore>,
+    limits: Arc<ServerLimits>,
+    max_message_bytes: usize,
+    stats: Arc<ServerStats>,
+}
+
+impl RequestGuardLayer {
+    /// `max_message_bytes`: the decoders' message-size limit (larger ones are theirs to refuse).
+    pub fn new(limits: &ServerLimits, max_message_bytes: usize, stats: Arc<ServerStats>) -> Self {
+        Self {
+            total: Arc::new(Semaphore::new(limits.request_bytes_total)),
+            limits: Arc::new(limits.clone()),
+            max_message_bytes,
+            stats,
+        }
+    }
+}
+
+impl<S> Layer<S> for RequestGuardLayer {
+    type Service = RequestGuard<S>;
+
+    fn layer(&self, inner: S) -> RequestGuard<S> {
+        RequestGuard {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RequestGuard<S> {
+    inner: S,
+    layer: RequestGuardLayer,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S> Service<http::Request<Body>> for RequestGuard<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<http::Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let connection = request
+            .extensions()
+            .get::<ConnInfo>()
+            .map(|info| Arc::clone(&info.request_bytes));
+        let method = request.uri().path().to_owned();
+        let layer = self.layer.clone();
+        let request = request.map(|body| {
+            Body::new(BudgetedBody {
+                inner: body,
+                layer: layer.clone(),
+                connection,
+                total_held: None,
+                connection_held: None,
+                framing: Framing::default(),
+            })
+        });
+        let response = self.inner.call(request);
+        let timeout = layer.limits.request_timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, response).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    ServerStats::count(&layer.stats.requests_timed_out);
+                    tracing::warn!(%method, ?timeout, "request timed out");
+                    Ok(Status::deadline_exceeded(format!(
+                        "{method} took longer than the server's --request-timeout {timeout:?}"
+                    ))
+                    .into_http())
+                }
+            }
+        })
+    }
+}
+
+/// A request body whose buffered bytes are charged to the budgets until it is dropped.
+struct BudgetedBody {
+    inner: Body,
+    layer: RequestGuardLayer,
+    connection: Option<Arc<Semaphore>>,
+    total_held: Option<OwnedSemaphorePermit>,
+    connection_held: Option<OwnedSemaphorePermit>,
+    framing: Framing,
+}
+
+/// Where the body is in its gRPC message framing: a 5-byte prefix (compressed flag, length),
+/// then that many bytes, repeated.
+#[derive(Default)]
+struct Framing {
+    prefix: [u8; 5],
+    prefix_len: usize,
+    body_left: usize,
+}
+
+impl Framing {
+    /// Walks `data`; returns the declared length of every message whose prefix completes in it.
+    fn declared(&mut self, mut data: &[u8]) -> Vec<usize> {
+        let mut lengths = Vec::new();
+        while !data.is_empty() {
+            if self.body_left > 0 {
+                let n = self.body_left.min(data.len());
+                self.body_left -= n;
+                data = &data[n..];
+                continue;
+            }
+            let n = (5 - self.prefix_len).min(data.len());
+            self.prefix[self.prefix_len..self.prefix_len + n].copy_from_slice(&data[..n]);
+            self.prefix_len += n;
+            data = &data[n..];
+            if self.prefix_len == 5 {
+                let p = self.prefix;
+                let length = u32::from_be_bytes([p[1], p[2], p[3], p[4]]) as usize;
+                lengths.push(length);
+                self.body_left = length;
+                self.prefix_len = 0;
+            }
+        }
+        lengths
+    }
+}
+
+fn keep(slot: &mut Option<OwnedSemaphorePermit>, permit: OwnedSemaphorePermit) {
+    match slot {
+        Some(held) => held.merge(permit),
+        None => *slot = Some(permit),
+    }
+}
+
+impl BudgetedBody {
+    /// Takes `bytes` from the server's and the connection's budgets, or refuses naming the one
+    /// that is spent.
+    fn charge(&mut self, bytes: usize) -> Result<(), Status> {
+        let limits = Arc::clone(&self.layer.limits);
+        let n = u32::try_from(bytes)
+            .map_err(|_| self.over("--max-request-bytes", limits.request_bytes_total))?;
+        let total = Arc::clone(&self.layer.total)
+            .try_acquire_many_owned(n)
+            .map_err(|_| self.over("--max-request-bytes", limits.request_bytes_total))?;
+        if let Some(connection) = &self.connection {
+            let per_connection =
+                Arc::clone(connection)
+                    .try_acquire_many_owned(n)
+                    .map_err(|_| {
+                        self.over(
+                            "--max-request-bytes-per-connection",
+                            limits.request_bytes_per_connection,
+                        )
+                    })?;
+            keep(&mut self.connection_held, per_connection);
+        }
+        keep(&mut self.total_held, total);
+        Ok(())
+    }
+
+    fn over(&self, flag: &str, limit: usize) -> Status {
+        ServerStats::count(&self.layer.stats.requests_over_byte_budget);
+        Status::resource_exhausted(format!(
+            "request bytes in flight are over {flag} ({limit} bytes); retry with backoff"
+        ))
+    }
+}
+
+impl HttpBody for BudgetedBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                for length in self.framing.declared(data) {
+                    if length > self.layer.max_message_bytes {
+                        continue;
+                    }
+                    if let Err(status) = self.charge(5 + length) {
+                        return Poll::Ready(Some(Err(status)));
+                    }
+                }
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_held_until_the_body_is_dropped_and_refused_past_a_budget() {
+        let limits = ServerLimits {
+            request_bytes_per_connection: 100,
+            request_bytes_total: 150,
+            ..ServerLimits::default()
+        };
+        let layer = RequestGuardLayer::new(&limits, 4 << 20, Arc::default());
+        let connection = Arc::new(Semaphore::new(limits.request_bytes_per_connection));
+        let body = |layer: &RequestGuardLayer| BudgetedBody {
+            inner: Body::empty(),
+            layer: layer.clone(),
+            connection: Some(Arc::clone(&connection)),
+            total_held: None,
+            connection_held: None,
+            framing: Framing::default(),
+        };
+        let mut first = body(&layer);
+        first.charge(60).unwrap();
+        first.charge(30).unwrap();
+        assert_eq!(connection.available_permits(), 10);
+        assert_eq!(layer.total.available_permits(), 60);
+        let error = first.charge(20).unwrap_err();
+        assert_eq!(error.code(), tonic::Code::ResourceExhausted);
+        assert!(error
+            .message()
+            .contains("--max-request-bytes-per-connection"));
+        // Another connection hits the server-wide budget instead.
+        let mut other = BudgetedBody {
+            connection: None,
+            ..body(&layer)
+        };
+        other.charge(60).unwrap();
+        let error = other.charge(1).unwrap_err();
+        assert!(
+            error.message().contains("--max-request-bytes ("),
+            "{}",
+            error.message()
+        );
+        drop(first);
+        drop(other);
+        assert_eq!(connection.available_permits(), 100);
+        assert_eq!(layer.total.available_permits(), 150);
+    }
+
+    #[test]
+    fn message_prefixes_are_found_across_chunk_boundaries() {
+        let mut framing = Framing::default();
+        // Message of 3 bytes, then the prefix of one of 70000 bytes split over two chunks.
+        let mut stream = vec![0, 0, 0, 0, 3, 7, 7, 7, 0];
+        stream.extend_from_slice(&70_000u32.to_be_bytes());
+        assert_eq!(framing.declared(&stream[..7]), vec![3]);
+        assert_eq!(framing.declared(&stream[7..11]), Vec::<usize>::new());
+        assert_eq!(framing.declared(&stream[11..]), vec![70_000]);
+        assert_eq!(framing.declared(&[0; 69_999]), Vec::<usize>::new());
+        assert_eq!(framing.declared(&[0, 0, 0, 0, 0, 0]), vec![0]);
+    }
+}

@@ -1,0 +1,143 @@
+//! The bounds of the server's resources: connections, streams, request bytes in flight, time.
+//! Every one has a flag and an env var in `serve` and a default that is safe on the public
+//! internet; docs/reliability.md ("Limits") has the table and the worst-case memory they imply.
+//!
+//! Owns the numbers and their validation only; `listener` and `guard` enforce them.
+
+use std::time::Duration;
+
+use crate::error::ClaimsError;
+
+/// Resource bounds of one server process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Most open connections (`--max-connections`). One over it is accepted, told GOAWAY
+    /// (ENHANCE_YOUR_CALM, "connection limit reached") and closed.
+    pub max_connections: usize,
+    /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS of every connection (`--max-streams`).
+    pub max_concurrent_streams: u32,
+    /// Bytes of request bodies buffered for requests not yet complete, per connection
+    /// (`--max-request-bytes-per-connection`).
+    pub request_bytes_per_connection: usize,
+    /// The same for the whole server (`--max-request-bytes`).
+    pub request_bytes_total: usize,
+    /// Largest header block a client may send (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE).
+    pub max_header_list_bytes: u32,
+    /// A new connection must send the HTTP/2 client preface within this (`--handshake-timeout`).
+    pub handshake_timeout: Duration,
+    /// A connection whose peer sends nothing at all for this long is closed (`--idle-timeout`).
+    /// Live clients answer the keepalive pings, so only dead or stuck peers reach it.
+    pub idle_timeout: Duration,
+    /// The server pings every connection this often (`--keepalive-interval`) …
+    pub keepalive_interval: Duration,
+    /// … and closes it when a ping is not answered within this (`--keepalive-timeout`).
+    pub keepalive_timeout: Duration,
+    /// Longest time one request may take, reading its body included (`--request-timeout`);
+    /// a client's shorter `grpc-timeout` wins.
+    pub request_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 512,
+            max_concurrent_streams: 100,
+            request_bytes_per_connection: 8 * 1024 * 1024,
+            request_bytes_total: 64 * 1024 * 1024,
+            max_header_list_bytes: 16 * 1024,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ServerLimits {
+    /// Refuses combinations that cannot work, naming the flag.
+    pub fn validate(&self) -> Result<(), ClaimsError> {
+        let bad = |message: String| Err(ClaimsError::Configuration { message });
+        if self.max_connections == 0 {
+            return bad("--max-connections must be at least 1".into());
+        }
+        if self.max_concurrent_streams == 0 {
+            return bad("--max-streams must be at least 1".into());
+        }
+        if self.request_bytes_per_connection > self.request_bytes_total {
+            return bad(format!(
+                "--max-request-bytes-per-connection ({}) must not exceed --max-request-bytes ({})",
+                self.request_bytes_per_connection, self.request_bytes_total
+            ));
+        }
+        for (flag, value) in [
+            ("--handshake-timeout", self.handshake_timeout),
+            ("--idle-timeout", self.idle_timeout),
+            ("--keepalive-interval", self.keepalive_interval),
+            ("--keepalive-timeout", self.keepalive_timeout),
+            ("--request-timeout", self.request_timeout),
+        ] {
+            if value.is_zero() {
+                return bad(format!("{flag} must not be zero"));
+            }
+        }
+        if self.idle_timeout <= self.keepalive_interval + self.keepalive_timeout {
+            return bad(format!(
+                "--idle-timeout ({:?}) must exceed --keepalive-interval + --keepalive-timeout \
+                 ({:?}), or live idle clients would be cut off between pings",
+                self.idle_timeout,
+                self.keepalive_interval + self.keepalive_timeout
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        ServerLimits::default().validate().unwrap();
+    }
+
+    #[test]
+    fn impossible_combinations_name_their_flag() {
+        let cases = [
+            (
+                ServerLimits {
+                    max_connections: 0,
+                    ..ServerLimits::default()
+                },
+                "--max-connections",
+            ),
+            (
+                ServerLimits {
+                    request_bytes_per_connection: 2,
+                    request_bytes_total: 1,
+                    ..ServerLimits::default()
+                },
+                "--max-request-bytes-per-connection",
+            ),
+            (
+                ServerLimits {
+                    idle_timeout: Duration::from_secs(40),
+                    ..ServerLimits::default()
+                },
+                "--idle-timeout",
+            ),
+            (
+                ServerLimits {
+                    request_timeout: Duration::ZERO,
+                    ..ServerLimits::default()
+                },
+                "--request-timeout",
+            ),
+        ];
+        for (limits, flag) in cases {
+            let error = limits.validate().unwrap_err().to_string();
+            assert!(error.contains(flag), "{flag}: {error}");
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! The accept loop and the connections it hands to the HTTP/2 server, with their bounds:
+//!
+//! - at most `max_connections` open; one over it is accepted, sent an HTTP/2 GOAWAY
+//!   (ENHANCE_YOUR_CALM, with a reason) and closed, so the client sees why instead of hanging in
+//!   the listen backlog;
+//! - a failing `accept` (EMFILE, ENFILE, ENOBUFS, …) backs off (10 ms doubling to 1 s) instead of
+//!   spinning, is counted, and is logged at most every 5 s with the number of failures in between;
+//!   service resumes as soon as descriptors free;
+//! - the peer must send the 24-byte HTTP/2 client preface within `handshake_timeout`, and a peer
+//!   that sends nothing at all for `idle_timeout` is cut off (live clients answer the server's
+//!   keepalive pings, so they never get there);
+//! - each connection carries its own budget of request bytes in flight ([`ConnInfo`]), which
+//!   `guard` charges.
+//!
+//! Owns sockets and timers only; knows nothing of gRPC methods or the store.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+use tonic::transport::server::Connected;
+
+use crate::grpc::limits::ServerLimits;
+
+/// The HTTP/2 client connection preface (RFC 9113 §3.4) is this long.
+const PREFACE_LEN: usize = 24;
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// What the transport refused or cut off, since start. Read by operators through the logs (and
+/// by the metrics endpoint once there is one).
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub accept_errors: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub handshake_timeouts: AtomicU64,
+    pub idle_timeouts: AtomicU64,
+    pub requests_over_byte_budget: AtomicU64,
+    pub requests_timed_out: AtomicU64,
+}
+
+impl ServerStats {
+    pub fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A log line at most every [`LOG_EVERY`], saying how many were held back in between.
+#[derive(Default)]
+pub(crate) struct RateLimitedLog {
+    last: Mutex<Option<Instant>>,
+    held_back: AtomicU64,
+}
+
+impl RateLimitedLog {
+    /// `Some(number held back since the last line)` when a line may be written now.
+    pub(crate) fn ready(&self) -> Option<u64> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < LOG_EVERY) {
+            self.held_back.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *last = Some(now);
+        Some(self.held_back.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// What every request of a connection can see about it (a request extension).
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub remote_addr: Option<SocketAddr>,
+    pub local_addr: Option<SocketAddr>,
+    /// Bytes of request bodies this connection may have buffered at once.
+    pub(crate) request_bytes: Arc<Semaphore>,
+}
+
+/// The listener as a stream of bounded connections, for `serve_with_incoming_shutdown`.
+pub fn incoming(
+    listener: TcpListener,
+    limits: &ServerLimits,
+    stats: Arc<ServerStats>,
+) -> impl Stream<Item = Result<LimitedConn, io::Error>> + Send + 'static {
+    let acceptor = Acceptor {
+        listener,
+        connections: Arc::new(Semaphore::new(limits.max_connections)),
+        limits: limits.clone(),
+        stats,
+        backoff: Duration::ZERO,
+        failures_since_success: 0,
+        accept_log: RateLimitedLog::default(),
+        refuse_log: Arc::new(RateLimitedLog::default()),
+    };
+    futures::stream::unfold(acceptor, |mut acceptor| async move {
+        let conn = acceptor.next().await;
+        Some((Ok(conn), acceptor))
+    })
+}
+
+struct Acceptor {
+    listener: TcpListener,
+    connections: Arc<Semaphore>,
+    limits: ServerLimits,
+    stats: Arc<ServerStats>,
+    backoff: Duration,
+    failures_since_success: u64,
+    accept_log: RateLimitedLog,
+    refuse_log: Arc<RateLimitedLog>,
+}
+
+impl Acceptor {
+    async fn next(&mut self) -> LimitedConn {
+        loop {
+            match self.listener.accept().await {
+                Ok((tcp, peer)) => {
+                    if self.failures_since_success > 0 {
+                        tracing::info!(
+                            failures = self.failures_since_success,
+                            "accepting connections again"
+                        );
+                    }
+                    self.backoff = Duration::ZERO;
+                    self.failures_since_success = 0;
+                    // Small request/response messages: Nagle's algorithm would only add latency.
+                    let _ = tcp.set_nodelay(true);
+                    match Arc::clone(&self.connections).try_acquire_owned() {
+                        Ok(permit) => {
+                            return LimitedConn::new(tcp, permit, &self.limits, &self.stats)
+                        }
+                        Err(_) => {
+                            ServerStats::count(&self.stats.connections_refused);
+                            if let Some(held_back) = self.refuse_log.ready() {
+                                tracing::warn!(
+                                    %peer,
+                                    max_connections = self.limits.max_connections,
+                                    refused_since_last_line = held_back,
+                                    "connection refused: --max-connections reached"
+                                );
+                            }
+                            tokio::spawn(refuse(tcp, self.limits.max_connections));
+                        }
+                    }
+                }
+                // The peer gave up between SYN and accept: nothing to do with this process.
+                Err(e) if is_peer_error(&e) => continue,
+                Err(e) => {
+                    ServerStats::count(&self.stats.accept_errors);
+                    self.failures_since_success += 1;
+                    self.backoff = (self.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+                    if let Some(held_back) = self.accept_log.ready() {
+                        tracing::error!(
+                            error = %e,
+                            failed_since_last_line = held_back,
+                            backoff = ?self.backoff,
+                            "accepting a connection failed (out of file descriptors? see \
+                             docs/reliability.md, Limits); backing off"
+                        );
+                    }
+                    tokio::time::sleep(self.backoff).await;
+                }
+            }
+        }
+    }
+}
+
+fn is_peer_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+/// An HTTP/2 server preface (an empty SETTINGS frame) and a GOAWAY (last stream 0,
+/// ENHANCE_YOUR_CALM) whose debug data says why, then close.
+fn goaway_frames(reason: &str) -> Vec<u8> {
+    let debug = reason.as_bytes();
+    let length = (8 + debug.len()) as u32;
+    let mut frames = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0];
+    frames.extend_from_slice(&length.to_be_bytes()[1..]);
+    frames.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]);
+    frames.extend_from_slice(&0u32.to_be_bytes());
+    frames.extend_from_slice(&0xbu32.to_be_bytes());
+    frames.extend_from_slice(debug);
+    frames
+}
+
+async fn refuse(mut tcp: TcpStream, max_connections: usize) {
+    let reason = format!(
+        "connection limit reached (--max-connections {max_connections}); retry with backoff"
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        tcp.write_all(&goaway_frames(&reason)).await?;
+        tcp.shutdown().await?;
+        // Read what the client already sent, so closing does not reset the connection before
+        // it has read the GOAWAY.
+        let mut sink = [0u8; 1024];
+        while tcp.read(&mut sink).await? > 0 {}
+        Ok::<(), io::Error>(())
+    })
+    .await;
+}
+
+/// An accepted connection under its bounds; holds its place under `max_connections` until
+/// dropped.
+pub struct LimitedConn {
+    io: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    info: ConnInfo,
+    preface_left: usize,
+    handshake: Option<Pin<Box<Sleep>>>,
+    handshake_timeout: Duration,
+    idle: Pin<Box<Sleep>>,
+    idle_timeout: Duration,
+    stats: Arc<ServerStats>,
+}
+
+impl LimitedConn {
+    fn new(
+        io: TcpStream,
+        permit: OwnedSemaphorePermit,
+        limits: &ServerLimits,
+        stats: &Arc<ServerStats>,
+    ) -> Self {
+        let info = ConnInfo {
+            remote_addr: io.peer_addr().ok(),
+            local_addr: io.local_addr().ok(),
+            request_bytes: Arc::new(Semaphore::new(limits.request_bytes_per_connection)),
+        };
+        Self {
+            io,
+            _permit: permit,
+            info,
+            preface_left: PREFACE_LEN,
+            handshake: Some(Box::pin(tokio::time::sleep(limits.handshake_timeout))),
+            handshake_timeout: limits.handshake_timeout,
+            idle: Box::pin(tokio::time::sleep(limits.idle_timeout)),
+            idle_timeout: limits.idle_timeout,
+            stats: Arc::clone(stats),
+        }
+    }
+
+    fn timed_out(&self, what: String) -> Poll<io::Result<()>> {
+        tracing::debug!(peer = ?self.info.remote_addr, "{what}: closing the connection");
+        Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, what)))
+    }
+}
+
+impl Connected for LimitedConn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for LimitedConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if let Some(handshake) = self.handshake.as_mut() {
+            if handshake.as_mut().poll(cx).is_ready() {
+                ServerStats::count(&self.stats.handshake_timeouts);
+                let what = format!(
+                    "no HTTP/2 client preface within --handshake-timeout {:?}",
+                    self.handshake_timeout
+                );
+                return self.timed_out(what);
+            }
+        }
+        if self.idle.as_mut().poll(cx).is_ready() {
+            ServerStats::count(&self.stats.idle_timeouts);
+            let what = format!(
+                "nothing received for --idle-timeout {:?}",
+                self.idle_timeout
+            );
+            return self.timed_out(what);
+        }
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        let received = buf.filled().len() - before;
+        if received > 0 {
+            if this.preface_left > 0 {
+                this.preface_left = this.preface_left.saturating_sub(received);
+                if this.preface_left == 0 {
+                    this.handshake = None;
+                }
+            }
+            let deadline = tokio::time::Instant::now() + this.idle_timeout;
+            this.idle.as_mut().reset(deadline);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for LimitedConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_goaway_is_a_well_formed_frame_pair() {
+        let frames = goaway_frames("why");
+        // SETTINGS: empty, stream 0.
+        assert_eq!(&frames[..9], &[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        // GOAWAY: length 8 + 3, type 7, stream 0, last stream 0, ENHANCE_YOUR_CALM, "why".
+        assert_eq!(&frames[9..12], &[0, 0, 11]);
+        assert_eq!(frames[12], 7);
+        assert_eq!(&frames[18..22], &[0, 0, 0, 0]);
+        assert_eq!(&frames[22..26], &[0, 0, 0, 0xb]);
+        assert_eq!(&frames[26..], b"why");
+    }
+
+    #[test]
+    fn log_lines_are_held_back_and_counted() {
+        let log = RateLimitedLog::default();
+        assert_eq!(log.ready(), Some(0));
+        assert_eq!(log.ready(), None);
+        assert_eq!(log.ready(), None);
+        *log.last.lock().unwrap() = Some(Instant::now() - LOG_EVERY);
+        assert_eq!(log.ready(), Some(2));
+    }
+}
