@@ -202,21 +202,8 @@ fn parse_count_or_zero(text: &str) -> Result<u64, String> {
 
 fn main() -> ExitCode {
     let args = BenchArgs::parse();
-    topology_claims_harness::init_tool_logging();
-    if let Some(bin) = &args.bin {
-        // Before any thread starts: the harness finds the binary through this variable.
-        std::env::set_var(topology_claims_harness::serve::BIN_ENV, bin);
-    }
-    match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime.block_on(run(args)),
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    let bin = args.bin.clone();
+    topology_claims_harness::run_tool(bin.as_deref(), run(args))
 }
 
 async fn run(args: BenchArgs) -> ExitCode {

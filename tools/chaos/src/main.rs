@@ -141,21 +141,8 @@ const SHRINK_TIME: Duration = Duration::from_secs(30);
 
 fn main() -> ExitCode {
     let args = ChaosArgs::parse();
-    topology_claims_harness::init_tool_logging();
-    if let Some(bin) = &args.bin {
-        // Before any thread starts: the harness finds the binary through this variable.
-        std::env::set_var(topology_claims_harness::serve::BIN_ENV, bin);
-    }
-    match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime.block_on(run(args)),
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    let bin = args.bin.clone();
+    topology_claims_harness::run_tool(bin.as_deref(), run(args))
 }
 
 async fn run(args: ChaosArgs) -> ExitCode {
@@ -531,11 +518,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         final_state.local_records.push(cell.records()?);
         final_state.local_lease_rows.push(cell.lease_rows().await?);
         let page = probe
-            .list_outstanding_leases(&LeasesQuery {
-                cell_id: model::cell_id(cell.index),
-                after: None,
-                limit: 1000,
-            })
+            .list_outstanding_leases(&LeasesQuery::new(model::cell_id(cell.index), None, 1000))
             .await
             .map_err(|e| format!("listing outstanding leases: {e}"))?;
         final_state.outstanding_leases.push(page.leases.len());

@@ -55,3 +55,26 @@ pub fn init_tool_logging() {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
+
+/// The `main` of a tool: logging to stderr, `bin` (the tool's `--bin`) exported for
+/// [`serve::product_binary`], then `run` on a multi-threaded runtime.
+pub fn run_tool<F>(bin: Option<&std::path::Path>, run: F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = std::process::ExitCode>,
+{
+    init_tool_logging();
+    if let Some(bin) = bin {
+        // Before any thread starts: the harness finds the binary through this variable.
+        std::env::set_var(serve::BIN_ENV, bin);
+    }
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(run),
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
