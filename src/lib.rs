@@ -27,8 +27,8 @@ pub mod testing;
 
 pub use domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimState, ClaimType,
-    ClaimsPage, ClaimsQuery, Lease, LeaseId, LeaseOp, LeaseOutcome, LeasesPage, LeasesQuery,
-    OwnerType, TableName, Timestamp,
+    ClaimsCursor, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeaseOp, LeaseOutcome, LeasesPage,
+    LeasesQuery, OwnerType, TableName, Timestamp,
 };
 pub use error::ClaimsError;
 pub use ports::{

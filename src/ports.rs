@@ -43,7 +43,8 @@ pub trait ClaimStore: Send + Sync + 'static {
     async fn list_outstanding_leases(&self, query: &LeasesQuery)
         -> Result<LeasesPage, ClaimsError>;
 
-    /// A page of one cell's claims of one table (see `domain::plan_claims_page`).
+    /// A page of one cell's claims of one table: the first `query.fetch_limit()` claims after
+    /// `query.cursor.start_after()`, cut by `domain::claims_page`.
     async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError>;
 
     /// The claim with this key, leased or not.

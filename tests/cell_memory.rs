@@ -126,11 +126,7 @@ async fn begin_retried_after_a_dropped_response_yields_one_lease() {
         .begin_update(creates(&a, &[username("once")]))
         .await
         .unwrap();
-    let query = LeasesQuery {
-        cell_id: a.clone(),
-        after: None,
-        limit: 10,
-    };
+    let query = LeasesQuery::new(a.clone(), None, 10);
     let page = store.inner.list_outstanding_leases(&query).await.unwrap();
     assert_eq!(page.leases.len(), 1, "one lease, not two");
     assert_eq!(page.leases[0].lease_id, lease.lease_id);
@@ -244,11 +240,7 @@ async fn renewal_keeps_a_long_local_transaction_alive() {
         pending.check_fresh().is_ok(),
         "renewal moved the window forward"
     );
-    let query = LeasesQuery {
-        cell_id: a.clone(),
-        after: None,
-        limit: 10,
-    };
+    let query = LeasesQuery::new(a.clone(), None, 10);
     let page = client.list_outstanding_leases(&query).await.unwrap();
     assert!(
         page.leases[0].last_renewed_at > page.leases[0].created_at,
@@ -497,6 +489,83 @@ async fn verifier_resumes_from_its_saved_cursor_within_a_time_budget() {
                 .trim()
                 .is_empty(),
         "a finished table clears its cursor"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn verifier_compares_a_record_split_over_pages_as_a_whole() {
+    let server = TestServer::start(Arc::new(MemoryClaimStore::with_clock(Arc::new(
+        TwoHoursAgo,
+    ))))
+    .await;
+    let client = client(&server);
+    let a = cell("cell-a");
+    let old = Timestamp::from_unix_micros(1_000_000);
+    // Record 7 has six claims on the service (five shared with the cell, one extra), so at page
+    // size 2 it fills three pages; the cell's record 7 implies one more (missing).
+    let shared = ["u7-a", "u7-b", "u7-c", "u7-d", "u7-e"];
+    let mut service: Vec<_> = shared.iter().map(|name| user_record(7, name)).collect();
+    service.extend([
+        user_record(7, "u7-extra"),
+        user_record(3, "u3"),
+        user_record(9, "u9"),
+    ]);
+    let lease = client.begin_update(creates(&a, &service)).await.unwrap();
+    client.commit_update(&a, lease.lease_id).await.unwrap();
+    let mut local: Vec<LocalClaim> = shared
+        .iter()
+        .chain(&["u7-f"])
+        .map(|name| user_record(7, name))
+        .chain([user_record(3, "u3"), user_record(9, "u9")])
+        .map(|record| LocalClaim {
+            record,
+            created_at: old,
+        })
+        .collect();
+    local.sort_by_key(|c| c.record.table_record_id);
+    let records = Records(Mutex::new(local));
+    let config = VerifierConfig {
+        page_size: 2,
+        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+    };
+    let page = client
+        .list_claims(&ClaimsQuery::new(
+            a.clone(),
+            TableName::Users,
+            topology_claims::ClaimsCursor::at(4),
+            2,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(page.split_record(), Some(7), "record 7 is split over pages");
+
+    let report = Verifier::new(client.clone(), &records, config.clone())
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.missing, report.different, report.extra),
+        (1, 0, 1),
+        "only u7-f is missing and u7-extra extra: {:?}",
+        report.discrepancies
+    );
+    assert_eq!(report.records_checked, 3, "{report}");
+    assert_eq!(report.corrections_applied, 2, "{report}");
+    assert!(client.lookup_claim(&username("u7-f").key).await.is_ok());
+    assert!(matches!(
+        client.lookup_claim(&username("u7-extra").key).await,
+        Err(ClaimsError::ClaimNotFound { .. })
+    ));
+
+    let again = Verifier::new(client.clone(), &records, config)
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.missing, again.different, again.extra),
+        (0, 0, 0),
+        "{again}"
     );
     server.shutdown().await;
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Args;
 use tonic::transport::{Channel, Endpoint};
 use topology_claims::grpc::convert::timestamp_from_pb;
+use topology_claims::grpc::decode::claims_client;
 use topology_claims::grpc::pb;
 use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims::grpc::status::from_status;
@@ -77,7 +78,9 @@ async fn connect(server: &str) -> Result<ClaimsServiceClient<Channel>, String> {
         .connect()
         .await
         .map_err(|e| format!("cannot connect to {server}: {}", error_chain(&e)))?;
-    Ok(ClaimsServiceClient::new(channel))
+    // Accepts the largest page the server may send (a leases page holds at least one lease,
+    // which can be as large as a whole BeginUpdate request): see MAX_RESPONSE_MESSAGE_BYTES.
+    Ok(claims_client(channel))
 }
 
 /// "outer: inner: root cause": transport errors hide the useful part in their sources.

@@ -232,6 +232,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
 /// the default soft limit (often 1024) is below what `--max-connections` may need. Says so
 /// when even the hard limit is too low for `max_connections` plus the store's own descriptors.
 #[cfg(unix)]
+#[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not on every unix
 fn raise_open_file_limit(max_connections: usize) {
     let mut limit = libc::rlimit {
         rlim_cur: 0,

@@ -92,7 +92,8 @@ pub struct ReconcileArgs {
     #[arg(long)]
     once: bool,
 
-    /// Leases per ListOutstandingLeases page (1..=1000).
+    /// Leases per ListOutstandingLeases page (1..=1000). A page also stops before the server's
+    /// --max-response-bytes, so large leases come fewer per page.
     #[arg(long, env = "TOPOLOGY_CLAIMS_PAGE_SIZE", default_value_t = 100,
           value_parser = clap::value_parser!(u16).range(1..=1000))]
     page_size: u16,
@@ -129,7 +130,9 @@ pub struct VerifyArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_CURSOR_FILE")]
     cursor_file: Option<PathBuf>,
 
-    /// ListClaims page size (1..=10000).
+    /// ListClaims page size (1..=10000). A page also stops before the server's
+    /// --max-response-bytes; a record whose claims alone fill a page is split over pages and
+    /// compared whole.
     #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_PAGE_SIZE", default_value_t = 1000,
           value_parser = clap::value_parser!(u16).range(1..=10000))]
     page_size: u16,

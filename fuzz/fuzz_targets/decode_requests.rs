@@ -64,16 +64,21 @@ fuzz_target!(|data: &[u8]| {
         }
         4 => {
             if let Ok(message) = pb::ListOutstandingLeasesRequest::decode(body) {
-                if let Ok(query) = convert::leases_query_from_pb(&message) {
+                let budget = domain::DEFAULT_MAX_RESPONSE_BYTES;
+                if let Ok(query) = convert::leases_query_from_pb(&message, budget) {
                     assert!((1..=domain::LEASES_MAX_LIMIT).contains(&query.limit));
                 }
             }
         }
         5 => {
             if let Ok(message) = pb::ListClaimsRequest::decode(body) {
-                if let Ok(query) = convert::claims_query_from_pb(&message) {
+                let budget = domain::DEFAULT_MAX_RESPONSE_BYTES;
+                if let Ok(query) = convert::claims_query_from_pb(&message, budget) {
                     assert!((1..=domain::CLAIMS_MAX_LIMIT).contains(&query.limit));
-                    assert!((0..i64::MAX).contains(&query.cursor));
+                    assert!((0..i64::MAX).contains(&query.cursor.record_id));
+                    if let Some(key) = &query.cursor.after_key {
+                        assert!(!key.value.is_empty() && key.value.len() <= MAX_VALUE_LEN);
+                    }
                 }
             }
         }

@@ -13,8 +13,8 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use topology_claims::domain::Tables;
 use topology_claims::{
-    BeginUpdate, CellId, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsQuery, LeaseId,
-    LeaseOp, LeasesQuery, OwnerType, TableName, Timestamp,
+    BeginUpdate, CellId, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsCursor, ClaimsQuery,
+    LeaseId, LeaseOp, LeasesQuery, OwnerType, TableName, Timestamp,
 };
 
 const CELLS: u8 = 3;
@@ -137,23 +137,26 @@ fn check_invariants(tables: &Tables) {
 
 fn check_pages(tables: &Tables, cell_id: &CellId, table_name: TableName, limit: usize) {
     let mut seen = Vec::new();
-    let mut cursor = 0;
+    let mut cursor = ClaimsCursor::at(0);
     for _ in 0..=KEYS as usize + 1 {
-        let page = tables.list_claims(&ClaimsQuery {
-            cell_id: cell_id.clone(),
+        let page = tables.list_claims(&ClaimsQuery::new(
+            cell_id.clone(),
             table_name,
-            cursor,
+            cursor.clone(),
             limit,
-        });
-        assert_eq!(page.start_range, cursor);
+        ));
+        assert_eq!(page.start_range, cursor.record_id);
+        assert!(page.claims.len() <= limit.max(1));
         for claim in &page.claims {
             let id = claim.record.table_record_id;
-            assert!(page.start_range <= id && id < page.end_range);
+            assert!(
+                (page.start_range <= id && id < page.end_range) || page.split_record() == Some(id)
+            );
         }
         seen.extend(page.claims.iter().map(|c| c.key().clone()));
         match page.next_cursor {
             Some(next) => {
-                assert_eq!(next, page.end_range);
+                assert_eq!(next.record_id, page.end_range);
                 assert!(next > cursor, "pagination advances");
                 cursor = next;
             }
@@ -242,14 +245,8 @@ fuzz_target!(|commands: Vec<Command>| {
                 let mut after = None;
                 let mut listed = Vec::new();
                 loop {
-                    let page = tables.list_outstanding_leases(
-                        &LeasesQuery {
-                            cell_id: cell(c),
-                            after,
-                            limit,
-                        },
-                        now,
-                    );
+                    let page = tables
+                        .list_outstanding_leases(&LeasesQuery::new(cell(c), after, limit), now);
                     assert!(page.leases.len() <= limit);
                     listed.extend(page.leases.iter().map(|l| l.lease_id));
                     match page.next_cursor {

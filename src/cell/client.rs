@@ -77,9 +77,12 @@ impl ClaimsClient {
         Ok(Self::from_channel(endpoint.connect_lazy(), config))
     }
 
+    /// A client on `channel`. It accepts responses up to
+    /// [`decode::MAX_RESPONSE_MESSAGE_BYTES`] (8 MiB): a page of outstanding leases always holds
+    /// at least one lease, which may be as large as a whole BeginUpdate request.
     pub fn from_channel(channel: Channel, config: ClientConfig) -> Self {
         Self {
-            inner: ClaimsServiceClient::new(channel),
+            inner: decode::claims_client(channel),
             config,
         }
     }
@@ -220,6 +223,8 @@ impl ClaimsClient {
         decode::leases_page_from_pb(response.get_ref())
     }
 
+    /// One ListClaims page. Send `page.next_cursor` back as the next query's cursor (it may point
+    /// inside a record; see `domain::claims_page`).
     pub async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimViewsPage, ClaimsError> {
         let message = decode::claims_query_to_pb(query);
         let response = self

@@ -142,11 +142,7 @@ impl<L: LocalLeaseStore + LocalLock> Reconciler<L> {
         let cell_id = &self.config.cell_id;
         let mut after = None;
         loop {
-            let query = LeasesQuery {
-                cell_id: cell_id.clone(),
-                after,
-                limit: self.config.page_size,
-            };
+            let query = LeasesQuery::new(cell_id.clone(), after, self.config.page_size);
             let page = self.client.list_outstanding_leases(&query).await?;
             report.pages += 1;
             let ids: Vec<LeaseId> = page.leases.iter().map(|l| l.lease_id).collect();

@@ -3,9 +3,11 @@
 //!
 //! It walks ListClaims pages of each table from the saved cursor; each page covers an id range
 //! `[start_range, end_range)`, and the [`ClaimSource`] yields the claims the local records of
-//! exactly that range imply. Discrepancies: *missing* (local only → create), *different* (same
-//! key, other owner/record → destroy then create, not atomic, as the design says), *extra*
-//! (service only → destroy). Records and claims younger than `recent` are left alone, as are
+//! exactly that range imply. A record whose claims alone fill a page is split over pages (the
+//! page's cursor points inside it): its claims are carried over and compared with the page that
+//! holds the rest, so every record is compared whole. Discrepancies: *missing* (local only →
+//! create), *different* (same key, other owner/record → destroy then create, not atomic, as the
+//! design says), *extra* (service only → destroy). Records and claims younger than `recent` are left alone, as are
 //! claims under a lease (an update is in flight). Corrections go in chunks of at most `chunk`
 //! claims; a chunk refused because of one claim is retried claim by claim so one conflict (a
 //! value taken by another cell: needs a human) does not block the rest.
@@ -19,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use crate::cell::client::ClaimsClient;
 use crate::domain::{
-    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimState, ClaimsQuery, LeaseId, TableName,
-    Timestamp,
+    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimState, ClaimsCursor, ClaimsQuery, LeaseId,
+    TableName, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::{Clock, SystemClock};
@@ -31,6 +33,9 @@ pub struct LocalClaim {
     pub record: ClaimRecord,
     pub created_at: Timestamp,
 }
+
+/// A claim as the service lists it: the record, its creation time (service clock), its state.
+type ServiceClaim = (ClaimRecord, Timestamp, ClaimState);
 
 /// Where the verifier learns what the cell's records imply.
 pub trait ClaimSource: Send + Sync {
@@ -186,7 +191,10 @@ impl<S: ClaimSource> Verifier<S> {
         };
         let mut cursors = load_cursors(self.config.cursor_file.as_ref())?;
         'tables: for &table in &self.config.tables {
-            let mut cursor = cursors.get(&table).copied().unwrap_or(0);
+            let mut cursor = ClaimsCursor::at(cursors.get(&table).copied().unwrap_or(0));
+            // Claims of record `cursor.record_id` from earlier pages: a page that ended inside a
+            // record leaves them to be compared together with the rest of the record.
+            let mut carried: Vec<ServiceClaim> = Vec::new();
             loop {
                 if self
                     .config
@@ -196,32 +204,44 @@ impl<S: ClaimSource> Verifier<S> {
                     report.finished = false;
                     break 'tables;
                 }
-                let query = ClaimsQuery {
-                    cell_id: self.config.cell_id.clone(),
-                    table_name: table,
-                    cursor,
-                    limit: self.config.page_size,
-                };
+                let query = ClaimsQuery::new(
+                    self.config.cell_id.clone(),
+                    table,
+                    cursor.clone(),
+                    self.config.page_size,
+                );
                 let page = self.client.list_claims(&query).await?;
-                let local = self
-                    .source
-                    .claims_in_range(table, page.start_range, page.end_range)
-                    .await?;
-                let service: Vec<(ClaimRecord, Timestamp, ClaimState)> = page
-                    .claims
-                    .into_iter()
-                    .map(|c| (c.record, c.created_at, c.state))
-                    .collect();
-                let found = self.compare(local, service, &mut report);
-                if !self.config.dry_run {
-                    self.correct(found, &mut report).await;
+                let split = page.split_record();
+                let mut service = std::mem::take(&mut carried);
+                service.extend(
+                    page.claims
+                        .into_iter()
+                        .map(|c| (c.record, c.created_at, c.state)),
+                );
+                if let Some(split) = split {
+                    // The page ended inside this record: its first claims wait for the rest.
+                    (carried, service) = service
+                        .into_iter()
+                        .partition(|(record, ..)| record.table_record_id == split);
+                }
+                if page.start_range < page.end_range {
+                    let local = self
+                        .source
+                        .claims_in_range(table, page.start_range, page.end_range)
+                        .await?;
+                    let found = self.compare(local, service, &mut report);
+                    if !self.config.dry_run {
+                        self.correct(found, &mut report).await;
+                    }
                 }
                 report.elapsed = started.elapsed();
                 progress(&report);
                 match page.next_cursor {
                     Some(next) => {
+                        // Saved without its key: a resumed run reads a split record from its
+                        // first claim again, as the claims carried in memory are gone.
+                        cursors.insert(table, next.record_id);
                         cursor = next;
-                        cursors.insert(table, next);
                     }
                     None => {
                         cursors.remove(&table);
@@ -240,11 +260,11 @@ impl<S: ClaimSource> Verifier<S> {
     fn compare(
         &self,
         local: Vec<LocalClaim>,
-        service: Vec<(ClaimRecord, Timestamp, ClaimState)>,
+        service: Vec<ServiceClaim>,
         report: &mut VerifyReport,
     ) -> Vec<Discrepancy> {
         let recent_cut = SystemClock.now().saturating_sub(self.config.recent);
-        let mut service: BTreeMap<ClaimKey, (ClaimRecord, Timestamp, ClaimState)> =
+        let mut service: BTreeMap<ClaimKey, ServiceClaim> =
             service.into_iter().map(|s| (s.0.key.clone(), s)).collect();
         let mut found = Vec::new();
         let records: BTreeSet<i64> = local.iter().map(|c| c.record.table_record_id).collect();

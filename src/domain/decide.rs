@@ -7,41 +7,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use crate::domain::types::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimsPage, Lease, LeaseId, LeaseOp,
-    LeaseOutcome, LeaseRecord, LeasesPage, Timestamp,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, Lease, LeaseId, LeaseOp, LeaseOutcome,
+    LeaseRecord, Timestamp,
 };
 use crate::error::ClaimsError;
 
 /// Default `--max-batch`: most claims one BeginUpdate may carry.
 pub const DEFAULT_MAX_BATCH: usize = 1000;
-/// ListOutstandingLeases: page size for `limit = 0`, and the largest allowed.
-pub const LEASES_DEFAULT_LIMIT: usize = 100;
-pub const LEASES_MAX_LIMIT: usize = 1000;
-/// ListClaims: page size for `limit = 0`, and the largest allowed.
-pub const CLAIMS_DEFAULT_LIMIT: usize = 1000;
-pub const CLAIMS_MAX_LIMIT: usize = 10_000;
-
-/// Interprets a requested page size: 0 means `default`; negative or above `max` is refused.
-pub fn page_limit(
-    requested: i32,
-    default: usize,
-    max: usize,
-    field: &str,
-) -> Result<usize, ClaimsError> {
-    match requested {
-        0 => Ok(default),
-        n if n < 0 => Err(ClaimsError::invalid(
-            field,
-            format!("must not be negative, got {n}"),
-        )),
-        n if n as usize > max => Err(ClaimsError::invalid(
-            field,
-            format!("must be at most {max}, got {n}"),
-        )),
-        n => Ok(n as usize),
-    }
-}
-
 /// Batch-level validation, done before any store access: every record well-formed, the batch
 /// neither empty nor larger than `max_batch`, and no claim twice (the first repeat is named).
 pub fn check_batch(request: &BeginUpdate, max_batch: usize) -> Result<(), ClaimsError> {
@@ -295,86 +267,4 @@ pub fn outcome_expired(decided_at: Timestamp, now: Timestamp, retention: Duratio
 /// Whether a lease is stale: no renewal for longer than `threshold`, by the store's clock.
 pub fn lease_is_stale(lease: &Lease, server_time: Timestamp, threshold: Duration) -> bool {
     server_time.saturating_since(lease.last_renewed_at) > threshold
-}
-
-/// A ListOutstandingLeases page from the first `limit + 1` leases after the cursor, in lease-id
-/// order: the extra row only tells whether another page follows.
-pub fn leases_page(mut leases: Vec<Lease>, limit: usize, server_time: Timestamp) -> LeasesPage {
-    let next_cursor = if leases.len() > limit {
-        leases.truncate(limit);
-        leases.last().map(|l| l.lease_id)
-    } else {
-        None
-    };
-    LeasesPage {
-        leases,
-        next_cursor,
-        server_time,
-    }
-}
-
-/// The first step of a ListClaims page, given the first `limit + 1` rows with
-/// `table_record_id >= cursor` in (table_record_id, claim_type, claim_value) order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ClaimsPagePlan {
-    /// The page is complete.
-    Done(ClaimsPage),
-    /// The page ends with record `boundary`: fetch all of its claims and whether any claim has a
-    /// larger record id, then call [`finish_claims_page`].
-    NeedBoundary { boundary: i64 },
-}
-
-/// Plans a ListClaims page (see [`ClaimsPagePlan`]). All claims of one record id always land in
-/// the same page; the pages from cursor 0 onwards tile `[0, i64::MAX)` without gap or overlap.
-pub fn plan_claims_page(cursor: i64, limit: usize, first: &[Claim]) -> ClaimsPagePlan {
-    // A page always holds at least one record id, so pagination always advances.
-    let limit = limit.max(1);
-    if first.len() <= limit {
-        return ClaimsPagePlan::Done(ClaimsPage {
-            claims: first.to_vec(),
-            start_range: cursor,
-            end_range: i64::MAX,
-            next_cursor: None,
-        });
-    }
-    let boundary = first[limit - 1].record.table_record_id;
-    if first[limit].record.table_record_id != boundary {
-        return ClaimsPagePlan::Done(ClaimsPage {
-            claims: first[..limit].to_vec(),
-            start_range: cursor,
-            end_range: boundary + 1,
-            next_cursor: Some(boundary + 1),
-        });
-    }
-    ClaimsPagePlan::NeedBoundary { boundary }
-}
-
-/// Completes a page planned as `NeedBoundary`: `first` as given to [`plan_claims_page`],
-/// `boundary_claims` every claim of the boundary record, `more_after` whether any claim has a
-/// larger record id.
-pub fn finish_claims_page(
-    cursor: i64,
-    first: &[Claim],
-    boundary: i64,
-    boundary_claims: Vec<Claim>,
-    more_after: bool,
-) -> ClaimsPage {
-    let mut claims: Vec<Claim> = first
-        .iter()
-        .filter(|c| c.record.table_record_id < boundary)
-        .cloned()
-        .collect();
-    claims.extend(boundary_claims);
-    let end = if more_after { boundary + 1 } else { i64::MAX };
-    ClaimsPage {
-        claims,
-        start_range: cursor,
-        end_range: end,
-        next_cursor: more_after.then_some(boundary + 1),
-    }
-}
-
-/// Orders claims as ListClaims returns them.
-pub fn claims_page_order(a: &Claim, b: &Claim) -> std::cmp::Ordering {
-    (a.record.table_record_id, &a.record.key).cmp(&(b.record.table_record_id, &b.record.key))
 }

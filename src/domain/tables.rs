@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::time::Duration;
 
-use crate::domain::decide::{self, BeginPlan, ClaimsPagePlan, EndPlan, EndWrites};
+use crate::domain::decide::{self, BeginPlan, EndPlan, EndWrites};
+use crate::domain::pages;
 use crate::domain::types::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimType, ClaimsPage, ClaimsQuery, Lease,
     LeaseId, LeaseOp, LeaseRecord, LeasesPage, LeasesQuery, Outcome, TableName, Timestamp,
@@ -200,54 +201,45 @@ impl Tables {
             .values()
             .filter(|l| l.cell_id == query.cell_id)
             .filter(|l| query.after.is_none_or(|after| l.lease_id > after))
-            .take(query.limit.saturating_add(1))
+            .take(query.fetch_limit())
             .cloned()
             .collect();
-        decide::leases_page(leases, query.limit, now)
+        pages::leases_page(query, leases, now)
     }
 
     pub fn list_claims(&self, query: &ClaimsQuery) -> ClaimsPage {
-        // The index is ordered as `decide::claims_page_order` within one (cell, table), so a
+        // The index is ordered as `pages::claims_page_order` within one (cell, table), so a
         // page is a range read: O(log n + page), whatever the number of claims.
-        let in_scope = |(cell, table, ..): &&RecordIndexKey| {
-            *cell == query.cell_id && *table == query.table_name
-        };
-        let claim = |(.., key): &RecordIndexKey| self.claims.get(key).cloned();
-        let from = |record_id: i64| {
-            // The smallest key of all (enums order by declaration; `ALL` lists them so).
-            let lowest = ClaimKey {
-                claim_type: ClaimType::ALL[0],
-                value: String::new(),
-            };
-            self.by_record
-                .range((
-                    Bound::Included((query.cell_id.clone(), query.table_name, record_id, lowest)),
-                    Bound::Unbounded,
+        let cursor = &query.cursor;
+        let start = match &cursor.after_key {
+            Some(key) => Bound::Excluded((
+                query.cell_id.clone(),
+                query.table_name,
+                cursor.record_id,
+                key.clone(),
+            )),
+            None => {
+                // The smallest key of all (enums order by declaration; `ALL` lists them so).
+                let lowest = ClaimKey {
+                    claim_type: ClaimType::ALL[0],
+                    value: String::new(),
+                };
+                Bound::Included((
+                    query.cell_id.clone(),
+                    query.table_name,
+                    cursor.record_id,
+                    lowest,
                 ))
-                .take_while(in_scope)
-        };
-        let first: Vec<Claim> = from(query.cursor)
-            .take(query.limit.max(1).saturating_add(1))
-            .filter_map(claim)
-            .collect();
-        match decide::plan_claims_page(query.cursor, query.limit, &first) {
-            ClaimsPagePlan::Done(page) => page,
-            ClaimsPagePlan::NeedBoundary { boundary } => {
-                let boundary_claims = from(boundary)
-                    .take_while(|(_, _, id, _)| *id == boundary)
-                    .filter_map(claim)
-                    .collect();
-                let more_after =
-                    boundary < i64::MAX && from(boundary.saturating_add(1)).next().is_some();
-                decide::finish_claims_page(
-                    query.cursor,
-                    &first,
-                    boundary,
-                    boundary_claims,
-                    more_after,
-                )
             }
-        }
+        };
+        let rows: Vec<Claim> = self
+            .by_record
+            .range((start, Bound::Unbounded))
+            .take_while(|(cell, table, ..)| *cell == query.cell_id && *table == query.table_name)
+            .take(query.fetch_limit())
+            .filter_map(|(.., key)| self.claims.get(key).cloned())
+            .collect();
+        pages::claims_page(query, rows)
     }
 
     pub fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
@@ -269,34 +261,30 @@ impl Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::types::{ClaimRecord, OwnerType};
+    use crate::domain::types::{ClaimRecord, ClaimsCursor, OwnerType};
     use proptest::prelude::*;
 
-    /// ListClaims as a full scan: every claim of the cell and table at or after the cursor,
-    /// in page order (what the index must reproduce).
+    /// ListClaims as a full scan: every claim of the cell and table after the cursor, in page
+    /// order (what the index must reproduce).
     fn scanned_page(tables: &Tables, query: &ClaimsQuery) -> ClaimsPage {
         let mut rows: Vec<Claim> = tables
             .claims
             .values()
             .filter(|c| c.cell_id == query.cell_id && c.record.table_name == query.table_name)
-            .filter(|c| c.record.table_record_id >= query.cursor)
+            .filter(|c| {
+                let (id, claim_type, value) = query.cursor.start_after();
+                let key = &c.record.key;
+                (
+                    c.record.table_record_id,
+                    key.claim_type.number(),
+                    key.value.as_str(),
+                ) > (id, claim_type, value)
+            })
             .cloned()
             .collect();
-        rows.sort_by(decide::claims_page_order);
-        let first = &rows[..rows.len().min(query.limit.max(1).saturating_add(1))];
-        match decide::plan_claims_page(query.cursor, query.limit, first) {
-            ClaimsPagePlan::Done(page) => page,
-            ClaimsPagePlan::NeedBoundary { boundary } => decide::finish_claims_page(
-                query.cursor,
-                first,
-                boundary,
-                rows.iter()
-                    .filter(|c| c.record.table_record_id == boundary)
-                    .cloned()
-                    .collect(),
-                rows.iter().any(|c| c.record.table_record_id > boundary),
-            ),
-        }
+        rows.sort_by(pages::claims_page_order);
+        rows.truncate(query.fetch_limit());
+        pages::claims_page(query, rows)
     }
 
     fn record(table: u8, id: i64, claim_type: u8, value: u8) -> ClaimRecord {
@@ -349,13 +337,14 @@ mod tests {
             }
             for cell in &cells {
                 for &table in TableName::ALL {
-                    let mut cursor = 0;
+                    let mut cursor = ClaimsCursor::at(0);
                     for step in 0..100 {
                         let query = ClaimsQuery {
                             cell_id: cell.clone(),
                             table_name: table,
-                            cursor,
+                            cursor: cursor.clone(),
                             limit: limits[step % limits.len()],
+                            max_bytes: crate::domain::DEFAULT_MAX_RESPONSE_BYTES,
                         };
                         let page = tables.list_claims(&query);
                         prop_assert_eq!(&page, &scanned_page(&tables, &query));

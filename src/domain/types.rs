@@ -446,6 +446,10 @@ pub struct LeasesQuery {
     /// Exclusive lower bound: the `next_cursor` of the previous page.
     pub after: Option<LeaseId>,
     pub limit: usize,
+    /// Budget of the encoded response (`--max-response-bytes`, see
+    /// [`leases_page`](crate::domain::leases_page)). The server's own: the service fills it in,
+    /// a client's value is never sent.
+    pub max_bytes: usize,
 }
 
 /// A page of ListOutstandingLeases.
@@ -458,24 +462,76 @@ pub struct LeasesPage {
     pub server_time: Timestamp,
 }
 
+/// Where a ListClaims page starts: at record id `record_id`, or, with `after_key`, after that
+/// claim of record `record_id` (a page that ended inside a record continues there).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClaimsCursor {
+    pub record_id: i64,
+    /// Start after this claim (in `(claim_type, claim_value)` order) of record `record_id`.
+    pub after_key: Option<ClaimKey>,
+}
+
+impl ClaimsCursor {
+    /// The start of record `record_id` (`0` for the first page).
+    pub const fn at(record_id: i64) -> Self {
+        Self {
+            record_id,
+            after_key: None,
+        }
+    }
+
+    /// The exclusive lower bound of the page in page order, as stored columns
+    /// `(table_record_id, claim_type, claim_value)`: a store reads the claims with
+    /// `(table_record_id, claim_type, claim_value) > start_after()`. Without a key it is
+    /// `(record_id, 0, "")`, which sorts before every claim of `record_id` (claim types are
+    /// numbered from 1).
+    pub fn start_after(&self) -> (i64, i32, &str) {
+        match &self.after_key {
+            Some(key) => (self.record_id, key.claim_type.number(), key.value.as_str()),
+            None => (self.record_id, 0, ""),
+        }
+    }
+}
+
 /// A page request of ListClaims.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimsQuery {
     pub cell_id: CellId,
     pub table_name: TableName,
-    /// Inclusive lower bound on `table_record_id`.
-    pub cursor: i64,
+    pub cursor: ClaimsCursor,
+    /// Most claims on the page (0 is taken as 1).
     pub limit: usize,
+    /// Budget of the encoded response (`--max-response-bytes`, see
+    /// [`claims_page`](crate::domain::claims_page)). The server's own: the service fills it in,
+    /// a client's value is never sent.
+    pub max_bytes: usize,
 }
 
-/// A page of ListClaims: the claims with `start_range <= table_record_id < end_range`.
+/// A page of ListClaims: every claim with `start_range <= table_record_id < end_range`, plus,
+/// when the page ended inside record `end_range` (`next_cursor` has an `after_key`), the first
+/// claims of that record. See [`claims_page`](crate::domain::claims_page).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimsPage {
     pub claims: Vec<Claim>,
     pub start_range: i64,
     pub end_range: i64,
-    /// `None` on the last page (whose `end_range` is `i64::MAX`).
-    pub next_cursor: Option<i64>,
+    /// `None` on the last page (whose `end_range` is `i64::MAX`); else its `record_id` is
+    /// `end_range`.
+    pub next_cursor: Option<ClaimsCursor>,
+}
+
+impl ClaimsPage {
+    /// The record the page ended inside (`end_range`, when the next cursor has a key): its first
+    /// claims are the last of this page, the rest start the next one.
+    pub fn split_record(&self) -> Option<i64> {
+        split_record(self.next_cursor.as_ref())
+    }
+}
+
+fn split_record(next_cursor: Option<&ClaimsCursor>) -> Option<i64> {
+    next_cursor
+        .filter(|next| next.after_key.is_some())
+        .map(|next| next.record_id)
 }
 
 /// A claim as a client of the API sees it: like [`Claim`], but with its state instead of the
@@ -501,11 +557,18 @@ impl From<Claim> for ClaimView {
     }
 }
 
-/// A page of ListClaims as a client sees it.
+/// A page of ListClaims as a client sees it (the same ranges and cursor as [`ClaimsPage`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimViewsPage {
     pub claims: Vec<ClaimView>,
     pub start_range: i64,
     pub end_range: i64,
-    pub next_cursor: Option<i64>,
+    pub next_cursor: Option<ClaimsCursor>,
+}
+
+impl ClaimViewsPage {
+    /// As [`ClaimsPage::split_record`].
+    pub fn split_record(&self) -> Option<i64> {
+        split_record(self.next_cursor.as_ref())
+    }
 }

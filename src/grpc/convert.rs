@@ -6,7 +6,7 @@
 
 use crate::domain::{
     check_record_id, check_value, page_limit, CellId, Claim, ClaimKey, ClaimState, ClaimType,
-    ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, TableName,
+    ClaimsCursor, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, TableName,
     CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT, LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT,
 };
 use crate::error::ClaimsError;
@@ -55,9 +55,10 @@ pub fn lease_ref_from_pb(cell_id: &str, lease_id: &str) -> Result<(CellId, Lease
 }
 
 /// Decodes a ListOutstandingLeases request: `cursor` empty or a lease id, `limit` 0 (default
-/// 100) up to 1000.
+/// 100) up to 1000. `max_bytes` is the server's response budget (`--max-response-bytes`).
 pub fn leases_query_from_pb(
     request: &pb::ListOutstandingLeasesRequest,
+    max_bytes: usize,
 ) -> Result<LeasesQuery, ClaimsError> {
     let cell_id = CellId::parse(&request.cell_id)?;
     let after = if request.cursor.is_empty() {
@@ -75,14 +76,25 @@ pub fn leases_query_from_pb(
         cell_id,
         after,
         limit,
+        max_bytes,
     })
 }
 
-/// Decodes a ListClaims request: `0 <= cursor < i64::MAX`, `limit` 0 (default 1000) up to 10000.
-pub fn claims_query_from_pb(request: &pb::ListClaimsRequest) -> Result<ClaimsQuery, ClaimsError> {
+/// Decodes a ListClaims request: `0 <= cursor < i64::MAX`, `cursor_key` absent or a claim key,
+/// `limit` 0 (default 1000) up to 10000. `max_bytes` is the server's response budget
+/// (`--max-response-bytes`).
+pub fn claims_query_from_pb(
+    request: &pb::ListClaimsRequest,
+    max_bytes: usize,
+) -> Result<ClaimsQuery, ClaimsError> {
     let cell_id = CellId::parse(&request.cell_id)?;
     let table_name = TableName::parse_field(request.table_name, "table_name")?;
     check_record_id(request.cursor, "cursor")?;
+    let after_key = request
+        .cursor_key
+        .as_ref()
+        .map(|key| claim_key_cursor_from_pb(key, "cursor_key"))
+        .transpose()?;
     let limit = page_limit(
         request.limit,
         CLAIMS_DEFAULT_LIMIT,
@@ -92,9 +104,30 @@ pub fn claims_query_from_pb(request: &pb::ListClaimsRequest) -> Result<ClaimsQue
     Ok(ClaimsQuery {
         cell_id,
         table_name,
-        cursor: request.cursor,
+        cursor: ClaimsCursor {
+            record_id: request.cursor,
+            after_key,
+        },
         limit,
+        max_bytes,
     })
+}
+
+/// A `ClaimKeyCursor` (request or response) as a claim key; `field` prefixes error paths.
+pub fn claim_key_cursor_from_pb(
+    key: &pb::ClaimKeyCursor,
+    field: &str,
+) -> Result<ClaimKey, ClaimsError> {
+    let claim_type = ClaimType::parse_field(key.claim_type, &format!("{field}.claim_type"))?;
+    check_value(&key.claim_value, &format!("{field}.claim_value"))?;
+    Ok(ClaimKey::new(claim_type, key.claim_value.clone()))
+}
+
+pub fn claim_key_cursor_to_pb(key: &ClaimKey) -> pb::ClaimKeyCursor {
+    pb::ClaimKeyCursor {
+        claim_type: key.claim_type.number(),
+        claim_value: key.value.clone(),
+    }
 }
 
 /// Decodes a LookupClaim request into the claim's key.
@@ -134,7 +167,12 @@ pub fn claims_page_to_pb(page: &ClaimsPage) -> pb::ListClaimsResponse {
         claims: page.claims.iter().map(claim_info_to_pb).collect(),
         start_range: page.start_range,
         end_range: page.end_range,
-        next_cursor: page.next_cursor,
+        next_cursor: page.next_cursor.as_ref().map(|c| c.record_id),
+        next_cursor_key: page
+            .next_cursor
+            .as_ref()
+            .and_then(|c| c.after_key.as_ref())
+            .map(claim_key_cursor_to_pb),
     }
 }
 
@@ -143,5 +181,173 @@ pub fn lookup_response_to_pb(claim: &Claim) -> pb::LookupClaimResponse {
         claim: Some(claim_info_to_pb(claim)),
         cell_id: claim.cell_id.to_string(),
         state: claim_state_to_pb(claim.state()).into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The byte budget of the list pages is counted with the domain's upper bounds of the
+    //! encoding (`domain::pages`); here they are held against prost's real encoding.
+
+    use prost::Message;
+
+    use super::*;
+    use crate::domain::{
+        claim_encoded_len_bound, claims_page, lease_encoded_len_bound, leases_page, BeginUpdate,
+        ClaimLease, ClaimRecord, LeaseOp, OwnerType, Timestamp, MAX_CELL_ID_LEN, MAX_VALUE_LEN,
+    };
+
+    /// The largest timestamps (every varint at full length) and the longest fields.
+    const LATE: Timestamp = Timestamp::from_unix_micros(i64::MAX);
+    const EARLY: Timestamp = Timestamp::from_unix_micros(i64::MIN + 1);
+
+    fn cell(long: bool) -> CellId {
+        CellId::parse(&if long {
+            "c".repeat(MAX_CELL_ID_LEN)
+        } else {
+            "c".into()
+        })
+        .unwrap()
+    }
+
+    fn record(n: usize, value_len: usize, id: i64) -> ClaimRecord {
+        let mut value = format!("v{n}-");
+        while value.len() < value_len {
+            value.push('x');
+        }
+        ClaimRecord {
+            key: ClaimKey::new(ClaimType::Email, value.clone()),
+            owner_type: OwnerType::Project,
+            owner_value: value,
+            table_name: TableName::Groups,
+            table_record_id: id,
+        }
+    }
+
+    fn lease(n: u128, claims: usize, value_len: usize, long_cell: bool, time: Timestamp) -> Lease {
+        let records: Vec<ClaimRecord> = (0..claims)
+            .map(|i| record(i, value_len, i64::MAX - 1))
+            .collect();
+        Lease {
+            lease_id: LeaseId::from_uuid(uuid::Uuid::from_u128(n)),
+            cell_id: cell(long_cell),
+            created_at: time,
+            last_renewed_at: time,
+            request: BeginUpdate {
+                cell_id: cell(long_cell),
+                lease_id: Some(LeaseId::from_uuid(uuid::Uuid::from_u128(n))),
+                creates: records[..claims / 2].to_vec(),
+                destroys: records[claims / 2..].to_vec(),
+            },
+        }
+    }
+
+    fn claim(n: usize, value_len: usize, id: i64, time: Timestamp) -> Claim {
+        Claim {
+            record: record(n, value_len, id),
+            cell_id: cell(true),
+            lease: Some(ClaimLease {
+                lease_id: LeaseId::from_uuid(uuid::Uuid::from_u128(1)),
+                op: LeaseOp::Destroy,
+            }),
+            created_at: time,
+            updated_at: time,
+        }
+    }
+
+    fn one_lease_len(lease: &Lease) -> usize {
+        let page = LeasesPage {
+            leases: vec![lease.clone()],
+            next_cursor: None,
+            server_time: Timestamp::from_unix_micros(0),
+        };
+        let empty = LeasesPage {
+            leases: Vec::new(),
+            ..page.clone()
+        };
+        leases_page_to_pb(&page).encoded_len() - leases_page_to_pb(&empty).encoded_len()
+    }
+
+    fn one_claim_len(claim: &Claim) -> usize {
+        let page = ClaimsPage {
+            claims: vec![claim.clone()],
+            start_range: 0,
+            end_range: 0,
+            next_cursor: None,
+        };
+        let empty = ClaimsPage {
+            claims: Vec::new(),
+            ..page.clone()
+        };
+        claims_page_to_pb(&page).encoded_len() - claims_page_to_pb(&empty).encoded_len()
+    }
+
+    #[test]
+    fn lease_and_claim_bounds_are_upper_bounds_and_tight_for_large_items() {
+        for time in [EARLY, Timestamp::from_unix_micros(0), LATE] {
+            for long_cell in [false, true] {
+                for (claims, value_len) in
+                    [(1, 1), (2, 40), (7, MAX_VALUE_LEN), (1000, MAX_VALUE_LEN)]
+                {
+                    let lease = lease(7, claims, value_len, long_cell, time);
+                    let (bound, real) = (lease_encoded_len_bound(&lease), one_lease_len(&lease));
+                    assert!(bound >= real, "lease of {claims}: bound {bound} < {real}");
+                    if claims == 1000 {
+                        assert!(bound * 100 <= real * 103, "lease bound {bound} vs {real}");
+                    }
+                }
+            }
+            for value_len in [1, 17, MAX_VALUE_LEN] {
+                for id in [0, 300, i64::MAX - 1] {
+                    let claim = claim(3, value_len, id, time);
+                    let (bound, real) = (claim_encoded_len_bound(&claim), one_claim_len(&claim));
+                    assert!(bound >= real, "claim: bound {bound} < {real}");
+                    if value_len == MAX_VALUE_LEN {
+                        assert!(bound * 100 <= real * 103, "claim bound {bound} vs {real}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn encoded_pages_stay_within_the_budget() {
+        let budget = 64 * 1024;
+        let leases: Vec<Lease> = (1..=6)
+            .map(|n| lease(n, 40, MAX_VALUE_LEN, true, LATE))
+            .collect();
+        let query = LeasesQuery {
+            cell_id: cell(true),
+            after: None,
+            limit: 100,
+            max_bytes: budget,
+        };
+        let page = leases_page(&query, leases, LATE);
+        assert!(page.leases.len() > 1 && page.next_cursor.is_some());
+        let len = leases_page_to_pb(&page).encoded_len();
+        assert!(len <= budget, "leases page of {len} bytes");
+
+        // One record whose claims fill pages: every page carries the longest key cursor.
+        let claims: Vec<Claim> = (0..400)
+            .map(|n| claim(n, MAX_VALUE_LEN, i64::MAX - 1, LATE))
+            .collect();
+        let query = ClaimsQuery {
+            cell_id: cell(true),
+            table_name: TableName::Groups,
+            cursor: ClaimsCursor::at(i64::MAX - 1),
+            limit: 10_000,
+            max_bytes: budget,
+        };
+        let page = claims_page(&query, claims);
+        assert!(page
+            .next_cursor
+            .as_ref()
+            .is_some_and(|c| c.after_key.is_some()));
+        let len = claims_page_to_pb(&page).encoded_len();
+        assert!(len <= budget, "claims page of {len} bytes");
+        assert!(
+            len * 100 >= budget * 95,
+            "claims page of {len} bytes is needlessly small"
+        );
     }
 }

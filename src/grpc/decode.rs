@@ -1,13 +1,35 @@
-//! Client-side decoding of responses into domain types. A response that does not decode is the
-//! server's fault (or a version mismatch) and becomes `ClaimsError::Internal` naming the field.
+//! The client side of the API: the client every caller of ours builds ([`claims_client`], with
+//! the largest response it must accept), requests from domain queries, and responses decoded
+//! into domain types. A response that does not decode is the server's fault (or a version
+//! mismatch) and becomes `ClaimsError::Internal` naming the field.
+
+use tonic::transport::Channel;
 
 use crate::domain::{
-    CellId, ClaimState, ClaimView, ClaimViewsPage, ClaimsQuery, Lease, LeaseId, LeasesPage,
-    LeasesQuery, Timestamp,
+    CellId, ClaimState, ClaimView, ClaimViewsPage, ClaimsCursor, ClaimsQuery, Lease, LeaseId,
+    LeasesPage, LeasesQuery, Timestamp,
 };
 use crate::error::ClaimsError;
-use crate::grpc::convert::{begin_update_from_pb, claim_record_from_pb, timestamp_from_pb};
+use crate::grpc::convert::{
+    begin_update_from_pb, claim_key_cursor_from_pb, claim_key_cursor_to_pb, claim_record_from_pb,
+    timestamp_from_pb,
+};
 use crate::grpc::pb;
+use crate::grpc::pb::claims_service_client::ClaimsServiceClient;
+
+/// The largest response message our clients decode (tonic's default is 4 MiB). List pages stop
+/// before the server's `--max-response-bytes` (at most about 4 MB), but a ListOutstandingLeases
+/// page always holds at least one lease, and one lease carries its whole BeginUpdate request,
+/// which may itself be up to the server's 4 MiB request limit. 8 MiB holds that lease with room
+/// for the rest of the page; a client at tonic's default could fail on it forever
+/// (`decoded message length too large`), and a reconciler could never heal the lease.
+pub const MAX_RESPONSE_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// A `ClaimsService` client on `channel` that accepts every response the server can send
+/// ([`MAX_RESPONSE_MESSAGE_BYTES`]). Every client of ours is built here.
+pub fn claims_client(channel: Channel) -> ClaimsServiceClient<Channel> {
+    ClaimsServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE_MESSAGE_BYTES)
+}
 
 fn bad(field: &str, what: impl std::fmt::Display) -> ClaimsError {
     ClaimsError::internal(format!("malformed response: {field}: {what}"))
@@ -80,6 +102,7 @@ pub fn lookup_from_pb(response: &pb::LookupClaimResponse) -> Result<ClaimView, C
     claim_view_from_pb(info, cell_id)
 }
 
+/// The request of a leases page (`query.max_bytes` is the server's, never sent).
 pub fn leases_query_to_pb(query: &LeasesQuery) -> pb::ListOutstandingLeasesRequest {
     pb::ListOutstandingLeasesRequest {
         cell_id: query.cell_id.to_string(),
@@ -107,12 +130,14 @@ pub fn leases_page_from_pb(
     })
 }
 
+/// The request of a claims page (`query.max_bytes` is the server's, never sent).
 pub fn claims_query_to_pb(query: &ClaimsQuery) -> pb::ListClaimsRequest {
     pb::ListClaimsRequest {
         cell_id: query.cell_id.to_string(),
         table_name: query.table_name.number(),
-        cursor: query.cursor,
+        cursor: query.cursor.record_id,
         limit: i32::try_from(query.limit).unwrap_or(i32::MAX),
+        cursor_key: query.cursor.after_key.as_ref().map(claim_key_cursor_to_pb),
     }
 }
 
@@ -120,6 +145,21 @@ pub fn claims_page_from_pb(
     response: &pb::ListClaimsResponse,
     cell_id: &CellId,
 ) -> Result<ClaimViewsPage, ClaimsError> {
+    let after_key = response
+        .next_cursor_key
+        .as_ref()
+        .map(|key| {
+            claim_key_cursor_from_pb(key, "next_cursor_key").map_err(|e| bad("next_cursor_key", e))
+        })
+        .transpose()?;
+    let next_cursor = match (response.next_cursor, after_key) {
+        (Some(record_id), after_key) => Some(ClaimsCursor {
+            record_id,
+            after_key,
+        }),
+        (None, None) => None,
+        (None, Some(_)) => return Err(bad("next_cursor_key", "set without next_cursor")),
+    };
     Ok(ClaimViewsPage {
         claims: response
             .claims
@@ -128,6 +168,6 @@ pub fn claims_page_from_pb(
             .collect::<Result<Vec<_>, _>>()?,
         start_range: response.start_range,
         end_range: response.end_range,
-        next_cursor: response.next_cursor,
+        next_cursor,
     })
 }

@@ -24,12 +24,13 @@ pub struct ServiceConfig {
     pub max_batch: usize,
     /// Budget of one ListOutstandingLeases / ListClaims response, in encoded bytes
     /// (`--max-response-bytes`): a page stops before it, as well as at its `limit`, so every
-    /// page fits the 4 MiB gRPC clients accept by default.
+    /// page fits the 4 MiB gRPC clients accept by default (the rule: `domain::pages`). A
+    /// leases page holds at least one lease even when that lease alone is larger.
     pub max_response_bytes: usize,
 }
 
 /// Default of [`ServiceConfig::max_response_bytes`]: well under the 4 MiB clients accept.
-pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+pub use crate::domain::DEFAULT_MAX_RESPONSE_BYTES;
 
 impl Default for ServiceConfig {
     fn default() -> Self {
@@ -131,7 +132,10 @@ impl ClaimsService for ClaimsServiceImpl {
     ) -> Result<Response<pb::ListOutstandingLeasesResponse>, Status> {
         respond(
             async {
-                let query = convert::leases_query_from_pb(request.get_ref())?;
+                let query = convert::leases_query_from_pb(
+                    request.get_ref(),
+                    self.config.max_response_bytes,
+                )?;
                 let page = self.store.list_outstanding_leases(&query).await?;
                 Ok(convert::leases_page_to_pb(&page))
             }
@@ -145,7 +149,10 @@ impl ClaimsService for ClaimsServiceImpl {
     ) -> Result<Response<pb::ListClaimsResponse>, Status> {
         respond(
             async {
-                let query = convert::claims_query_from_pb(request.get_ref())?;
+                let query = convert::claims_query_from_pb(
+                    request.get_ref(),
+                    self.config.max_response_bytes,
+                )?;
                 let page = self.store.list_claims(&query).await?;
                 Ok(convert::claims_page_to_pb(&page))
             }

@@ -163,11 +163,7 @@ pub async fn crash_at_every_phase_boundary_is_healed_by_one_reconcile_pass(db: &
         }
     }
     let leases = client
-        .list_outstanding_leases(&LeasesQuery {
-            cell_id,
-            after: None,
-            limit: 100,
-        })
+        .list_outstanding_leases(&LeasesQuery::new(cell_id, None, 100))
         .await
         .unwrap();
     assert!(leases.leases.is_empty(), "no outstanding lease remains");
@@ -221,11 +217,7 @@ pub async fn concurrent_reconcilers_act_on_each_lease_once(db: &impl LocalDb) {
     );
     assert!(reports.iter().any(|r| r.acted));
     let leases = client
-        .list_outstanding_leases(&LeasesQuery {
-            cell_id,
-            after: None,
-            limit: 100,
-        })
+        .list_outstanding_leases(&LeasesQuery::new(cell_id, None, 100))
         .await
         .unwrap();
     assert!(leases.leases.is_empty());

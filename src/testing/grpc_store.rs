@@ -16,6 +16,9 @@
 //!   creates (CREATING) or destroys (DESTROYING) the claim, read with ListOutstandingLeases. None
 //!   or several such leases is an `Internal` error, so an inconsistent store still fails the suite.
 //!
+//! The byte budget of list pages is the server's, not a request field: the test server serves
+//! with the default, and a query with another `max_bytes` is refused (`Internal`).
+//!
 //! Test scaffolding only (feature `testing`): no retries, no deadlines, no reconnects.
 
 use std::collections::BTreeMap;
@@ -27,7 +30,8 @@ use tonic::transport::Channel;
 
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimState, ClaimView, ClaimsPage,
-    ClaimsQuery, Lease, LeaseId, LeaseOp, LeasesPage, LeasesQuery, LEASES_MAX_LIMIT,
+    ClaimsQuery, Lease, LeaseId, LeaseOp, LeasesPage, LeasesQuery, DEFAULT_MAX_RESPONSE_BYTES,
+    LEASES_MAX_LIMIT,
 };
 use crate::error::ClaimsError;
 use crate::grpc::convert::begin_update_to_pb;
@@ -35,6 +39,20 @@ use crate::grpc::pb::claims_service_client::ClaimsServiceClient;
 use crate::grpc::{decode, pb, status};
 use crate::ports::ClaimStore;
 use crate::testing::server::TestServer;
+
+/// The response budget is the server's (`--max-response-bytes`), not part of a request: the
+/// test server runs with the default, so a query asking for another budget could not be
+/// answered truthfully and is refused rather than answered with other pages.
+fn served_budget(max_bytes: usize) -> Result<(), ClaimsError> {
+    if max_bytes == DEFAULT_MAX_RESPONSE_BYTES {
+        Ok(())
+    } else {
+        Err(ClaimsError::internal(format!(
+            "GrpcClaimStore serves with the default response budget \
+             ({DEFAULT_MAX_RESPONSE_BYTES} bytes); the query asks for {max_bytes}"
+        )))
+    }
+}
 
 /// A [`ClaimStore`] over a gRPC connection to a [`TestServer`] that serves an inner store.
 pub struct GrpcClaimStore {
@@ -76,11 +94,7 @@ impl GrpcClaimStore {
     /// Every outstanding lease of `cell_id`, all pages.
     async fn all_outstanding(&self, cell_id: &CellId) -> Result<Vec<Lease>, ClaimsError> {
         let mut leases = Vec::new();
-        let mut query = LeasesQuery {
-            cell_id: cell_id.clone(),
-            after: None,
-            limit: LEASES_MAX_LIMIT,
-        };
+        let mut query = LeasesQuery::new(cell_id.clone(), None, LEASES_MAX_LIMIT);
         loop {
             let page = self.list_outstanding_leases(&query).await?;
             leases.extend(page.leases);
@@ -207,6 +221,7 @@ impl ClaimStore for GrpcClaimStore {
         &self,
         query: &LeasesQuery,
     ) -> Result<LeasesPage, ClaimsError> {
+        served_budget(query.max_bytes)?;
         let response = self
             .client()
             .list_outstanding_leases(decode::leases_query_to_pb(query))
@@ -216,6 +231,7 @@ impl ClaimStore for GrpcClaimStore {
     }
 
     async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
+        served_budget(query.max_bytes)?;
         let response = self
             .client()
             .list_claims(decode::claims_query_to_pb(query))

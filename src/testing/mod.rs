@@ -2,7 +2,7 @@
 //!
 //! - [`conformance`]: one async function per behaviour of the [`ClaimStore`](crate::ClaimStore)
 //!   contract (every row of the status table, atomicity, idempotency, ownership, renewal,
-//!   lookup states, ListClaims tiling), run by [`claim_store_conformance!`](crate::claim_store_conformance);
+//!   lookup states, ListClaims tiling, the byte budget of list pages), run by [`claim_store_conformance!`](crate::claim_store_conformance);
 //! - [`model`]: a model-based property test — random command sequences from several cells over a
 //!   small key space, run against [`Tables`](crate::domain::Tables) and the adapter side by side;
 //! - [`local`]: the [`LocalLeaseStore`](crate::LocalLeaseStore) contract;
@@ -91,7 +91,9 @@ macro_rules! claim_store_conformance {
                 renew_moves_last_renewed_at,
                 renew_of_ended_unknown_or_foreign_lease_fails,
                 list_outstanding_leases_pages_by_lease_id,
+                list_outstanding_leases_pages_stop_before_the_byte_budget,
                 list_claims_pages_tile_the_id_space,
+                list_claims_split_a_record_larger_than_the_byte_budget,
                 list_claims_includes_leased_claims_with_state,
                 lookup_of_absent_claim_is_not_found,
                 outcomes_are_forgotten_after_retention,

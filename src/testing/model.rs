@@ -11,8 +11,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 
 use crate::domain::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimType, ClaimsQuery, Lease, LeaseId,
-    LeasesQuery, TableName, Tables, Timestamp,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimType, ClaimsCursor, ClaimsQuery, Lease,
+    LeaseId, LeasesQuery, TableName, Tables, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::ClaimStore;
@@ -261,11 +261,7 @@ async fn outstanding<S: ClaimStore>(store: &S) -> Result<BTreeMap<LeaseId, Lease
     for n in 0..CELLS {
         let mut after = None;
         loop {
-            let query = LeasesQuery {
-                cell_id: cell_of(n),
-                after,
-                limit: 3,
-            };
+            let query = LeasesQuery::new(cell_of(n), after, 3);
             let page = store
                 .list_outstanding_leases(&query)
                 .await
@@ -370,13 +366,9 @@ async fn check_final_state<S: ClaimStore>(store: &S, model: &Tables) -> Result<(
         ));
     }
     for n in 0..CELLS {
-        let query = ClaimsQuery {
-            cell_id: cell_of(n),
-            table_name: TableName::Users,
-            cursor: 0,
-            limit: 2,
-        };
-        let mut cursor_query = query.clone();
+        // Limit 2 splits every record with three or more claims: the key cursor is compared too.
+        let mut cursor_query =
+            ClaimsQuery::new(cell_of(n), TableName::Users, ClaimsCursor::at(0), 2);
         loop {
             let actual = store
                 .list_claims(&cursor_query)
@@ -392,12 +384,12 @@ async fn check_final_state<S: ClaimStore>(store: &S, model: &Tables) -> Result<(
                         .collect::<Vec<_>>(),
                     page.start_range,
                     page.end_range,
-                    page.next_cursor,
+                    page.next_cursor.clone(),
                 )
             };
             if strip(&actual) != strip(&expected) {
                 return Err(format!(
-                    "ListClaims page differs for cell-{n} at cursor {}",
+                    "ListClaims page differs for cell-{n} at cursor {:?}",
                     cursor_query.cursor
                 ));
             }

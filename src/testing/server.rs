@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use crate::error::ClaimsError;
+use crate::grpc::decode::claims_client;
 use crate::grpc::pb::claims_service_client::ClaimsServiceClient;
 use crate::grpc::server::{serve, ServerConfig};
 use crate::ports::ClaimStore;
@@ -58,11 +59,15 @@ impl TestServer {
         format!("http://{}", self.addr)
     }
 
-    /// A client on a fresh connection.
+    /// A client on a fresh connection, accepting responses as large as ours do
+    /// (`grpc::decode::claims_client`).
     pub async fn client(&self) -> ClaimsServiceClient<Channel> {
-        ClaimsServiceClient::connect(self.endpoint())
+        let channel = Channel::from_shared(self.endpoint())
+            .expect("a valid endpoint")
+            .connect()
             .await
-            .unwrap_or_else(|e| panic!("connect to the test server at {}: {e}", self.endpoint()))
+            .unwrap_or_else(|e| panic!("connect to the test server at {}: {e}", self.endpoint()));
+        claims_client(channel)
     }
 
     /// Stops accepting, waits for in-flight requests to finish and the server to return.

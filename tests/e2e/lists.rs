@@ -1,10 +1,13 @@
-//! ListClaims and ListOutstandingLeases: pages that tile the record id space without splitting a
-//! record's claims, leased claims listed with their state, and the default page sizes.
+//! ListClaims and ListOutstandingLeases: pages that tile the record id space and split a record's
+//! claims only when they alone fill a page (with a key cursor), leased claims listed with their
+//! state, the default page sizes, and pages that stop before the server's response budget.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use prost::Message;
 use topology_claims::grpc::pb;
+use topology_claims::grpc::server::ServerConfig;
 use topology_claims::testing::TestServer;
 use topology_claims::{ClaimStore, ClaimType, TableName};
 
@@ -13,12 +16,14 @@ use crate::support::*;
 against_every_store!(
     list_claims_pages_tile_the_id_space_and_include_leased_claims,
     default_page_sizes_apply_when_limit_is_zero,
+    pages_stop_before_the_configured_response_budget,
 );
 
 async fn list_claims_pages_tile_the_id_space_and_include_leased_claims(store: Arc<dyn ClaimStore>) {
     let server = TestServer::start(store).await;
     let mut c = server.client().await;
-    // Record 5 has three claims: a page never splits them.
+    // Record 5 has three claims: at limit 2 the page before it ends at record 5, and record 5
+    // alone fills the next page, so it is split after its second claim.
     let records = [
         claim(ClaimType::Routes, "r-1", TableName::Routes, 1),
         claim(ClaimType::Routes, "r-5a", TableName::Routes, 5),
@@ -36,25 +41,32 @@ async fn list_claims_pages_tile_the_id_space_and_include_leased_claims(store: Ar
     .await;
 
     let mut cursor = 0;
+    let mut cursor_key = None;
     let mut expected_start = 0;
     let mut seen = Vec::new();
+    let mut pages = Vec::new();
     loop {
-        let page = ok(
-            c.list_claims(claims_req("cell-a", TableName::Routes, cursor, 2))
-                .await,
-            "page",
-        );
+        let request = pb::ListClaimsRequest {
+            cursor_key: cursor_key.clone(),
+            ..claims_req("cell-a", TableName::Routes, cursor, 2)
+        };
+        let page = ok(c.list_claims(request).await, "page");
         assert_eq!(page.start_range, expected_start, "pages leave no gap");
+        assert!(page.claims.len() <= 2, "the limit bounds claims strictly");
+        let split = page.next_cursor_key.is_some();
         for info in &page.claims {
+            let id = info.table_record_id;
             assert!(
-                page.start_range <= info.table_record_id && info.table_record_id < page.end_range
+                (page.start_range <= id && id < page.end_range) || (split && id == page.end_range)
             );
             seen.push((info.claim_value.clone(), info.state()));
         }
+        pages.push((page.start_range, page.end_range, page.claims.len(), split));
         match page.next_cursor {
             Some(next) => {
                 assert_eq!(next, page.end_range);
                 cursor = next;
+                cursor_key = page.next_cursor_key;
                 expected_start = next;
             }
             None => {
@@ -67,6 +79,10 @@ async fn list_claims_pages_tile_the_id_space_and_include_leased_claims(store: Ar
             }
         }
     }
+    assert_eq!(
+        pages,
+        [(0, 5, 1, false), (5, 5, 2, true), (5, i64::MAX, 2, false)]
+    );
     let active = pb::ClaimState::Active;
     assert_eq!(
         seen,
@@ -136,7 +152,88 @@ async fn default_page_sizes_apply_when_limit_is_zero(store: Arc<dyn ClaimStore>)
         "list",
     );
     assert_eq!(page.claims.len(), 1000);
-    assert_eq!(page.next_cursor, Some(1000));
+    assert_eq!((page.next_cursor, page.next_cursor_key), (Some(1000), None));
     assert_eq!((page.start_range, page.end_range), (0, 1000));
+    server.shutdown().await;
+}
+
+async fn pages_stop_before_the_configured_response_budget(store: Arc<dyn ClaimStore>) {
+    // `serve --max-response-bytes 65536`: 300 claims of about 570 bytes (255-byte values and
+    // owners) are 170 KB, so neither list fits one page at its default limit.
+    let budget = 64 * 1024;
+    let config = ServerConfig {
+        max_response_bytes: budget,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(store, config).await;
+    let mut c = server.client().await;
+    let long = |prefix: &str, i: usize| format!("{prefix}-{i}-{:x<255}", "")[..255].to_owned();
+    let mut ids = BTreeSet::new();
+    for lease in 0..3 {
+        let records: Vec<pb::ClaimRecord> = (0..100)
+            .map(|i| pb::ClaimRecord {
+                owner_value: long("owner", i),
+                ..claim(
+                    ClaimType::Email,
+                    &long("v", lease * 100 + i),
+                    TableName::Emails,
+                    3,
+                )
+            })
+            .collect();
+        ids.insert(
+            begin(&mut c, request("cell-a", &records, &[]))
+                .await
+                .lease_id,
+        );
+    }
+
+    let mut listed = BTreeSet::new();
+    let mut cursor = String::new();
+    let mut pages = 0;
+    loop {
+        let page = ok(
+            c.list_outstanding_leases(leases_req("cell-a", &cursor, 0))
+                .await,
+            "leases page",
+        );
+        assert!(page.encoded_len() <= budget, "{} bytes", page.encoded_len());
+        assert_eq!(page.leases.len(), 1, "a 57 KB lease is alone on its page");
+        listed.extend(
+            page.leases
+                .iter()
+                .map(|l| l.lease_payload.clone().unwrap().lease_id),
+        );
+        pages += 1;
+        if page.next_cursor.is_empty() {
+            break;
+        }
+        cursor = page.next_cursor;
+    }
+    assert_eq!((pages, listed), (3, ids));
+
+    let (mut cursor, mut cursor_key) = (0, None);
+    let mut values = Vec::new();
+    let mut pages = Vec::new();
+    loop {
+        let request = pb::ListClaimsRequest {
+            cursor_key: cursor_key.clone(),
+            ..claims_req("cell-a", TableName::Emails, cursor, 0)
+        };
+        let page = ok(c.list_claims(request).await, "claims page");
+        assert!(page.encoded_len() <= budget, "{} bytes", page.encoded_len());
+        values.extend(page.claims.iter().map(|i| i.claim_value.clone()));
+        pages.push(page.claims.len());
+        match page.next_cursor {
+            Some(next) => (cursor, cursor_key) = (next, page.next_cursor_key),
+            None => break,
+        }
+    }
+    assert!(
+        pages.len() >= 3,
+        "the budget, not the limit, ends the pages: {pages:?}"
+    );
+    let unique: BTreeSet<&String> = values.iter().collect();
+    assert_eq!((values.len(), unique.len()), (300, 300), "every claim once");
     server.shutdown().await;
 }

@@ -152,6 +152,7 @@ pub fn claims_req(cell: &str, table: TableName, cursor: i64, limit: i32) -> pb::
         table_name: table.number(),
         cursor,
         limit,
+        cursor_key: None,
     }
 }
 

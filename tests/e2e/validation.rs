@@ -367,8 +367,24 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
             table_name: bad,
             cursor: 0,
             limit: 0,
+            cursor_key: None,
         };
         expect_invalid(c.list_claims(req).await, "table_name");
+    }
+    for (claim_type, value, field) in [
+        (0, "a", "cursor_key.claim_type"),
+        (9, "a", "cursor_key.claim_type"),
+        (1, "", "cursor_key.claim_value"),
+        (1, "a\u{7}", "cursor_key.claim_value"),
+    ] {
+        let req = pb::ListClaimsRequest {
+            cursor_key: Some(pb::ClaimKeyCursor {
+                claim_type,
+                claim_value: value.into(),
+            }),
+            ..claims_req("cell-a", TableName::Users, 0, 0)
+        };
+        expect_invalid(c.list_claims(req).await, field);
     }
     expect_invalid(
         c.list_outstanding_leases(leases_req("cell-a", "page-2", 0))
@@ -405,5 +421,13 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
         (last.start_range, last.end_range, last.next_cursor),
         (i64::MAX - 1, i64::MAX, None)
     );
+    let after_key = pb::ListClaimsRequest {
+        cursor_key: Some(pb::ClaimKeyCursor {
+            claim_type: ClaimType::Email.number(),
+            claim_value: "someone@example.com".into(),
+        }),
+        ..claims_req("cell-a", TableName::Users, 7, 1)
+    };
+    ok(c.list_claims(after_key).await, "cursor_key");
     server.shutdown().await;
 }

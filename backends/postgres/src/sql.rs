@@ -207,26 +207,18 @@ pub const LOOKUP_CLAIM: &str = concat!(
     " FROM claims WHERE claim_type = $1::smallint AND claim_value = $2::text"
 );
 
-/// The first `$4` claims of cell `$1`, table `$2` from record id `$3` on, in ListClaims order.
-pub const LIST_CLAIMS_FROM: &str = concat!(
+/// The first `$6` claims of cell `$1`, table `$2` after `($3, $4, $5)` in ListClaims order
+/// (`ClaimsCursor::start_after`: record id, claim type, claim value). The row comparison is one
+/// range of `claims_by_cell_table_record`, whose key continues with exactly these columns.
+pub const LIST_CLAIMS_AFTER: &str = concat!(
     "SELECT ",
     claim_columns!(),
     " FROM claims
-WHERE cell_id = $1::text AND table_name = $2::smallint AND table_record_id >= $3::bigint
+WHERE cell_id = $1::text AND table_name = $2::smallint
+  AND (table_record_id, claim_type, claim_value) > ($3::bigint, $4::smallint, $5::text)
 ORDER BY table_record_id, claim_type, claim_value
-LIMIT $4::bigint"
+LIMIT $6::bigint"
 );
-/// Every claim of one record (`$3`): the boundary record of a ListClaims page.
-pub const LIST_CLAIMS_OF_RECORD: &str = concat!(
-    "SELECT ",
-    claim_columns!(),
-    " FROM claims
-WHERE cell_id = $1::text AND table_name = $2::smallint AND table_record_id = $3::bigint
-ORDER BY claim_type, claim_value"
-);
-pub const CLAIMS_AFTER_RECORD_EXIST: &str = "\
-SELECT EXISTS (SELECT 1 FROM claims
-               WHERE cell_id = $1::text AND table_name = $2::smallint AND table_record_id > $3::bigint)";
 
 /// Deletes up to `$2` outcomes decided more than `$1` microseconds ago: the SQL form of
 /// `domain::outcome_expired` (`decided_at < now - retention`), batched so one call never holds

@@ -28,7 +28,7 @@
 //! | CommitUpdate already done / refused | 1 | |
 //! | RenewLease | 2 | `BEGIN`, lease lock, lease + outcome rows · update, `COMMIT` |
 //! | ListOutstandingLeases | 1 | page + server time |
-//! | ListClaims | 1, or 2 when a record straddles the page end | |
+//! | ListClaims | 1 | one range of the record index from the cursor (inside a record when it has a key) |
 //! | LookupClaim | 1 | |
 //!
 //! A connection's first use of an operation adds one round trip that prepares all of its
@@ -41,7 +41,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use topology_claims::codec::encode_request;
-use topology_claims::domain::{self, BeginPlan, ClaimsPagePlan, EndPlan, LeaseRecord};
+use topology_claims::domain::{self, BeginPlan, EndPlan, LeaseRecord};
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
     LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy,
@@ -328,9 +328,7 @@ impl PostgresClaimStore {
         let client = session.client()?;
         let cell = query.cell_id.as_str();
         // One row more than the page tells whether another page follows.
-        let fetch = i64::try_from(query.limit)
-            .unwrap_or(i64::MAX)
-            .saturating_add(1);
+        let fetch = i64::try_from(query.fetch_limit()).unwrap_or(i64::MAX);
         let (page_rows, time_row) = tokio::try_join!(
             biased;
             async {
@@ -347,59 +345,34 @@ impl PostgresClaimStore {
             .map(rows::lease)
             .collect::<Result<Vec<_>, _>>()?;
         let server_time = rows::timestamp(time_row.try_get(0).map_err(internal)?);
-        Ok(topology_claims::domain::leases_page(
-            leases,
-            query.limit,
-            server_time,
-        ))
+        Ok(domain::leases_page(query, leases, server_time))
     }
 
     async fn list_claims_attempt(&self, query: &ClaimsQuery) -> Result<ClaimsPage, Failure> {
         let session = self.shared.session().await?;
-        let [from, of_record, after_exist] = session
-            .prepare([
-                sql::LIST_CLAIMS_FROM,
-                sql::LIST_CLAIMS_OF_RECORD,
-                sql::CLAIMS_AFTER_RECORD_EXIST,
-            ])
-            .await?;
+        let [page] = session.prepare([sql::LIST_CLAIMS_AFTER]).await?;
         let client = session.client()?;
-        let cell = query.cell_id.as_str();
-        let table = small(query.table_name.number());
-        // plan_claims_page needs a positive limit (the front end never passes 0).
-        let limit = query.limit.max(1);
-        let fetch = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
-        let first_rows = client
-            .query(&from, &[&cell, &table, &query.cursor, &fetch])
+        let (record_id, claim_type, claim_value) = query.cursor.start_after();
+        let fetch = i64::try_from(query.fetch_limit()).unwrap_or(i64::MAX);
+        let page_rows = client
+            .query(
+                &page,
+                &[
+                    &query.cell_id.as_str(),
+                    &small(query.table_name.number()),
+                    &record_id,
+                    &small(claim_type),
+                    &claim_value,
+                    &fetch,
+                ],
+            )
             .await?;
         session.round_trip();
-        let first = first_rows
+        let claims = page_rows
             .iter()
             .map(rows::claim)
             .collect::<Result<Vec<Claim>, _>>()?;
-        match domain::plan_claims_page(query.cursor, limit, &first) {
-            ClaimsPagePlan::Done(page) => Ok(page),
-            ClaimsPagePlan::NeedBoundary { boundary } => {
-                let (boundary_rows, more_row) = tokio::try_join!(
-                    biased;
-                    async { client.query(&of_record, &[&cell, &table, &boundary]).await },
-                    async { client.query_one(&after_exist, &[&cell, &table, &boundary]).await },
-                )?;
-                session.round_trip();
-                let boundary_claims = boundary_rows
-                    .iter()
-                    .map(rows::claim)
-                    .collect::<Result<Vec<_>, _>>()?;
-                let more_after: bool = more_row.try_get(0).map_err(internal)?;
-                Ok(domain::finish_claims_page(
-                    query.cursor,
-                    &first,
-                    boundary,
-                    boundary_claims,
-                    more_after,
-                ))
-            }
-        }
+        Ok(domain::claims_page(query, claims))
     }
 
     async fn lookup_attempt(&self, key: &ClaimKey) -> Result<Claim, Failure> {

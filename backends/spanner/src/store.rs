@@ -17,9 +17,7 @@ use gcloud_spanner::statement::Statement;
 use gcloud_spanner::transaction::{QueryOptions, ReadOptions, Transaction};
 use gcloud_spanner::transaction_rw::ReadWriteTransaction;
 use gcloud_spanner::value::TimestampBound;
-use topology_claims::domain::{
-    self, BeginPlan, ClaimsPagePlan, EndPlan, EndWrites, LeaseOutcome, LeaseRecord,
-};
+use topology_claims::domain::{self, BeginPlan, EndPlan, EndWrites, LeaseOutcome, LeaseRecord};
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
     LeaseId, LeasesPage, LeasesQuery, MigrationPolicy, Timestamp,
@@ -424,50 +422,37 @@ impl SpannerClaimStore {
         Ok((candidates, now))
     }
 
-    /// The first `limit` claims at or after `cursor` plus one more (to see whether the page ends
-    /// inside a record id), or all claims of exactly `at` when given.
-    async fn claims_in_range(
+    /// The first `query.fetch_limit()` claims after the cursor, in ListClaims order: one range
+    /// of `claims_by_table_record` from the cursor's record id on, whose first claims (those of
+    /// the cursor's record up to its key) the second condition skips. GoogleSQL has no row-value
+    /// comparison, so `(table_record_id, claim_type, claim_value) > (@record_id, @claim_type,
+    /// @claim_value)` is spelt out.
+    async fn claims_page_rows(
         &self,
         tx: &mut Transaction,
         query: &ClaimsQuery,
-        from: i64,
-        exact: bool,
-        limit: Option<usize>,
     ) -> Result<Vec<Claim>, ClaimsError> {
-        let comparison = if exact { "=" } else { ">=" };
-        let limit_clause = if limit.is_some() { "LIMIT @limit" } else { "" };
         let mut stmt = Statement::new(format!(
             "SELECT {} FROM claims@{{FORCE_INDEX=claims_by_table_record}}
-             WHERE cell_id = @cell_id AND table_name = @table_name AND table_record_id {comparison} @from
-             ORDER BY table_record_id, claim_type, claim_value {limit_clause}",
+             WHERE cell_id = @cell_id AND table_name = @table_name
+               AND table_record_id >= @record_id
+               AND (table_record_id > @record_id OR claim_type > @claim_type
+                    OR (claim_type = @claim_type AND claim_value > @claim_value))
+             ORDER BY table_record_id, claim_type, claim_value LIMIT @limit",
             rows::select_list(&CLAIM_COLUMNS)
         ));
+        let (record_id, claim_type, claim_value) = query.cursor.start_after();
         stmt.add_param("cell_id", &query.cell_id.as_str());
         stmt.add_param("table_name", &i64::from(query.table_name.number()));
-        stmt.add_param("from", &from);
-        if let Some(limit) = limit {
-            stmt.add_param("limit", &i64::try_from(limit).unwrap_or(i64::MAX));
-        }
+        stmt.add_param("record_id", &record_id);
+        stmt.add_param("claim_type", &i64::from(claim_type));
+        stmt.add_param("claim_value", &claim_value);
+        stmt.add_param(
+            "limit",
+            &i64::try_from(query.fetch_limit()).unwrap_or(i64::MAX),
+        );
         self.query_all(tx, stmt, "ListClaims", rows::claim_from_row)
             .await
-    }
-
-    async fn any_claim_after(
-        &self,
-        tx: &mut Transaction,
-        query: &ClaimsQuery,
-        boundary: i64,
-    ) -> Result<bool, ClaimsError> {
-        let mut stmt = Statement::new(
-            "SELECT 1 AS one FROM claims@{FORCE_INDEX=claims_by_table_record}
-             WHERE cell_id = @cell_id AND table_name = @table_name AND table_record_id > @boundary
-             LIMIT 1",
-        );
-        stmt.add_param("cell_id", &query.cell_id.as_str());
-        stmt.add_param("table_name", &i64::from(query.table_name.number()));
-        stmt.add_param("boundary", &boundary);
-        let found = self.query_all(tx, stmt, "ListClaims", |_| Ok(())).await?;
-        Ok(!found.is_empty())
     }
 }
 
@@ -550,57 +535,18 @@ impl ClaimStore for SpannerClaimStore {
         );
         stmt.add_param(
             "limit",
-            &i64::try_from(query.limit.saturating_add(1)).unwrap_or(i64::MAX),
+            &i64::try_from(query.fetch_limit()).unwrap_or(i64::MAX),
         );
-        let mut leases = self
+        let leases = self
             .query_all(&mut tx, stmt, context, rows::lease_from_row)
             .await?;
-        // The same paging as the reference (domain::Tables::list_outstanding_leases).
-        let next_cursor = if leases.len() > query.limit {
-            leases.truncate(query.limit);
-            leases.last().map(|l| l.lease_id)
-        } else {
-            None
-        };
-        Ok(LeasesPage {
-            leases,
-            next_cursor,
-            server_time,
-        })
+        Ok(domain::leases_page(query, leases, server_time))
     }
 
     async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
-        if query.limit == 0 {
-            // plan_claims_page needs a positive limit; the front end never sends 0 (page_limit).
-            return Err(ClaimsError::invalid("limit", "must be positive"));
-        }
-        // One snapshot for the page and its boundary, so the page is consistent.
         let (mut tx, _) = self.snapshot("ListClaims").await?;
-        let first = self
-            .claims_in_range(
-                &mut tx,
-                query,
-                query.cursor,
-                false,
-                Some(query.limit.saturating_add(1)),
-            )
-            .await?;
-        match domain::plan_claims_page(query.cursor, query.limit, &first) {
-            ClaimsPagePlan::Done(page) => Ok(page),
-            ClaimsPagePlan::NeedBoundary { boundary } => {
-                let boundary_claims = self
-                    .claims_in_range(&mut tx, query, boundary, true, None)
-                    .await?;
-                let more_after = self.any_claim_after(&mut tx, query, boundary).await?;
-                Ok(domain::finish_claims_page(
-                    query.cursor,
-                    &first,
-                    boundary,
-                    boundary_claims,
-                    more_after,
-                ))
-            }
-        }
+        let rows = self.claims_page_rows(&mut tx, query).await?;
+        Ok(domain::claims_page(query, rows))
     }
 
     async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {

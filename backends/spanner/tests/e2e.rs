@@ -214,6 +214,7 @@ async fn happy_path_claims_are_routable_while_creating_active_after_commit_and_f
         table_name: TableName::Users.number(),
         cursor: 0,
         limit: 0,
+        cursor_key: None,
     };
     let users = ok(client.list_claims(users).await, "ListClaims");
     assert_eq!(

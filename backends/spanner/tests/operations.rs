@@ -13,7 +13,7 @@ use gcloud_spanner::admin::AdminClientConfig;
 use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::testing::migrations::MigrationFixture;
 use topology_claims::{
-    ClaimStore, ClaimsError, ClaimsQuery, LeasesQuery, MigrationPolicy, TableName,
+    ClaimStore, ClaimsCursor, ClaimsError, ClaimsQuery, LeasesQuery, MigrationPolicy, TableName,
 };
 use topology_claims_spanner::{SpannerClaimStore, SpannerOptions};
 
@@ -263,11 +263,7 @@ fn every_timestamp_is_a_spanner_commit_timestamp() {
             "a later transaction, a later commit timestamp"
         );
         let page = store
-            .list_outstanding_leases(&LeasesQuery {
-                cell_id: a,
-                after: None,
-                limit: 10,
-            })
+            .list_outstanding_leases(&LeasesQuery::new(a, None, 10))
             .await
             .unwrap();
         assert!(
@@ -315,20 +311,16 @@ fn a_store_whose_spanner_is_gone_answers_unavailable_instead_of_hanging() {
                 .await
                 .map(|_| ());
             let leases = store
-                .list_outstanding_leases(&LeasesQuery {
-                    cell_id: a.clone(),
-                    after: None,
-                    limit: 10,
-                })
+                .list_outstanding_leases(&LeasesQuery::new(a.clone(), None, 10))
                 .await
                 .map(|_| ());
             let claims = store
-                .list_claims(&ClaimsQuery {
-                    cell_id: a.clone(),
-                    table_name: TableName::Users,
-                    cursor: 0,
-                    limit: 10,
-                })
+                .list_claims(&ClaimsQuery::new(
+                    a.clone(),
+                    TableName::Users,
+                    ClaimsCursor::at(0),
+                    10,
+                ))
                 .await
                 .map(|_| ());
             let collect = store

@@ -51,8 +51,7 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     // WAL: readers never block the writer and a commit appends to the log instead of rewriting
     // pages. It is also the first statement that reads the file, so a file that is not a
     // database fails here (NotADatabase) rather than in the first request.
-    let mode: String =
-        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+    let mode = switch_to_wal(conn)?;
     if !mode.eq_ignore_ascii_case("wal") {
         // In-memory databases answer "memory"; they have no file to be durable in anyway.
         tracing::warn!(journal_mode = %mode, "SQLite did not switch to WAL");
@@ -69,6 +68,24 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     // Enforces claims.lease_id -> leases_outstanding: SQLite checks foreign keys only when asked.
     conn.pragma_update(None, "foreign_keys", "ON")?;
     Ok(())
+}
+
+/// `PRAGMA journal_mode = WAL`, retried while another connection holds the lock the switch
+/// needs: SQLite answers that BUSY without waiting for `busy_timeout` when processes open a new
+/// file at the same time (several servers starting together).
+fn switch_to_wal(conn: &Connection) -> rusqlite::Result<String> {
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0)) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The one connection, shared by clones of a store. A `std` mutex, not an async one: it is only

@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{Connection, TransactionBehavior};
 use topology_claims::codec::encode_request;
-use topology_claims::domain::{self, BeginPlan, ClaimsPagePlan, EndPlan, EndWrites};
+use topology_claims::domain::{self, BeginPlan, EndPlan, EndWrites};
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Clock,
     Lease, LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy, SystemClock, Timestamp,
@@ -313,7 +313,7 @@ fn outstanding_leases(
             (
                 query.cell_id.as_str(),
                 &after,
-                sql_limit(query.limit.saturating_add(1)),
+                sql_limit(query.fetch_limit()),
             ),
             LeaseRow::read,
         )?
@@ -322,46 +322,28 @@ fn outstanding_leases(
         .into_iter()
         .map(LeaseRow::into_lease)
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(domain::leases_page(leases, query.limit, now))
+    Ok(domain::leases_page(query, leases, now))
 }
 
 fn claims_page(conn: &Connection, query: &ClaimsQuery) -> Result<ClaimsPage, StoreError> {
-    let cell = query.cell_id.as_str();
-    let table = query.table_name.number();
-    let first = rows::select_claims(
+    // One range of claims_by_cell_table_record: the row value starts the page after the cursor
+    // (inside a record when it has a key), in exactly the index's order.
+    let (record_id, claim_type, claim_value) = query.cursor.start_after();
+    let rows = rows::select_claims(
         conn,
-        "WHERE cell_id = ?1 AND table_name = ?2 AND table_record_id >= ?3 \
-         ORDER BY table_record_id, claim_type, claim_value LIMIT ?4",
+        "WHERE cell_id = ?1 AND table_name = ?2 \
+         AND (table_record_id, claim_type, claim_value) > (?3, ?4, ?5) \
+         ORDER BY table_record_id, claim_type, claim_value LIMIT ?6",
         &[
-            &cell,
-            &table,
-            &query.cursor,
-            &sql_limit(query.limit.saturating_add(1)),
+            &query.cell_id.as_str(),
+            &query.table_name.number(),
+            &record_id,
+            &claim_type,
+            &claim_value,
+            &sql_limit(query.fetch_limit()),
         ],
     )?;
-    let boundary = match domain::plan_claims_page(query.cursor, query.limit, &first) {
-        ClaimsPagePlan::Done(page) => return Ok(page),
-        ClaimsPagePlan::NeedBoundary { boundary } => boundary,
-    };
-    let boundary_claims = rows::select_claims(
-        conn,
-        "WHERE cell_id = ?1 AND table_name = ?2 AND table_record_id = ?3 \
-         ORDER BY claim_type, claim_value",
-        &[&cell, &table, &boundary],
-    )?;
-    let more_after: bool = conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM claims \
-             WHERE cell_id = ?1 AND table_name = ?2 AND table_record_id > ?3)",
-        )?
-        .query_row((cell, table, boundary), |row| row.get(0))?;
-    Ok(domain::finish_claims_page(
-        query.cursor,
-        &first,
-        boundary,
-        boundary_claims,
-        more_after,
-    ))
+    Ok(domain::claims_page(query, rows))
 }
 
 #[async_trait]

@@ -159,11 +159,7 @@ async fn data_survives_closing_and_reopening_the_file() {
         ClaimState::Active
     );
     let page = store
-        .list_outstanding_leases(&LeasesQuery {
-            cell_id: a.clone(),
-            after: None,
-            limit: 10,
-        })
+        .list_outstanding_leases(&LeasesQuery::new(a.clone(), None, 10))
         .await
         .unwrap();
     assert_eq!(

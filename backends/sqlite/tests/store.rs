@@ -63,11 +63,7 @@ async fn timestamps_come_from_the_injected_clock() {
 
     clock.set(1_700_000_001_000_000);
     let page = store
-        .list_outstanding_leases(&LeasesQuery {
-            cell_id: a.clone(),
-            after: None,
-            limit: 10,
-        })
+        .list_outstanding_leases(&LeasesQuery::new(a.clone(), None, 10))
         .await
         .unwrap();
     assert_eq!(

@@ -362,12 +362,14 @@ async fn every_field_of_every_request_is_checked_at_and_past_its_limits() {
         );
     }
 
-    // ListClaims: cell_id, table_name, cursor 0..i64::MAX, limit 0..=10000.
+    // ListClaims: cell_id, table_name, cursor 0..i64::MAX, limit 0..=10000, cursor_key absent or
+    // a claim key.
     let claims = |cell: String, table_name: i32, cursor: i64, limit: i32| pb::ListClaimsRequest {
         cell_id: cell,
         table_name,
         cursor,
         limit,
+        cursor_key: None,
     };
     for (what, cell, valid) in cell_cases() {
         let expect = if valid {
@@ -416,6 +418,39 @@ async fn every_field_of_every_request_is_checked_at_and_past_its_limits() {
         };
         let result = c.list_claims(claims("cell-a".into(), 1, 0, limit)).await;
         check(&format!("ListClaims limit {limit}"), result, expect);
+    }
+    let after = |claim_type: i32, claim_value: String| pb::ListClaimsRequest {
+        cursor_key: Some(pb::ClaimKeyCursor {
+            claim_type,
+            claim_value,
+        }),
+        ..claims("cell-a".into(), 1, 5, 0)
+    };
+    for (what, n, valid) in enum_cases(1..=3) {
+        let expect = if valid {
+            Expect::Valid
+        } else {
+            Expect::Invalid("cursor_key.claim_type")
+        };
+        let result = c.list_claims(after(n, "someone".into())).await;
+        check(
+            &format!("ListClaims cursor_key.claim_type {what}"),
+            result,
+            expect,
+        );
+    }
+    for (what, value, valid) in value_cases() {
+        let expect = if valid {
+            Expect::Valid
+        } else {
+            Expect::Invalid("cursor_key.claim_value")
+        };
+        let result = c.list_claims(after(2, value)).await;
+        check(
+            &format!("ListClaims cursor_key.claim_value {what}"),
+            result,
+            expect,
+        );
     }
 
     // LookupClaim: claim_type and claim_value.

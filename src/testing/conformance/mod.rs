@@ -36,11 +36,7 @@ async fn state_of(store: &impl ClaimStore, key: &ClaimKey) -> Option<(String, Cl
 
 /// The first page (up to 100) of `cell_id`'s outstanding leases.
 async fn leases_of(store: &impl ClaimStore, cell_id: &CellId) -> LeasesPage {
-    let query = LeasesQuery {
-        cell_id: cell_id.clone(),
-        after: None,
-        limit: 100,
-    };
+    let query = LeasesQuery::new(cell_id.clone(), None, 100);
     store
         .list_outstanding_leases(&query)
         .await

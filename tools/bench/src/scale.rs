@@ -204,6 +204,7 @@ async fn probe(
                 table_name: TableName::Users.number(),
                 cursor,
                 limit: page_size as i32,
+                cursor_key: None,
             })
             .await;
         let list_time = started.elapsed();

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tonic::transport::{Channel, Endpoint};
 use topology_claims::grpc::convert::begin_update_to_pb;
+use topology_claims::grpc::decode::claims_client;
 use topology_claims::grpc::pb;
 use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims::grpc::status::from_status;
@@ -138,7 +139,7 @@ impl GrpcConn {
             .await
             .map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
         Ok(Self {
-            client: ClaimsServiceClient::new(channel),
+            client: claims_client(channel),
         })
     }
 
