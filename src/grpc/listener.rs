@@ -2,7 +2,7 @@
 //!
 //! - at most `max_connections` open; one over it is accepted, sent an HTTP/2 GOAWAY
 //!   (ENHANCE_YOUR_CALM, with a reason) and closed, so the client sees why instead of hanging in
-//!   the listen backlog;
+//!   the listen backlog (at most 64 refusals are written at once; past that, closed at once);
 //! - a failing `accept` (EMFILE, ENFILE, ENOBUFS, …) backs off (10 ms doubling to 1 s) instead of
 //!   spinning, is counted, and is logged at most every 5 s with the number of failures in between;
 //!   service resumes as soon as descriptors free;
@@ -37,6 +37,9 @@ const PREFACE_LEN: usize = 24;
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 const LOG_EVERY: Duration = Duration::from_secs(5);
+/// Refusals being written at once; past it a connection over the limit is closed without its
+/// GOAWAY (each refusal holds a descriptor for up to a second).
+const REFUSALS_IN_FLIGHT: usize = 64;
 
 /// What the transport refused or cut off, since start. Read by operators through the logs (and
 /// by the metrics endpoint once there is one).
@@ -95,6 +98,7 @@ pub fn incoming(
     let acceptor = Acceptor {
         listener,
         connections: Arc::new(Semaphore::new(limits.max_connections)),
+        refusals: Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT)),
         limits: limits.clone(),
         stats,
         backoff: Duration::ZERO,
@@ -111,6 +115,7 @@ pub fn incoming(
 struct Acceptor {
     listener: TcpListener,
     connections: Arc<Semaphore>,
+    refusals: Arc<Semaphore>,
     limits: ServerLimits,
     stats: Arc<ServerStats>,
     backoff: Duration,
@@ -148,7 +153,13 @@ impl Acceptor {
                                     "connection refused: --max-connections reached"
                                 );
                             }
-                            tokio::spawn(refuse(tcp, self.limits.max_connections));
+                            if let Ok(permit) = Arc::clone(&self.refusals).try_acquire_owned() {
+                                let max = self.limits.max_connections;
+                                tokio::spawn(async move {
+                                    refuse(tcp, max).await;
+                                    drop(permit);
+                                });
+                            }
                         }
                     }
                 }
