@@ -15,8 +15,8 @@ pub use decide::{
 };
 pub use pages::{
     claim_encoded_len_bound, claims_page, claims_page_order, lease_encoded_len_bound, leases_page,
-    page_limit, CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT, DEFAULT_MAX_RESPONSE_BYTES,
-    LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT,
+    page_limit, LeasesPageBuilder, CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT,
+    DEFAULT_MAX_RESPONSE_BYTES, LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT, LEASES_READ_CHUNK,
 };
 pub use tables::Tables;
 pub use types::*;

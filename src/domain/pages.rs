@@ -120,6 +120,76 @@ pub fn leases_page(
     }
 }
 
+/// Leases a server reads from its store at once while assembling one ListOutstandingLeases
+/// page ([`LeasesPageBuilder`]): a lease is up to one BeginUpdate (about 0.6 MB at
+/// `--max-batch 1000`), so reading a page's `limit` (up to 1000) leases at once could cost
+/// hundreds of MB before the byte budget cuts the page.
+pub const LEASES_READ_CHUNK: usize = 16;
+
+/// Assembles a ListOutstandingLeases page from consecutive store reads of at most
+/// [`LEASES_READ_CHUNK`] leases each, so a request never holds more than the page plus one
+/// chunk, whatever the leases weigh. The page is the one [`leases_page`] makes from a single
+/// read: same leases, same cursor.
+pub struct LeasesPageBuilder<'q> {
+    query: &'q LeasesQuery,
+    used: usize,
+    leases: Vec<Lease>,
+}
+
+impl<'q> LeasesPageBuilder<'q> {
+    pub fn new(query: &'q LeasesQuery) -> Self {
+        Self {
+            query,
+            used: LEASES_RESPONSE_FIXED_LEN,
+            leases: Vec::new(),
+        }
+    }
+
+    /// The store read that comes next: after the last lease taken (or the page's cursor), for
+    /// at most a chunk of what the page still has room for.
+    pub fn next_read(&self) -> LeasesQuery {
+        LeasesQuery {
+            cell_id: self.query.cell_id.clone(),
+            after: self.leases.last().map(|l| l.lease_id).or(self.query.after),
+            limit: (self.query.limit.max(1) - self.leases.len()).min(LEASES_READ_CHUNK),
+            max_bytes: self.query.max_bytes,
+        }
+    }
+
+    /// Takes what a read returned; the finished page once it is complete, else `None` (read
+    /// [`Self::next_read`] next).
+    pub fn take(&mut self, read: LeasesPage) -> Option<LeasesPage> {
+        for lease in read.leases {
+            let size = lease_encoded_len_bound(&lease);
+            if !self.leases.is_empty() && self.used.saturating_add(size) > self.query.max_bytes {
+                return Some(self.finish(true, read.server_time));
+            }
+            self.used = self.used.saturating_add(size);
+            self.leases.push(lease);
+        }
+        match read.next_cursor {
+            None => Some(self.finish(false, read.server_time)),
+            Some(_) if self.leases.len() >= self.query.limit.max(1) => {
+                Some(self.finish(true, read.server_time))
+            }
+            Some(_) => None,
+        }
+    }
+
+    fn finish(&mut self, more: bool, server_time: Timestamp) -> LeasesPage {
+        let leases = std::mem::take(&mut self.leases);
+        LeasesPage {
+            next_cursor: if more {
+                leases.last().map(|l| l.lease_id)
+            } else {
+                None
+            },
+            leases,
+            server_time,
+        }
+    }
+}
+
 /// A ListClaims page from the first [`ClaimsQuery::fetch_limit`] claims of the cell and table
 /// after the cursor (`(table_record_id, claim_type, claim_value) >
 /// query.cursor.start_after()`), in that order.
@@ -462,9 +532,64 @@ mod tests {
         assert_eq!((page.leases.len(), page.next_cursor), (5, None));
     }
 
+    /// The leases of `all` after `query.after`, as a store reads them for `query`.
+    fn read(all: &[Lease], query: &LeasesQuery) -> LeasesPage {
+        let rows = all
+            .iter()
+            .filter(|l| query.after.is_none_or(|after| l.lease_id > after))
+            .take(query.fetch_limit())
+            .cloned()
+            .collect();
+        leases_page(query, rows, Timestamp::default())
+    }
+
+    fn built(all: &[Lease], query: &LeasesQuery) -> (LeasesPage, usize) {
+        let mut builder = LeasesPageBuilder::new(query);
+        let mut reads = 0;
+        loop {
+            let next = builder.next_read();
+            assert!(next.limit <= LEASES_READ_CHUNK);
+            reads += 1;
+            if let Some(page) = builder.take(read(all, &next)) {
+                return (page, reads);
+            }
+        }
+    }
+
+    #[test]
+    fn a_leases_page_built_from_chunks_reads_a_chunk_at_a_time() {
+        let leases: Vec<Lease> = (1..=40).map(|n| lease(n, 2)).collect();
+        let query = leases_query(100, usize::MAX);
+        let (page, reads) = built(&leases, &query);
+        assert_eq!(page, read(&leases, &query));
+        assert_eq!((page.leases.len(), page.next_cursor, reads), (40, None, 3));
+    }
+
     mod properties {
         use super::*;
         use proptest::prelude::*;
+
+        proptest! {
+            /// Random lease sizes, limits, budgets and cursors: the page built from chunked
+            /// reads is exactly the page of one read.
+            #[test]
+            fn chunked_reads_build_the_same_leases_page(
+                sizes in proptest::collection::vec(0usize..40, 0..60),
+                limit in 1usize..70,
+                budget_leases in 0usize..30,
+                start in 0usize..5,
+            ) {
+                let leases: Vec<Lease> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| lease(i as u128 + 1, *n))
+                    .collect();
+                let unit = lease_encoded_len_bound(&lease(1, 10));
+                let mut query = leases_query(limit, LEASES_RESPONSE_FIXED_LEN + budget_leases * unit);
+                query.after = leases.get(start).map(|l| l.lease_id);
+                prop_assert_eq!(built(&leases, &query).0, read(&leases, &query));
+            }
+        }
 
         proptest! {
             /// Random records with 1..=6 claims each, random limits and budgets: paging from

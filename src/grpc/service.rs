@@ -136,7 +136,17 @@ impl ClaimsService for ClaimsServiceImpl {
                     request.get_ref(),
                     self.config.max_response_bytes,
                 )?;
-                let page = self.store.list_outstanding_leases(&query).await?;
+                // Read in chunks: the store never hands over more than the page and a chunk.
+                let mut builder = domain::LeasesPageBuilder::new(&query);
+                let page = loop {
+                    let read = self
+                        .store
+                        .list_outstanding_leases(&builder.next_read())
+                        .await?;
+                    if let Some(page) = builder.take(read) {
+                        break page;
+                    }
+                };
                 Ok(convert::leases_page_to_pb(&page))
             }
             .await,
