@@ -70,7 +70,8 @@ pub struct VerifierConfig {
     pub page_size: usize,
     /// Most claims per correcting BeginUpdate.
     pub chunk: usize,
-    /// Report discrepancies, change nothing.
+    /// Report discrepancies, change nothing (the saved cursor included: a dry run starts at the
+    /// saved cursor and leaves it where it was).
     pub dry_run: bool,
     /// Stop (resumably) after this long.
     pub time_budget: Option<Duration>,
@@ -245,15 +246,24 @@ impl<S: ClaimSource> Verifier<S> {
                     }
                     None => {
                         cursors.remove(&table);
-                        save_cursors(self.config.cursor_file.as_ref(), &cursors)?;
+                        self.save_cursors(&cursors)?;
                         break;
                     }
                 }
-                save_cursors(self.config.cursor_file.as_ref(), &cursors)?;
+                self.save_cursors(&cursors)?;
             }
         }
         report.elapsed = started.elapsed();
         Ok(report)
+    }
+
+    /// Saves the cursor, except on a dry run: a dry run changes nothing, its cursor included, so
+    /// the next real run still checks every record the dry run only looked at.
+    fn save_cursors(&self, cursors: &BTreeMap<TableName, i64>) -> Result<(), ClaimsError> {
+        if self.config.dry_run {
+            return Ok(());
+        }
+        save_cursors(self.config.cursor_file.as_ref(), cursors)
     }
 
     /// Classifies one range. Returns the discrepancies to correct.

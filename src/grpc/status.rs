@@ -165,11 +165,14 @@ fn without_error_info(status: &Status) -> ClaimsError {
     let text = format!("{:?}: {}", status.code(), status.message());
     match status.code() {
         // The service attaches ErrorInfo to everything it sends, so these only come from the
-        // transport (a connection cut mid-call): maybe applied, safe to retry (every call the
-        // client retries is idempotent).
-        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled => {
-            ClaimsError::unavailable(text)
-        }
+        // transport (a connection cut mid-call) or the server's transport bounds (a byte budget
+        // or the connection limit: RESOURCE_EXHAUSTED; `--request-timeout`): maybe applied,
+        // safe to retry with backoff (every call the client retries is idempotent).
+        Code::Unavailable
+        | Code::DeadlineExceeded
+        | Code::Unknown
+        | Code::Cancelled
+        | Code::ResourceExhausted => ClaimsError::unavailable(text),
         _ => ClaimsError::internal(text),
     }
 }
@@ -266,6 +269,9 @@ mod tests {
         for cut in [
             Status::unknown("transport error"),
             Status::cancelled("operation was canceled"),
+            // The server's transport bounds: nothing was applied, retry with backoff.
+            Status::resource_exhausted("request bytes in flight are over --max-request-bytes"),
+            Status::deadline_exceeded("took longer than the server's --request-timeout 30s"),
         ] {
             assert!(
                 matches!(from_status(&cut), ClaimsError::Unavailable { .. }),
