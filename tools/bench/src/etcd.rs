@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 use topology_claims::LeaseOp;
 
-use super::systems::Reason;
-use super::workload::Batch;
+use super::workload::{Batch, Reason};
 use topology_claims_harness::net::free_port;
 use topology_claims_harness::process::Owned;
 

@@ -20,8 +20,14 @@ use topology_claims_postgres::baseline as sql;
 use topology_claims_postgres::tokio_postgres::error::SqlState;
 use topology_claims_postgres::tokio_postgres::{Client, Config, NoTls, Statement};
 
-use super::systems::Reason;
-use super::workload::Batch;
+use super::workload::{Batch, Reason};
+
+/// A PostgreSQL database URL and the schema (of the bench's own) that holds a store's tables.
+#[derive(Clone)]
+pub struct PgSchema {
+    pub url: String,
+    pub schema: String,
+}
 
 /// How the baseline sends its statements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,17 +49,13 @@ impl SqlMode {
 pub struct SqlTarget {
     pub mode: SqlMode,
     pub config: Config,
-    pub schema: super::systems::PgSchema,
+    pub schema: PgSchema,
 }
 
 impl SqlTarget {
     /// `url` with `search_path` set to `schema` (which must exist, with the adapter's tables);
     /// its sessions carry `application_name` so their backends' CPU can be attributed.
-    pub fn new(
-        mode: SqlMode,
-        schema: super::systems::PgSchema,
-        application_name: &str,
-    ) -> Result<Self, String> {
+    pub fn new(mode: SqlMode, schema: PgSchema, application_name: &str) -> Result<Self, String> {
         let mut config = schema_config(&schema.url, &schema.schema)?;
         config.application_name(application_name);
         Ok(Self {

@@ -15,12 +15,10 @@ use topology_claims::grpc::status::from_status;
 use topology_claims::LeaseId;
 
 use super::etcd::{EtcdConn, EtcdServer};
+pub use super::raw_sql::PgSchema;
 use super::raw_sql::{SqlConn, SqlMode, SqlTarget};
-use super::workload::Batch;
+use super::workload::{Batch, Reason};
 use topology_claims_harness::serve::ServeChild;
-
-/// Why an RPC did not succeed: the service's ErrorInfo reason, or the baseline's equivalent.
-pub type Reason = String;
 
 /// A system under test.
 pub enum System {
@@ -89,13 +87,6 @@ impl System {
             Self::Etcd(server) => Conn::Etcd(EtcdConn::connect(&server.endpoint).await?),
         })
     }
-}
-
-/// A PostgreSQL database URL and the schema (of the bench's own) that holds a store's tables.
-#[derive(Clone)]
-pub struct PgSchema {
-    pub url: String,
-    pub schema: String,
 }
 
 /// One client's connection to a system.

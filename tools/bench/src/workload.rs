@@ -9,6 +9,10 @@ use std::str::FromStr;
 
 use topology_claims::{CellId, ClaimKey, ClaimRecord, ClaimType, LeaseOp, OwnerType, TableName};
 
+/// Why an operation did not succeed: the service's ErrorInfo reason, or a baseline's
+/// equivalent.
+pub type Reason = String;
+
 /// A benchmark scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Scenario {
