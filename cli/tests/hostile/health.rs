@@ -116,8 +116,11 @@ async fn health_turns_not_serving_while_the_store_is_down_or_frozen_and_back() {
     let up = target.log_lines("store reachable again");
     let per_request = target.log_lines("request failed: store unavailable");
     println!("log: {down} 'unreachable', {up} 'reachable again', {per_request} per-request lines");
-    assert_eq!(down, 2, "one line per outage:\n{log}");
-    assert_eq!(up, 2, "one line per recovery:\n{log}");
+    // Two outages: one line each way per outage (probes every 200 ms would say it a dozen
+    // times). A pooled connection that died with the restart may fail one later probe: that
+    // is a third, real, outage of one probe.
+    assert!((2..=3).contains(&down), "one line per outage:\n{log}");
+    assert_eq!(up, down, "one line per recovery:\n{log}");
     assert!(
         per_request <= 3,
         "failed requests are logged a few times, not each:\n{log}"
