@@ -123,3 +123,88 @@ impl ClaimsError {
         }
     }
 }
+
+/// An error with its source chain as one line, `outer: cause: root cause`, each part once.
+/// Transport and driver errors hide the useful part ("Connection refused", "database … does not
+/// exist") in their sources, and many repeat their cause in their own text
+/// (`tcp connect error: Connection refused` over `Connection refused`): a cause already said is
+/// left out, and a cause that repeats its parent's text replaces it.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(error);
+    while let Some(current) = next {
+        let text = current.to_string();
+        next = current.source();
+        if text.is_empty() || parts.iter().any(|part| part.contains(&text)) {
+            continue;
+        }
+        match parts.last_mut() {
+            Some(last) if text.contains(last.as_str()) => *last = text,
+            _ => parts.push(text),
+        }
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::error_chain;
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    fn chain(texts: &[&'static str]) -> Layer {
+        texts
+            .iter()
+            .rev()
+            .fold(None, |inner, text| Some(Layer(text, inner.map(Box::new))))
+            .unwrap()
+    }
+
+    #[test]
+    fn error_chain_says_each_part_once() {
+        assert_eq!(
+            error_chain(&chain(&[
+                "transport error",
+                "tcp connect error",
+                "Connection refused"
+            ])),
+            "transport error: tcp connect error: Connection refused"
+        );
+        assert_eq!(
+            error_chain(&chain(&[
+                "tcp connect error: Connection refused",
+                "tcp connect error",
+                "Connection refused"
+            ])),
+            "tcp connect error: Connection refused"
+        );
+        assert_eq!(
+            error_chain(&chain(&[
+                "dns error",
+                "dns error",
+                "failed to lookup address"
+            ])),
+            "dns error: failed to lookup address"
+        );
+        assert_eq!(
+            error_chain(&chain(&[
+                "client error (Connect)",
+                "client error (Connect): dns error"
+            ])),
+            "client error (Connect): dns error"
+        );
+    }
+}

@@ -44,8 +44,17 @@ enum Command {
     Leases(ops::LeasesArgs),
     /// Sidecar: heal a cell's leases left between the three phases (commit those recorded
     /// locally, roll back stale ones that are not). One reconciler per cell acts at a time.
+    ///
+    /// Exit status: 0 the pass ran or another reconciler held the lock (--once), or stopped by
+    /// SIGINT/SIGTERM; 2 error (bad flags, the cell's database or, with --once, the claims server
+    /// unreachable). Without --once a failed pass is logged and retried at the next interval.
     Reconcile(sidecar::ReconcileArgs),
     /// Sidecar: compare a cell's records with the service's claims and correct drift.
+    ///
+    /// Exit status: 0 the run finished or reached --time-budget with every correction applied
+    /// (or a dry run); 1 some corrections failed (the summary's failed=N; they need manual
+    /// intervention); 2 error (bad flags or verify source, the cell's database or the claims
+    /// server unreachable).
     Verify(sidecar::VerifyArgs),
 }
 

@@ -17,6 +17,7 @@ use topology_claims::grpc::status::from_status;
 use topology_claims::{ClaimType, ClaimsError, OwnerType, TableName};
 
 use topology_claims::config::format_duration;
+use topology_claims::error::error_chain;
 
 #[derive(Args, Debug)]
 pub struct LookupArgs {
@@ -70,6 +71,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 async fn connect(server: &str) -> Result<ClaimsServiceClient<Channel>, String> {
+    if !server.contains("://") {
+        return Err(format!(
+            "invalid --server URL {server:?}: the scheme is missing; use http://HOST:PORT"
+        ));
+    }
     let endpoint = Endpoint::from_shared(server.to_owned())
         .map_err(|e| format!("invalid --server URL {server:?}: {e}"))?
         .connect_timeout(CONNECT_TIMEOUT)
@@ -81,18 +87,6 @@ async fn connect(server: &str) -> Result<ClaimsServiceClient<Channel>, String> {
     // Accepts the largest page the server may send (a leases page holds at least one lease,
     // which can be as large as a whole BeginUpdate request): see MAX_RESPONSE_MESSAGE_BYTES.
     Ok(claims_client(channel))
-}
-
-/// "outer: inner: root cause": transport errors hide the useful part in their sources.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// A server error as `REASON: message`.

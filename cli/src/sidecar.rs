@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use clap::Args;
 use topology_claims::cell::{
-    ClaimSource, ClaimsClient, ClientConfig, Reconciler, ReconcilerConfig, Verifier, VerifierConfig,
+    ClaimSource, ClaimsClient, ClientConfig, Reconciler, ReconcilerConfig, Verifier,
+    VerifierConfig, VerifyReport,
 };
 use topology_claims::{CellId, ClaimsError, LocalLeaseStore, LocalLock, TableName};
 
@@ -65,7 +66,8 @@ pub struct CellArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_LOCAL_DB")]
     local_db: LocalDbUrl,
 
-    /// Deadline of one call to the service (each call is retried on UNAVAILABLE).
+    /// Deadline of one call to the service (each call is retried on UNAVAILABLE). A duration: a
+    /// whole number and a unit (ms, s, m, h, d), e.g. 500ms, 5s.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CALL_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     call_timeout: Duration,
 }
@@ -80,16 +82,19 @@ pub struct ReconcileArgs {
     cell: CellArgs,
 
     /// Leases missing locally are rolled back once unrenewed for this long (by the server's
-    /// clock). Must equal the staleness the cell's application uses.
+    /// clock). Must equal the staleness the cell's application uses. A duration: a whole number
+    /// and a unit (ms, s, m, h, d), e.g. 10m.
     #[arg(long, env = "TOPOLOGY_CLAIMS_STALENESS", default_value = "10m", value_parser = parse_duration)]
     staleness: Duration,
 
-    /// Time between passes.
+    /// Time between passes. A duration: a whole number and a unit (ms, s, m, h, d), e.g. 60s.
     #[arg(long, env = "TOPOLOGY_CLAIMS_RECONCILE_INTERVAL", default_value = "60s", value_parser = parse_duration)]
     interval: Duration,
 
-    /// Run one pass and exit (exit status 0 if it ran or another reconciler held the lock).
-    #[arg(long)]
+    /// Run one pass and exit (exit status 0 if it ran or another reconciler held the lock, 2 if
+    /// it failed). Env: true/false, 1/0, yes/no, on/off.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_RECONCILE_ONCE",
+          value_parser = clap::builder::BoolishValueParser::new())]
     once: bool,
 
     /// Leases per ListOutstandingLeases page (1..=1000). A page also stops before the server's
@@ -113,15 +118,19 @@ pub struct VerifyArgs {
     )]
     source: PathBuf,
 
-    /// Print the differences and change nothing.
-    #[arg(long)]
+    /// Print the differences and change nothing (the saved cursor included). Env: true/false,
+    /// 1/0, yes/no, on/off.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_DRY_RUN",
+          value_parser = clap::builder::BoolishValueParser::new())]
     dry_run: bool,
 
-    /// Records and claims younger than this are left alone (they may still be in flight).
+    /// Records and claims younger than this are left alone (they may still be in flight). A
+    /// duration: a whole number and a unit (ms, s, m, h, d), e.g. 1h.
     #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_RECENT", default_value = "1h", value_parser = parse_duration)]
     recent: Duration,
 
-    /// Stop after this long (resumable from the saved cursor). Default: no limit.
+    /// Stop after this long (resumable from the saved cursor). A duration: a whole number and a
+    /// unit (ms, s, m, h, d), e.g. 30m. Default: no limit.
     #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_TIME_BUDGET", value_parser = parse_duration)]
     time_budget: Option<Duration>,
 
@@ -151,9 +160,16 @@ fn client(args: &CellArgs) -> Result<ClaimsClient, ClaimsError> {
     ClaimsClient::connect_lazy(&args.server, config)
 }
 
+/// Exit status of a sidecar that could not do its work: bad flags or verify source, the cell's
+/// database or the claims server unreachable (in `reconcile --once` or `verify`).
+const EXIT_ERROR: u8 = 2;
+/// Exit status of a `verify` run that finished but could not apply every correction (a claim
+/// taken by another cell, a refused lease): the summary's `failed=N`; needs a human.
+const EXIT_CORRECTIONS_FAILED: u8 = 1;
+
 fn fail(error: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {error}");
-    ExitCode::from(2)
+    ExitCode::from(EXIT_ERROR)
 }
 
 pub async fn reconcile(args: ReconcileArgs) -> ExitCode {
@@ -196,13 +212,7 @@ async fn connect_postgres_local(
     options: topology_claims_postgres::PostgresOptions,
 ) -> Result<topology_claims_postgres::PostgresLocalLeaseStore, ClaimsError> {
     let local = topology_claims_postgres::PostgresLocalLeaseStore::connect(url, options).await?;
-    let client = local.pool().get().await.map_err(|e| {
-        ClaimsError::unavailable(format!(
-            "cell database {}: {e}",
-            topology_claims_postgres::redacted_url(url)
-        ))
-    })?;
-    topology_claims_postgres::ensure_local_schema(&**client).await?;
+    local.ensure_schema().await?;
     Ok(local)
 }
 
@@ -309,7 +319,14 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
         }
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(report) if report.corrections_failed > 0 => {
+            eprintln!(
+                "error: {} correction(s) failed and need manual intervention (see the log above)",
+                report.corrections_failed
+            );
+            ExitCode::from(EXIT_CORRECTIONS_FAILED)
+        }
+        Ok(_) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
 }
@@ -317,7 +334,7 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
 async fn run_verifier<S: ClaimSource>(
     verifier: Verifier<S>,
     config: &VerifierConfig,
-) -> Result<(), ClaimsError> {
+) -> Result<VerifyReport, ClaimsError> {
     let mut printed = 0;
     let report = verifier
         .run(|report| {
@@ -335,7 +352,7 @@ async fn run_verifier<S: ClaimSource>(
         config.cell_id,
         if config.dry_run { " (dry run)" } else { "" }
     );
-    Ok(())
+    Ok(report)
 }
 
 async fn shutdown_signal() {

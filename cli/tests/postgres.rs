@@ -205,6 +205,13 @@ async fn serve_on_postgres_keeps_data_across_a_restart_and_reconcile_uses_a_post
         out.contains("committed=1") && out.contains("rolled_back=1"),
         "{out}"
     );
+    // The tables exist (created as the docs say): the sidecar's own check logs nothing about
+    // them, no "NOTICE: relation … already exists, skipping" at info level.
+    let err = text(&output.stderr);
+    assert!(
+        !err.contains("already exists") && !err.contains("NOTICE"),
+        "{err}"
+    );
     assert_eq!(
         client
             .lookup_claim(&username("pg-kept").key)
@@ -222,4 +229,77 @@ async fn serve_on_postgres_keeps_data_across_a_restart_and_reconcile_uses_a_post
     drop(server);
     drop(cell_db);
     db.drop_database().await;
+}
+
+#[test]
+fn sidecars_name_a_missing_cell_database_or_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("verify.toml");
+    std::fs::write(&source, "[tables.users]\nquery = \"SELECT 1\"\n").unwrap();
+    let source = source.to_str().unwrap().to_owned();
+    let base = base_url();
+    let no_role = {
+        let (scheme, rest) = base.split_once("://").unwrap();
+        let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+        format!("{scheme}://tc_no_such_role@{host}")
+    };
+    for (url, cause) in [
+        (
+            with_database(&base, "tc_no_such_db"),
+            "database \"tc_no_such_db\" does not exist",
+        ),
+        (no_role, "role \"tc_no_such_role\" does not exist"),
+    ] {
+        for command in [
+            vec!["reconcile", "--once"],
+            vec!["verify", "--source", &source],
+        ] {
+            let args = [command, vec!["--cell-id", "cell-a", "--local-db", &url]].concat();
+            let output = run(dir.path(), &args);
+            let err = text(&output.stderr);
+            if std::env::var("CI").as_deref() != Ok("true") && err.contains("Connection refused") {
+                println!("postgres tests skipped: {err}");
+                return;
+            }
+            assert_eq!(output.status.code(), Some(2), "{args:?}: {err}");
+            assert!(err.contains(cause), "{args:?}: {err}");
+            assert!(!err.contains("creating a new object"), "{args:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn verify_reports_a_postgres_query_with_too_few_columns_as_a_column_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("verify.toml");
+    std::fs::write(
+        &source,
+        "[tables.emails]\nquery = \"SELECT $1::bigint, 'email', 'a@example.com', 'user', '1' WHERE $2::bigint > 0\"\n",
+    )
+    .unwrap();
+    let url = base_url();
+    let output = run(
+        dir.path(),
+        &[
+            "verify",
+            "--server",
+            "http://127.0.0.1:9",
+            "--cell-id",
+            "cell-a",
+            "--local-db",
+            &url,
+            "--source",
+            source.to_str().unwrap(),
+        ],
+    );
+    let err = text(&output.stderr);
+    if std::env::var("CI").as_deref() != Ok("true") && err.contains("Connection refused") {
+        println!("postgres tests skipped: {err}");
+        return;
+    }
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("verify query for table emails returns 5 columns; expected 6: table_record_id, claim_type, claim_value, owner_type, owner_value, created_at"),
+        "{err}"
+    );
 }

@@ -1,6 +1,11 @@
 //! The sidecar commands through the real binary: `reconcile --once` commits a lease recorded in
 //! the cell's SQLite database and rolls back a stale one that is not; `verify` finds and repairs
-//! each kind of drift (`--dry-run` first changes nothing), and a second run finds nothing.
+//! each kind of drift (`--dry-run` first changes nothing), and a second run finds nothing. A dry
+//! run leaves the saved cursor alone; failed corrections exit 1; every flag has an environment
+//! variable and every duration its unit in `--help`; an unreachable claims server, a scheme-less
+//! `--server` and a query with too few columns are reported as such, each cause said once.
+
+mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -38,6 +43,20 @@ fn local_db(path: &Path) -> rusqlite::Connection {
     )
     .unwrap();
     conn
+}
+
+/// `DIR/verify.toml` with the query of [`local_db`]'s `users` table: one username claim per user.
+fn users_source(dir: &Path) -> std::path::PathBuf {
+    let source = dir.join("verify.toml");
+    std::fs::write(
+        &source,
+        r#"
+[tables.users]
+query = "SELECT id, 'username', name, 'user', CAST(id AS TEXT), created_at FROM users WHERE id >= ?1 AND id < ?2"
+"#,
+    )
+    .unwrap();
+    source
 }
 
 #[tokio::test]
@@ -143,15 +162,7 @@ async fn verify_repairs_drift_after_a_dry_run_and_then_finds_nothing() {
         let lease = client.begin_update(creates(&a, &[record])).await.unwrap();
         client.commit_update(&a, lease.lease_id).await.unwrap();
     }
-    let source = dir.path().join("verify.toml");
-    std::fs::write(
-        &source,
-        r#"
-[tables.users]
-query = "SELECT id, 'username', name, 'user', CAST(id AS TEXT), created_at FROM users WHERE id >= ?1 AND id < ?2"
-"#,
-    )
-    .unwrap();
+    let source = users_source(dir.path());
     let local = format!("sqlite://{}", db_path.display());
     let cursor = dir.path().join("cursor");
     let server_url = server.endpoint();
@@ -255,4 +266,351 @@ fn verify_with_a_bad_source_file_fails_clearly() {
     assert_eq!(output.status.code(), Some(2));
     let err = String::from_utf8_lossy(&output.stderr);
     assert!(err.contains("unknown table \"nonsense\""), "{err}");
+}
+
+/// A cell database with users 1..=`users` (all old), its verify.toml, and the `verify` flags
+/// for them against `server` with page size 1.
+struct VerifySetup {
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+impl VerifySetup {
+    fn new(server: &str, users: i64) -> VerifySetup {
+        let dir = tempfile::tempdir().unwrap();
+        let db_path = dir.path().join("cell.db");
+        let conn = local_db(&db_path);
+        for id in 1..=users {
+            conn.execute(
+                "INSERT INTO users (id, name, created_at) VALUES (?1, ?2, 1000)",
+                (id, format!("u{id}")),
+            )
+            .unwrap();
+        }
+        let source = users_source(dir.path());
+        let args = [
+            "verify",
+            "--server",
+            server,
+            "--cell-id",
+            "cell-a",
+            "--local-db",
+            &format!("sqlite://{}", db_path.display()),
+            "--source",
+            source.to_str().unwrap(),
+            "--recent",
+            "0s",
+            "--page-size",
+            "1",
+            "--cursor-file",
+            dir.path().join("cursor").to_str().unwrap(),
+        ]
+        .map(String::from)
+        .into();
+        VerifySetup { dir, args }
+    }
+
+    fn cursor(&self) -> std::path::PathBuf {
+        self.dir.path().join("cursor")
+    }
+
+    /// Runs `verify` with the extra flags and environment (nothing else from the test's own
+    /// environment).
+    async fn run(&self, extra: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut args = self.args.clone();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let dir = self.dir.path().to_owned();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let mut command = common::command(&dir, &args);
+            command.env("RUST_LOG", "warn").envs(env);
+            let output = command.output().expect("run topology-claims");
+            eprintln!(
+                "stderr of {args:?}:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            output
+        })
+        .await
+        .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn verify_dry_run_leaves_the_saved_cursor_where_it_was() {
+    let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
+    let setup = VerifySetup::new(&server.endpoint(), 9);
+    std::fs::write(setup.cursor(), "users=2\n").unwrap();
+
+    for _ in 0..3 {
+        let dry = setup.run(&["--dry-run"], &[]).await;
+        assert_eq!(dry.status.code(), Some(0));
+        let out = stdout(&dry);
+        assert!(out.contains("(dry run)"), "{out}");
+        assert_eq!(
+            std::fs::read_to_string(setup.cursor()).unwrap(),
+            "users=2\n",
+            "a dry run changes nothing, its cursor included"
+        );
+    }
+    // A dry run stopped by its time budget moves nothing either.
+    let dry = setup.run(&["--dry-run", "--time-budget", "1ms"], &[]).await;
+    assert_eq!(dry.status.code(), Some(0));
+    assert_eq!(
+        std::fs::read_to_string(setup.cursor()).unwrap(),
+        "users=2\n"
+    );
+
+    // The real run then starts at the saved cursor and checks every record from there.
+    let real = setup.run(&[], &[]).await;
+    assert_eq!(real.status.code(), Some(0));
+    let out = stdout(&real);
+    assert!(
+        out.contains("records=8 ") && out.contains("missing=8"),
+        "{out}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn verify_exits_1_when_a_correction_fails() {
+    let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    // Another cell holds u1: cell-a's correction (create u1) is refused as CLAIM_TAKEN.
+    let b = cell("cell-b");
+    let lease = client
+        .begin_update(creates(
+            &b,
+            &[record_in(TableName::Users, 1, ClaimType::Username, "u1")],
+        ))
+        .await
+        .unwrap();
+    client.commit_update(&b, lease.lease_id).await.unwrap();
+    let setup = VerifySetup::new(&server.endpoint(), 2);
+
+    let output = setup.run(&[], &[]).await;
+    let out = stdout(&output);
+    assert!(out.contains("corrected=1 failed=1"), "{out}");
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(err.contains("manual intervention"), "{err}");
+
+    // A dry run reports the same discrepancy but corrects nothing, so nothing failed.
+    let dry = setup.run(&["--dry-run"], &[]).await;
+    assert_eq!(dry.status.code(), Some(0));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn sidecar_switches_have_environment_variables() {
+    let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
+    let setup = VerifySetup::new(&server.endpoint(), 1);
+    let dry = setup
+        .run(&[], &[("TOPOLOGY_CLAIMS_VERIFY_DRY_RUN", "true")])
+        .await;
+    assert_eq!(dry.status.code(), Some(0));
+    let out = stdout(&dry);
+    assert!(
+        out.contains("(dry run)") && out.contains("missing=1"),
+        "{out}"
+    );
+    assert!(
+        matches!(
+            client_lookup(&server.endpoint(), "u1").await,
+            Err(ClaimsError::ClaimNotFound { .. })
+        ),
+        "TOPOLOGY_CLAIMS_VERIFY_DRY_RUN=true changed nothing"
+    );
+
+    // TOPOLOGY_CLAIMS_RECONCILE_ONCE: one pass and exit (without it, the sidecar would run on).
+    let db = setup.dir.path().join("cell.db");
+    let local = format!("sqlite://{}", db.display());
+    let server_url = server.endpoint();
+    let dir = setup.dir.path().to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        let mut command = common::command(
+            &dir,
+            &[
+                "reconcile",
+                "--server",
+                &server_url,
+                "--cell-id",
+                "cell-a",
+                "--local-db",
+                &local,
+            ],
+        );
+        command
+            .env("TOPOLOGY_CLAIMS_RECONCILE_ONCE", "1")
+            .stdout(std::process::Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > common::PATIENCE {
+                let _ = child.kill();
+                panic!("reconcile with TOPOLOGY_CLAIMS_RECONCILE_ONCE=1 did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert!(stdout(&output).contains("reconcile cell-a:"));
+    server.shutdown().await;
+}
+
+async fn client_lookup(
+    endpoint: &str,
+    name: &str,
+) -> Result<topology_claims::ClaimState, ClaimsError> {
+    let client = ClaimsClient::connect_lazy(endpoint, ClientConfig::default()).unwrap();
+    client
+        .lookup_claim(&ClaimKey::new(ClaimType::Username, name))
+        .await
+        .map(|c| c.state)
+}
+
+#[test]
+fn sidecar_help_names_every_environment_variable_units_and_exit_statuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let help = |command: &str| {
+        let output = common::run(dir.path(), &[command, "--help"]);
+        assert!(output.status.success());
+        common::text(&output.stdout)
+    };
+    let reconcile = help("reconcile");
+    for needle in [
+        "TOPOLOGY_CLAIMS_RECONCILE_ONCE",
+        "TOPOLOGY_CLAIMS_STALENESS",
+        "Exit status",
+    ] {
+        assert!(reconcile.contains(needle), "{needle}: {reconcile}");
+    }
+    let verify = help("verify");
+    for needle in [
+        "TOPOLOGY_CLAIMS_VERIFY_DRY_RUN",
+        "TOPOLOGY_CLAIMS_VERIFY_TIME_BUDGET",
+        "Exit status",
+        "1 some corrections failed",
+    ] {
+        assert!(verify.contains(needle), "{needle}: {verify}");
+    }
+    // Every long option of the sidecars has an environment variable, every duration its unit.
+    for (name, text) in [("reconcile", &reconcile), ("verify", &verify)] {
+        let options = text
+            .split("\n\n")
+            .map(str::trim_start)
+            .filter(|block| block.starts_with("--"));
+        for option in options {
+            assert!(option.contains("[env: "), "{name}: {option}");
+            if [
+                "staleness",
+                "interval",
+                "recent",
+                "time-budget",
+                "call-timeout",
+            ]
+            .iter()
+            .any(|f| option.starts_with(&format!("--{f} ")))
+            {
+                assert!(option.contains("(ms, s, m, h, d)"), "{name}: {option}");
+            }
+        }
+    }
+}
+
+/// A local port nothing listens on.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[test]
+fn sidecars_name_an_unreachable_claims_server_and_say_each_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cell.db");
+    drop(local_db(&db));
+    let local = format!("sqlite://{}", db.display());
+    let source = users_source(dir.path());
+    let source = source.to_str().unwrap().to_owned();
+    let refused = format!("http://127.0.0.1:{}", closed_port());
+    let scheme_less = format!("127.0.0.1:{}", closed_port());
+    for command in [
+        vec!["reconcile", "--once"],
+        vec!["verify", "--source", &source],
+    ] {
+        let sidecar = |server: &str| {
+            let args = [
+                command.clone(),
+                vec![
+                    "--server",
+                    server,
+                    "--cell-id",
+                    "cell-a",
+                    "--local-db",
+                    &local,
+                    "--call-timeout",
+                    "1s",
+                ],
+            ]
+            .concat();
+            let output = common::run(dir.path(), &args);
+            let err = common::text(&output.stderr);
+            eprintln!("{args:?}:\n{err}");
+            assert_eq!(output.status.code(), Some(2), "{args:?}: {err}");
+            err
+        };
+
+        let err = sidecar(&refused);
+        assert!(
+            err.contains(&format!("the claims server at {refused}")),
+            "names the server and its URL: {err}"
+        );
+        assert!(err.contains("Connection refused"), "{err}");
+        assert_eq!(err.matches("tcp connect error").count(), 1, "{err}");
+
+        let err = sidecar(&scheme_less);
+        assert!(err.contains("use http://HOST:PORT"), "{err}");
+        assert_eq!(err.matches("scheme is missing").count(), 1, "{err}");
+    }
+}
+
+#[test]
+fn verify_reports_a_query_with_too_few_columns_as_a_column_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cell.db");
+    drop(local_db(&db));
+    let source = dir.path().join("verify.toml");
+    // created_at left out.
+    std::fs::write(
+        &source,
+        "[tables.users]\nquery = \"SELECT id, 'username', name, 'user', CAST(id AS TEXT) FROM users WHERE id >= ?1 AND id < ?2\"\n",
+    )
+    .unwrap();
+    let output = common::run(
+        dir.path(),
+        &[
+            "verify",
+            "--server",
+            &format!("http://127.0.0.1:{}", closed_port()),
+            "--cell-id",
+            "cell-a",
+            "--local-db",
+            &format!("sqlite://{}", db.display()),
+            "--source",
+            source.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(2));
+    let err = common::text(&output.stderr);
+    assert!(
+        err.contains("verify query for table users returns 5 columns; expected 6: table_record_id, claim_type, claim_value, owner_type, owner_value, created_at"),
+        "{err}"
+    );
 }

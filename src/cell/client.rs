@@ -7,6 +7,7 @@
 //! "email has already been taken" from `ClaimsError::ClaimTaken { claim }`.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
@@ -16,7 +17,7 @@ use crate::domain::{
     BeginUpdate, CellId, ClaimKey, ClaimView, ClaimViewsPage, ClaimsQuery, Lease, LeaseId,
     LeasesPage, LeasesQuery,
 };
-use crate::error::ClaimsError;
+use crate::error::{error_chain, ClaimsError};
 use crate::grpc::convert::begin_update_to_pb;
 use crate::grpc::pb::claims_service_client::ClaimsServiceClient;
 use crate::grpc::{decode, pb, status};
@@ -53,6 +54,8 @@ impl Default for ClientConfig {
 pub struct ClaimsClient {
     inner: ClaimsServiceClient<Channel>,
     config: ClientConfig,
+    /// Who the errors of an unreachable service name: `the claims server at URL`.
+    server: Arc<str>,
 }
 
 /// Whether a failure may be retried: the service or the network was unavailable, or the attempt
@@ -66,15 +69,27 @@ impl ClaimsClient {
     /// A client for `endpoint` (e.g. `http://127.0.0.1:50051`). Connects lazily: a service that is
     /// down now is retried on the first call, not refused here.
     pub fn connect_lazy(endpoint: &str, config: ClientConfig) -> Result<Self, ClaimsError> {
-        let endpoint = Endpoint::from_shared(endpoint.to_owned())
+        let url = endpoint;
+        if !url.contains("://") {
+            // `HOST:PORT` would parse, and then fail every call with "scheme is missing".
+            return Err(ClaimsError::Configuration {
+                message: format!(
+                    "bad claims server URL {url:?}: the scheme is missing; use http://HOST:PORT \
+                     (or https://HOST:PORT)"
+                ),
+            });
+        }
+        let endpoint = Endpoint::from_shared(url.to_owned())
             .map_err(|e| ClaimsError::Configuration {
-                message: format!("bad server URL {endpoint:?}: {e}"),
+                message: format!("bad claims server URL {url:?}: {}", error_chain(&e)),
             })?
             .connect_timeout(config.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(true);
-        Ok(Self::from_channel(endpoint.connect_lazy(), config))
+        let mut client = Self::from_channel(endpoint.connect_lazy(), config);
+        client.server = format!("the claims server at {url}").into();
+        Ok(client)
     }
 
     /// A client on `channel`. It accepts responses up to
@@ -84,6 +99,7 @@ impl ClaimsClient {
         Self {
             inner: decode::claims_client(channel),
             config,
+            server: "the claims server".into(),
         }
     }
 
@@ -106,10 +122,19 @@ impl ClaimsClient {
             .await
             {
                 Ok(Ok(value)) => return Ok(value),
-                Ok(Err(status)) => status::from_status(&status),
+                // A transport failure (connect, DNS, TLS, a cut connection) carries its cause as
+                // the status's source; the status's own message only names its kind.
+                Ok(Err(status)) => match std::error::Error::source(&status) {
+                    Some(cause) => ClaimsError::unavailable(format!(
+                        "cannot reach {}: {}",
+                        self.server,
+                        error_chain(cause)
+                    )),
+                    None => status::from_status(&status),
+                },
                 Err(_) => ClaimsError::unavailable(format!(
-                    "no answer within {:?} (deadline exceeded)",
-                    self.config.call_timeout
+                    "no answer from {} within {:?} (deadline exceeded)",
+                    self.server, self.config.call_timeout
                 )),
             };
             attempt += 1;

@@ -15,4 +15,7 @@ pub use backoff::Backoff;
 pub use client::{ClaimsClient, ClientConfig};
 pub use reconciler::{ReconcileReport, Reconciler, ReconcilerConfig};
 pub use update::{CommitOutcome, LocalEnd, PendingUpdate, TransactionError, UpdateConfig};
-pub use verifier::{ClaimSource, Discrepancy, LocalClaim, Verifier, VerifierConfig, VerifyReport};
+pub use verifier::{
+    check_verify_query_columns, ClaimSource, Discrepancy, LocalClaim, Verifier, VerifierConfig,
+    VerifyReport, VERIFY_QUERY_COLUMNS,
+};

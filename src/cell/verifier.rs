@@ -37,6 +37,33 @@ pub struct LocalClaim {
 /// A claim as the service lists it: the record, its creation time (service clock), its state.
 type ServiceClaim = (ClaimRecord, Timestamp, ClaimState);
 
+/// The columns a verify query returns, in this order (one row per claim).
+pub const VERIFY_QUERY_COLUMNS: [&str; 6] = [
+    "table_record_id",
+    "claim_type",
+    "claim_value",
+    "owner_type",
+    "owner_value",
+    "created_at",
+];
+
+/// Refuses a verify query for `table` that returns `count` columns instead of
+/// [`VERIFY_QUERY_COLUMNS`]: said as a count, before any row is read, rather than as the first
+/// column that is missing or has the wrong type.
+pub fn check_verify_query_columns(table: TableName, count: usize) -> Result<(), ClaimsError> {
+    if count == VERIFY_QUERY_COLUMNS.len() {
+        return Ok(());
+    }
+    Err(ClaimsError::Configuration {
+        message: format!(
+            "verify query for table {table} returns {count} column{}; expected {}: {}",
+            if count == 1 { "" } else { "s" },
+            VERIFY_QUERY_COLUMNS.len(),
+            VERIFY_QUERY_COLUMNS.join(", ")
+        ),
+    })
+}
+
 /// Where the verifier learns what the cell's records imply.
 pub trait ClaimSource: Send + Sync {
     /// Every claim implied by the local records of `table` with `start <= id < end`.

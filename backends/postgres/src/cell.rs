@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use futures::future::BoxFuture;
 use tokio_postgres::{Row, Transaction};
 use topology_claims::cell::{
-    ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd, PendingUpdate,
-    TransactionError, UpdateConfig,
+    check_verify_query_columns, ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd,
+    PendingUpdate, TransactionError, UpdateConfig,
 };
 use topology_claims::{
     BeginUpdate, ClaimKey, ClaimRecord, ClaimType, ClaimsError, OwnerType, TableName, Timestamp,
@@ -125,7 +125,7 @@ impl PostgresQuerySource {
             .await
             .map_err(|e| pool_error(e, &settings.target))?;
         for (table, sql) in &queries {
-            client
+            let statement = client
                 .prepare(sql)
                 .await
                 .map_err(|e| ClaimsError::Configuration {
@@ -134,6 +134,7 @@ impl PostgresQuerySource {
                         crate::error::describe(&e)
                     ),
                 })?;
+            check_verify_query_columns(*table, statement.columns().len())?;
         }
         Ok(Self {
             pool,

@@ -90,16 +90,7 @@ pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
         // The driver's Display names only the kind ("error connecting to server"); the why
         // ("Connection refused") is in the source chain.
-        None => {
-            let mut text = error.to_string();
-            let mut source = std::error::Error::source(error);
-            while let Some(cause) = source {
-                text.push_str(": ");
-                text.push_str(&cause.to_string());
-                source = cause.source();
-            }
-            text
-        }
+        None => topology_claims::error::error_chain(error),
     }
 }
 

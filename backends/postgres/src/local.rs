@@ -27,6 +27,17 @@ pub use crate::sql::LOCAL_LEASES_DDL;
 /// `client`'s search_path. Idempotent; run it from the cell's deployment (or copy the DDL into
 /// the application's own migrations).
 pub async fn ensure_local_schema(client: &impl GenericClient) -> Result<(), ClaimsError> {
+    // Looked up first: `CREATE … IF NOT EXISTS` of an existing table sends a NOTICE ("already
+    // exists, skipping") that the driver logs at info level, three lines on every sidecar start
+    // of a cell whose migrations created the tables as documented.
+    let present: bool = client
+        .query_one(sql::LOCAL_SCHEMA_PRESENT, &[])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| final_error(&e, "the cell's PostgreSQL", "looking up leases_outstanding"))?;
+    if present {
+        return Ok(());
+    }
     client
         .batch_execute(LOCAL_LEASES_DDL)
         .await
@@ -77,6 +88,13 @@ impl PostgresLocalLeaseStore {
             pool,
             target: "the cell's PostgreSQL".to_owned(),
         }
+    }
+
+    /// [`ensure_local_schema`] on a connection of this store's pool. A connection failure names
+    /// its cause (a missing database or role, refused connection, …), not just the pool's
+    /// "error occurred while creating a new object".
+    pub async fn ensure_schema(&self) -> Result<(), ClaimsError> {
+        ensure_local_schema(&**self.client().await?).await
     }
 
     /// The pool `delete`, `find` and `list_older_than` use (and tests open transactions on).

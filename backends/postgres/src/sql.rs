@@ -248,6 +248,12 @@ CREATE TABLE IF NOT EXISTS topology_claims_locks (
     expires_at timestamptz NOT NULL
 );";
 
+/// True when every object of [`LOCAL_LEASES_DDL`] exists on the search_path.
+pub const LOCAL_SCHEMA_PRESENT: &str = "\
+SELECT to_regclass('leases_outstanding') IS NOT NULL
+   AND to_regclass('idx_leases_outstanding_created') IS NOT NULL
+   AND to_regclass('topology_claims_locks') IS NOT NULL";
+
 /// Records a lease in the caller's transaction; recording the same id again is a no-op.
 pub const LOCAL_RECORD: &str = "\
 INSERT INTO leases_outstanding (lease_id, created_at, updated_at)

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, TransactionBehavior};
 use topology_claims::cell::{
-    ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd, PendingUpdate,
-    TransactionError, UpdateConfig,
+    check_verify_query_columns, ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd,
+    PendingUpdate, TransactionError, UpdateConfig,
 };
 use topology_claims::{
     BeginUpdate, ClaimKey, ClaimRecord, ClaimType, ClaimsError, OwnerType, TableName, Timestamp,
@@ -105,9 +105,10 @@ impl SqliteQuerySource {
         let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .map_err(|e| open_error(path, &e))?;
         for (table, sql) in &queries {
-            conn.prepare(sql).map_err(|e| ClaimsError::Configuration {
+            let statement = conn.prepare(sql).map_err(|e| ClaimsError::Configuration {
                 message: format!("verify query for table {table} does not prepare: {e}"),
             })?;
+            check_verify_query_columns(*table, statement.column_count())?;
         }
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),

@@ -28,21 +28,8 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
 }
 
-/// An error with its source chain (many drivers' Display alone says only "error connecting").
-pub fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        // Drivers often repeat their cause in their own text: say each part once.
-        if !text.ends_with(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
+/// An error with its source chain, each part once (the product's own formatting).
+pub use topology_claims::error::error_chain as with_causes;
 
 /// Logs of a tool to stderr (stdout is for results), filtered by `RUST_LOG` (default `info`).
 pub fn init_tool_logging() {
