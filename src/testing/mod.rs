@@ -19,6 +19,7 @@ pub mod grpc_store;
 pub mod local;
 pub mod migrations;
 pub mod model;
+pub mod race;
 pub mod server;
 
 pub use grpc_store::{GrpcClaimStore, GrpcStoreGuard};

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tonic::transport::Channel;
@@ -12,6 +11,7 @@ use tonic::{Code, Response, Status};
 use tonic_types::StatusExt;
 use topology_claims::grpc::pb;
 use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
+use topology_claims::testing::race::racing_clients_get_one_winner_each;
 use topology_claims::testing::TestServer;
 use topology_claims::{ClaimStore, ClaimType, OwnerType, TableName};
 
@@ -231,88 +231,8 @@ async fn happy_path_claims_are_routable_while_creating_active_after_commit_and_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixteen_concurrent_clients_racing_for_the_same_claims_get_one_winner_each() {
-    const CLIENTS: usize = 16;
-    const CLAIMS: usize = 24;
-    let server = spanner_server().await;
-    let claims: Vec<pb::ClaimRecord> = (0..CLAIMS)
-        .map(|i| {
-            claim(
-                ClaimType::Username,
-                &format!("race-{i:02}"),
-                TableName::Users,
-                i as i64,
-            )
-        })
-        .collect();
-
-    let mut tasks = Vec::new();
-    for n in 0..CLIENTS {
-        let mut client = server.client().await;
-        // Every client walks the claims from a different starting point; a third of them send
-        // single claims, the others batches of 2 or 3.
-        let mut order = claims.clone();
-        order.rotate_left((n * 5) % CLAIMS);
-        let batch = 1 + n % 3;
-        tasks.push(tokio::spawn(async move {
-            let cell = format!("cell-{n:02}");
-            let mut won = Vec::new();
-            for chunk in order.chunks(batch) {
-                if try_claim(&mut client, &cell, chunk).await {
-                    won.extend(chunk.iter().map(|r| r.claim_value.clone()));
-                } else if chunk.len() > 1 {
-                    // The batch lost on some claim: the others may still be free.
-                    for single in chunk {
-                        if try_claim(&mut client, &cell, std::slice::from_ref(single)).await {
-                            won.push(single.claim_value.clone());
-                        }
-                    }
-                }
-            }
-            (cell, won)
-        }));
-    }
-    let mut winners: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for task in tasks {
-        let (cell, won) = task.await.expect("a racing client");
-        for value in won {
-            winners.entry(value).or_default().push(cell.clone());
-        }
-    }
-
-    let mut client = server.client().await;
-    for record in &claims {
-        let cells = winners
-            .get(&record.claim_value)
-            .cloned()
-            .unwrap_or_default();
-        assert_eq!(cells.len(), 1, "{} won by {cells:?}", record.claim_value);
-        assert_eq!(
-            lookup(&mut client, record).await,
-            held(pb::ClaimState::Active, &cells[0])
-        );
-    }
-    for n in 0..CLIENTS {
-        let page = outstanding(&mut client, &format!("cell-{n:02}")).await;
-        assert!(page.leases.is_empty(), "every lease of the race ended");
-    }
-    server.shutdown().await;
-}
-
-/// Begin + commit; `false` when the batch lost (taken or leased by a rival).
-async fn try_claim(client: &mut Client, cell: &str, records: &[pb::ClaimRecord]) -> bool {
-    match client.begin_update(request(cell, records, &[])).await {
-        Ok(response) => {
-            let lease = response
-                .into_inner()
-                .lease_payload
-                .expect("a lease payload");
-            commit(client, cell, &lease.lease_id).await;
-            true
-        }
-        Err(status) => match (status.code(), reason(&status).as_deref()) {
-            (Code::AlreadyExists, Some("CLAIM_TAKEN"))
-            | (Code::FailedPrecondition, Some("CLAIM_LEASED")) => false,
-            _ => panic!("a racing BeginUpdate failed unexpectedly: {status:?}"),
-        },
-    }
+    // The shared scenario (`testing::race`), over fewer claims: the emulator runs one
+    // read-write transaction at a time and aborts the rest, so every attempt is retried.
+    let store: Arc<dyn ClaimStore> = Arc::new(common::fresh_store(common::Mode::Plain).await);
+    racing_clients_get_one_winner_each(store, 16, 24).await;
 }
