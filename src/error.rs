@@ -44,6 +44,14 @@ pub enum ClaimsError {
     /// A client-chosen lease id that is already used for other content or by another cell.
     #[error("lease id {lease_id} is already in use for a different request")]
     LeaseIdConflict { lease_id: LeaseId },
+    /// The caller did not prove who it is: no client certificate on a TLS server, or one that
+    /// names no single identity.
+    #[error("unauthenticated: {message}")]
+    Unauthenticated { message: String },
+    /// The caller is known and may not do this; `reason` is the ErrorInfo reason
+    /// (`CELL_ID_MISMATCH`, `ROLE_NOT_ALLOWED`).
+    #[error("permission denied ({reason}): {message}")]
+    PermissionDenied { reason: String, message: String },
     /// The store cannot be reached (down, restarting, network): retry later.
     #[error("store unavailable: {message}")]
     Unavailable { message: String },
@@ -73,6 +81,11 @@ impl ClaimsError {
             Self::LeaseCommitted { .. } => "LEASE_COMMITTED",
             Self::LeaseNotFound { .. } => "LEASE_NOT_FOUND",
             Self::LeaseIdConflict { .. } => "LEASE_ID_CONFLICT",
+            Self::Unauthenticated { .. } => "UNAUTHENTICATED",
+            Self::PermissionDenied { reason, .. } => match reason.as_str() {
+                crate::auth::CELL_ID_MISMATCH => crate::auth::CELL_ID_MISMATCH,
+                _ => crate::auth::ROLE_NOT_ALLOWED,
+            },
             Self::Unavailable { .. } => "STORE_UNAVAILABLE",
             Self::MigrationsPending { .. } => "MIGRATIONS_PENDING",
             Self::Configuration { .. } => "CONFIGURATION",

@@ -12,6 +12,7 @@
 //! Storage backends live in their own crates and prove themselves with the shared suite in
 //! `testing` (feature `testing`).
 
+pub mod auth;
 pub mod cell;
 pub mod codec;
 pub mod config;

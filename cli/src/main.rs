@@ -1,11 +1,14 @@
 //! The `topology-claims` binary, the product operators install: `serve` (the gRPC server over a
 //! store chosen by URL), `migrate`, the operator commands against a running server (`lookup`,
-//! `leases`) and the two cell sidecars (`reconcile`, `verify`).
+//! `leases`), the two cell sidecars (`reconcile`, `verify`) and `certs`, a development PKI for
+//! mutual TLS.
 //!
 //! Owns argument parsing, process wiring (logging, signals, exit codes) and printing. Must not
 //! hold protocol rules or storage code (the core's and the backends'), nor anything only a
 //! benchmark, a fault campaign or a test needs (those are `tools/`).
 
+mod certs;
+mod client_tls;
 mod ops;
 mod serve;
 mod sidecar;
@@ -56,6 +59,10 @@ enum Command {
     /// intervention); 2 error (bad flags or verify source, the cell's database or the claims
     /// server unreachable).
     Verify(sidecar::VerifyArgs),
+    /// Create a development PKI: a CA, server certificates and client certificates whose
+    /// identity is spiffe://TRUST_DOMAIN/ROLE/NAME (see docs/security.md). Exit status: 0
+    /// written, 1 error (nothing is overwritten without --force).
+    Certs(certs::CertsArgs),
 }
 
 #[derive(Args, Debug)]
@@ -99,6 +106,7 @@ fn main() -> ExitCode {
             Command::Leases(args) => ops::leases(args).await,
             Command::Reconcile(args) => sidecar::reconcile(args).await,
             Command::Verify(args) => sidecar::verify(args).await,
+            Command::Certs(args) => certs::run(args),
         }
     })
 }

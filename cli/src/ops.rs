@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+use topology_claims::cell::server_endpoint;
 use topology_claims::grpc::convert::timestamp_from_pb;
 use topology_claims::grpc::decode::claims_client;
 use topology_claims::grpc::pb;
@@ -19,15 +20,20 @@ use topology_claims::{ClaimType, ClaimsError, OwnerType, TableName};
 use topology_claims::config::format_duration;
 use topology_claims::error::error_chain;
 
+use crate::client_tls::TlsArgs;
+
 #[derive(Args, Debug)]
 pub struct LookupArgs {
-    /// The server's URL.
+    /// The server's URL: http://HOST:PORT, or https://HOST:PORT with --tls-ca.
     #[arg(
         long,
         env = "TOPOLOGY_CLAIMS_SERVER",
         default_value = "http://127.0.0.1:50051"
     )]
     server: String,
+
+    #[command(flatten)]
+    tls: TlsArgs,
 
     /// The claim type: routes, username or email.
     #[arg(long = "type", value_name = "TYPE", value_parser = parse_claim_type)]
@@ -40,13 +46,16 @@ pub struct LookupArgs {
 
 #[derive(Args, Debug)]
 pub struct LeasesArgs {
-    /// The server's URL.
+    /// The server's URL: http://HOST:PORT, or https://HOST:PORT with --tls-ca.
     #[arg(
         long,
         env = "TOPOLOGY_CLAIMS_SERVER",
         default_value = "http://127.0.0.1:50051"
     )]
     server: String,
+
+    #[command(flatten)]
+    tls: TlsArgs,
 
     /// The cell whose outstanding leases to list.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID")]
@@ -70,14 +79,9 @@ fn parse_claim_type(text: &str) -> Result<ClaimType, String> {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-async fn connect(server: &str) -> Result<ClaimsServiceClient<Channel>, String> {
-    if !server.contains("://") {
-        return Err(format!(
-            "invalid --server URL {server:?}: the scheme is missing; use http://HOST:PORT"
-        ));
-    }
-    let endpoint = Endpoint::from_shared(server.to_owned())
-        .map_err(|e| format!("invalid --server URL {server:?}: {e}"))?
+async fn connect(server: &str, tls: &TlsArgs) -> Result<ClaimsServiceClient<Channel>, String> {
+    let endpoint = server_endpoint(server, tls.load().map_err(|e| e.to_string())?.as_ref())
+        .map_err(|e| e.to_string())?
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(REQUEST_TIMEOUT);
     let channel = endpoint
@@ -98,7 +102,7 @@ fn describe(status: &tonic::Status) -> String {
 pub async fn lookup(args: LookupArgs) -> ExitCode {
     const NOT_FOUND: u8 = 1;
     const FAILED: u8 = 2;
-    let mut client = match connect(&args.server).await {
+    let mut client = match connect(&args.server, &args.tls).await {
         Ok(client) => client,
         Err(message) => {
             eprintln!("error: {message}");
@@ -190,7 +194,7 @@ pub async fn leases(args: LeasesArgs) -> ExitCode {
 }
 
 async fn list_all_leases(args: &LeasesArgs) -> Result<(), String> {
-    let mut client = connect(&args.server).await?;
+    let mut client = connect(&args.server, &args.tls).await?;
     let mut cursor = String::new();
     let mut count = 0usize;
     let mut last_server_time;

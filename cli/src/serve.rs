@@ -9,9 +9,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use topology_claims::auth::{IdentityFrom, DEFAULT_TRUST_DOMAIN};
 use topology_claims::grpc::health::HealthConfig;
 use topology_claims::grpc::limits::ServerLimits;
 use topology_claims::grpc::server::{serve, ServerConfig};
+use topology_claims::grpc::tls::{ServerTls, TlsFiles};
 use topology_claims::MigrationPolicy;
 
 use crate::store::{self, StoreOptions, StoreUrl};
@@ -77,6 +82,78 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     limits: LimitArgs,
+
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// Mutual TLS and caller identity (docs/security.md).
+#[derive(Args, Debug)]
+struct TlsArgs {
+    /// The server's certificate chain (PEM). With --tls-key, the server speaks TLS only.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The server certificate's private key (PEM).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
+    /// CA bundle (PEM; several roots allowed, e.g. one per region, or old and new during a
+    /// rotation) that client certificates are verified against. Callers are identified by
+    /// their certificate and authorized by role; without a certificate only grpc.health.v1
+    /// answers. SIGHUP re-reads the certificate, the key and this bundle.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+
+    /// The SPIFFE trust domain of client identities: spiffe://TRUST_DOMAIN/ROLE/NAME.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
+    trust_domain: String,
+
+    /// Where a client certificate's identity is read: uri-san (exactly one URI SAN
+    /// spiffe://TRUST_DOMAIN/ROLE/NAME; roles cell, router, admin) or cn (the subject CN is a
+    /// cell id, for a PKI that can only set the CN).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_IDENTITY_FROM", default_value = "uri-san",
+          value_parser = ["uri-san", "cn"])]
+    identity_from: String,
+
+    /// Serve plaintext (no identities: every caller trusted) on an address that is not
+    /// loopback. Without it, such a --listen is refused; see docs/security.md.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_ALLOW_PLAINTEXT")]
+    allow_plaintext: bool,
+}
+
+impl TlsArgs {
+    /// The TLS configuration, or `None` for plaintext (refused off loopback unless allowed).
+    fn server_tls(&self, listen: &str) -> Result<Option<Arc<ServerTls>>, String> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            let loopback = listen
+                .parse::<std::net::SocketAddr>()
+                .map(|addr| addr.ip().is_loopback())
+                .unwrap_or_else(|_| listen.starts_with("localhost:"));
+            if !loopback && !self.allow_plaintext {
+                return Err(format!(
+                    "refusing to serve plaintext on {listen}, which is not a loopback address: \
+                     without TLS any client can act as any cell. Give --tls-cert, --tls-key and \
+                     --tls-client-ca (docs/security.md), or --allow-plaintext behind a network \
+                     you trust"
+                ));
+            }
+            return Ok(None);
+        };
+        let identity_from = if self.identity_from == "cn" {
+            IdentityFrom::CommonName
+        } else {
+            IdentityFrom::UriSan
+        };
+        let files = TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: self.tls_client_ca.clone(),
+        };
+        ServerTls::new(files, identity_from, self.trust_domain.clone())
+            .map(|tls| Some(Arc::new(tls)))
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// The transport's bounds (docs/reliability.md, "Limits": what a client sees at each one).
@@ -176,6 +253,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let store_url: StoreUrl = args.store.parse()?;
     let limits = args.limits.limits();
     limits.validate().map_err(|e| e.to_string())?;
+    let tls = args.tls.server_tls(&args.listen)?;
     raise_open_file_limit(limits.max_connections);
 
     // Applying at open (rather than a separate `migrate` first) keeps it one step for the
@@ -206,7 +284,11 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
             interval: args.limits.health_interval,
             timeout: args.limits.health_timeout,
         },
+        tls: tls.clone(),
     };
+    if let Some(tls) = tls {
+        reload_on_sighup(tls)?;
+    }
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,
         outcome_retention = ?config.outcome_retention, "serving");
     let server = tokio::spawn(serve(listener, store, config, shutdown));
@@ -267,6 +349,31 @@ fn raise_open_file_limit(max_connections: usize) {
 
 #[cfg(not(unix))]
 fn raise_open_file_limit(_: usize) {}
+
+/// Re-reads the TLS files on every SIGHUP; a failed reload keeps the old configuration.
+#[cfg(unix)]
+fn reload_on_sighup(tls: Arc<ServerTls>) -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangup =
+        signal(SignalKind::hangup()).map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            match tls.reload() {
+                Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CA re-read"),
+                Err(error) => tracing::error!(
+                    %error,
+                    "SIGHUP: TLS files not reloaded; still serving with the previous ones"
+                ),
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn reload_on_sighup(_: Arc<ServerTls>) -> Result<(), String> {
+    Ok(())
+}
 
 /// Completes on SIGINT or SIGTERM (on Ctrl-C elsewhere).
 #[cfg(unix)]

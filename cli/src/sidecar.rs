@@ -19,6 +19,8 @@ use topology_claims::{CellId, ClaimsError, LocalLeaseStore, LocalLock, TableName
 
 use topology_claims::config::{parse_duration, StoreUrl};
 
+use crate::client_tls::TlsArgs;
+
 /// Where the cell's own database is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LocalDbUrl {
@@ -49,13 +51,16 @@ impl std::str::FromStr for LocalDbUrl {
 
 #[derive(Args, Debug, Clone)]
 pub struct CellArgs {
-    /// The claims service's URL.
+    /// The claims service's URL: http://HOST:PORT, or https://HOST:PORT with --tls-ca.
     #[arg(
         long,
         env = "TOPOLOGY_CLAIMS_SERVER",
         default_value = "http://127.0.0.1:50051"
     )]
     server: String,
+
+    #[command(flatten)]
+    tls: TlsArgs,
 
     /// This cell's id.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID", value_parser = parse_cell_id)]
@@ -155,6 +160,7 @@ pub struct VerifyArgs {
 fn client(args: &CellArgs) -> Result<ClaimsClient, ClaimsError> {
     let config = ClientConfig {
         call_timeout: args.call_timeout,
+        tls: args.tls.load()?,
         ..ClientConfig::default()
     };
     ClaimsClient::connect_lazy(&args.server, config)

@@ -10,9 +10,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::cell::backoff::Backoff;
+use crate::cell::tls::{server_endpoint, ClientTls};
 use crate::domain::{
     BeginUpdate, CellId, ClaimKey, ClaimView, ClaimViewsPage, ClaimsQuery, Lease, LeaseId,
     LeasesPage, LeasesQuery,
@@ -33,6 +34,9 @@ pub struct ClientConfig {
     pub backoff: Backoff,
     /// Deadline for establishing a connection.
     pub connect_timeout: Duration,
+    /// TLS for an `https://` server (required for one, refused with an `http://` URL). Default:
+    /// none, plain-text `http://`.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for ClientConfig {
@@ -45,6 +49,7 @@ impl Default for ClientConfig {
                 max: Duration::from_secs(2),
             },
             connect_timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
@@ -66,23 +71,12 @@ fn retryable(error: &ClaimsError) -> bool {
 }
 
 impl ClaimsClient {
-    /// A client for `endpoint` (e.g. `http://127.0.0.1:50051`). Connects lazily: a service that is
-    /// down now is retried on the first call, not refused here.
+    /// A client for `endpoint`: `http://HOST:PORT`, or `https://HOST:PORT` with
+    /// [`ClientConfig::tls`] set. Connects lazily: a service that is down now is retried on the
+    /// first call, not refused here; a bad URL or bad TLS settings are refused here.
     pub fn connect_lazy(endpoint: &str, config: ClientConfig) -> Result<Self, ClaimsError> {
         let url = endpoint;
-        if !url.contains("://") {
-            // `HOST:PORT` would parse, and then fail every call with "scheme is missing".
-            return Err(ClaimsError::Configuration {
-                message: format!(
-                    "bad claims server URL {url:?}: the scheme is missing; use http://HOST:PORT \
-                     (or https://HOST:PORT)"
-                ),
-            });
-        }
-        let endpoint = Endpoint::from_shared(url.to_owned())
-            .map_err(|e| ClaimsError::Configuration {
-                message: format!("bad claims server URL {url:?}: {}", error_chain(&e)),
-            })?
+        let endpoint = server_endpoint(url, config.tls.as_ref())?
             .connect_timeout(config.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30))

@@ -30,7 +30,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 use tonic::transport::server::Connected;
 
+use crate::auth::Caller;
 use crate::grpc::limits::ServerLimits;
+use crate::grpc::tls::ServerTls;
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4) is this long.
 const PREFACE_LEN: usize = 24;
@@ -87,15 +89,20 @@ pub struct ConnInfo {
     pub local_addr: Option<SocketAddr>,
     /// Bytes of request bodies this connection may have buffered at once.
     pub(crate) request_bytes: Arc<Semaphore>,
+    /// Who is calling: anonymous on a plaintext server, else from the client certificate.
+    pub caller: Caller,
 }
 
-/// The listener as a stream of bounded connections, for `serve_with_incoming_shutdown`.
+/// The listener as a stream of bounded connections, for `serve_with_incoming_shutdown`; with
+/// `tls`, each is handshaken on a task of its own (bounded by the handshake timeout), so a slow
+/// handshake never holds up the others.
 pub fn incoming(
     listener: TcpListener,
     limits: &ServerLimits,
     stats: Arc<ServerStats>,
-) -> impl Stream<Item = Result<LimitedConn, io::Error>> + Send + 'static {
-    let acceptor = Acceptor {
+    tls: Option<Arc<ServerTls>>,
+) -> impl Stream<Item = Result<ServerConn, io::Error>> + Send + 'static {
+    let mut acceptor = Acceptor {
         listener,
         connections: Arc::new(Semaphore::new(limits.max_connections)),
         refusals: Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT)),
@@ -106,10 +113,114 @@ pub fn incoming(
         accept_log: RateLimitedLog::default(),
         refuse_log: Arc::new(RateLimitedLog::default()),
     };
-    futures::stream::unfold(acceptor, |mut acceptor| async move {
-        let conn = acceptor.next().await;
-        Some((Ok(conn), acceptor))
+    let (ready, connections) = tokio::sync::mpsc::channel::<ServerConn>(64);
+    let handshake_timeout = limits.handshake_timeout;
+    tokio::spawn(async move {
+        loop {
+            let conn = tokio::select! {
+                // The server stopped accepting: let the listening socket go.
+                () = ready.closed() => return,
+                conn = acceptor.next() => conn,
+            };
+            match &tls {
+                None => {
+                    if ready.send(ServerConn::Plain(conn)).await.is_err() {
+                        return;
+                    }
+                }
+                Some(tls) => {
+                    let (tls, ready) = (Arc::clone(tls), ready.clone());
+                    tokio::spawn(async move {
+                        if let Some(conn) = handshake(conn, &tls, handshake_timeout).await {
+                            let _ = ready.send(conn).await;
+                        }
+                    });
+                }
+            }
+        }
+    });
+    futures::stream::unfold(connections, |mut connections| async move {
+        let conn = connections.recv().await?;
+        Some((Ok(conn), connections))
     })
+}
+
+/// The TLS handshake of one connection, bounded by `timeout`; `None` (logged at debug) when it
+/// fails: a client with a certificate of another CA, an expired one, or plain HTTP/2.
+async fn handshake(conn: LimitedConn, tls: &ServerTls, timeout: Duration) -> Option<ServerConn> {
+    let mut info = conn.info.clone();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+    match tokio::time::timeout(timeout, acceptor.accept(conn)).await {
+        Ok(Ok(stream)) => {
+            info.caller = tls.caller(stream.get_ref().1.peer_certificates());
+            Some(ServerConn::Tls(Box::new(stream), info))
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(peer = ?info.remote_addr, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(peer = ?info.remote_addr, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// A connection as the HTTP/2 server sees it: plain, or TLS on top of the bounded connection.
+pub enum ServerConn {
+    Plain(LimitedConn),
+    Tls(Box<tokio_rustls::server::TlsStream<LimitedConn>>, ConnInfo),
+}
+
+impl Connected for ServerConn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        match self {
+            Self::Plain(conn) => conn.info.clone(),
+            Self::Tls(_, info) => info.clone(),
+        }
+    }
+}
+
+impl AsyncRead for ServerConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(conn) => Pin::new(conn).poll_read(cx, buf),
+            Self::Tls(conn, _) => Pin::new(conn.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ServerConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(conn) => Pin::new(conn).poll_write(cx, buf),
+            Self::Tls(conn, _) => Pin::new(conn.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(conn) => Pin::new(conn).poll_flush(cx),
+            Self::Tls(conn, _) => Pin::new(conn.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(conn) => Pin::new(conn).poll_shutdown(cx),
+            Self::Tls(conn, _) => Pin::new(conn.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 struct Acceptor {
@@ -250,6 +361,7 @@ impl LimitedConn {
             remote_addr: io.peer_addr().ok(),
             local_addr: io.local_addr().ok(),
             request_bytes: Arc::new(Semaphore::new(limits.request_bytes_per_connection)),
+            caller: Caller::Anonymous,
         };
         Self {
             io,
@@ -267,14 +379,6 @@ impl LimitedConn {
     fn timed_out(&self, what: String) -> Poll<io::Result<()>> {
         tracing::debug!(peer = ?self.info.remote_addr, "{what}: closing the connection");
         Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, what)))
-    }
-}
-
-impl Connected for LimitedConn {
-    type ConnectInfo = ConnInfo;
-
-    fn connect_info(&self) -> ConnInfo {
-        self.info.clone()
     }
 }
 

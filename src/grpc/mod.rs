@@ -1,6 +1,7 @@
 //! The thin gRPC front end: proto <-> domain conversion, the one error-to-status mapping, and the
 //! tonic service that decodes, calls the store, encodes. No protocol rules and no SQL live here.
 
+pub mod authz;
 pub mod convert;
 pub mod decode;
 pub mod guard;
@@ -10,6 +11,7 @@ pub mod listener;
 pub mod server;
 pub mod service;
 pub mod status;
+pub mod tls;
 
 /// The generated protobuf types and tonic client/server of `topology.claims.v1`.
 pub use crate::pb;

@@ -16,6 +16,7 @@ use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 use crate::error::ClaimsError;
+use crate::grpc::authz::AuthorizeLayer;
 use crate::grpc::guard::RequestGuardLayer;
 use crate::grpc::health::{watch_store, HealthConfig};
 use crate::grpc::limits::ServerLimits;
@@ -23,6 +24,7 @@ use crate::grpc::listener::{self, ServerStats};
 use crate::grpc::pb;
 use crate::grpc::pb::claims_service_server::ClaimsServiceServer;
 use crate::grpc::service::{ClaimsServiceImpl, ServiceConfig};
+use crate::grpc::tls::ServerTls;
 use crate::ports::ClaimStore;
 
 /// Largest request message the server decodes. tonic's default (4 MiB) holds a full batch of
@@ -31,7 +33,7 @@ use crate::ports::ClaimStore;
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 
 /// The server's knobs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ServerConfig {
     /// Most claims one BeginUpdate may carry (`--max-batch`).
     pub max_batch: usize,
@@ -50,6 +52,9 @@ pub struct ServerConfig {
     pub limits: ServerLimits,
     /// How the store is probed for the health status.
     pub health: HealthConfig,
+    /// TLS (and with a client CA, client certificates and authorization); `None`: plaintext,
+    /// every caller trusted.
+    pub tls: Option<Arc<ServerTls>>,
 }
 
 impl Default for ServerConfig {
@@ -62,6 +67,7 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(30),
             limits: ServerLimits::default(),
             health: HealthConfig::default(),
+            tls: None,
         }
     }
 }
@@ -145,13 +151,14 @@ pub async fn serve(
     };
     let limits = &config.limits;
     let stats = Arc::new(ServerStats::default());
-    let incoming = listener::incoming(listener, limits, Arc::clone(&stats));
+    let incoming = listener::incoming(listener, limits, Arc::clone(&stats), config.tls.clone());
     let server = Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_max_header_list_size(limits.max_header_list_bytes)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .layer(RequestGuardLayer::new(limits, MAX_REQUEST_BYTES, stats))
+        .layer(AuthorizeLayer)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(claims)

@@ -39,9 +39,10 @@ pub fn code_of(error: &ClaimsError) -> Code {
         | ClaimsError::LeaseRolledBack { .. }
         | ClaimsError::LeaseCommitted { .. } => Code::FailedPrecondition,
         ClaimsError::ClaimNotFound { .. } | ClaimsError::LeaseNotFound { .. } => Code::NotFound,
-        ClaimsError::NotClaimOwner { .. } | ClaimsError::NotLeaseOwner { .. } => {
-            Code::PermissionDenied
-        }
+        ClaimsError::NotClaimOwner { .. }
+        | ClaimsError::NotLeaseOwner { .. }
+        | ClaimsError::PermissionDenied { .. } => Code::PermissionDenied,
+        ClaimsError::Unauthenticated { .. } => Code::Unauthenticated,
         ClaimsError::Unavailable { .. } => Code::Unavailable,
         ClaimsError::MigrationsPending { .. }
         | ClaimsError::Configuration { .. }
@@ -157,6 +158,13 @@ pub fn from_status(status: &Status) -> ClaimsError {
                 .collect(),
         },
         "CONFIGURATION" => ClaimsError::Configuration { message },
+        "UNAUTHENTICATED" => ClaimsError::Unauthenticated { message },
+        reason @ (crate::auth::CELL_ID_MISMATCH | crate::auth::ROLE_NOT_ALLOWED) => {
+            ClaimsError::PermissionDenied {
+                reason: reason.to_owned(),
+                message,
+            }
+        }
         _ => ClaimsError::internal(format!("{}: {message}", info.reason)),
     }
 }

@@ -194,6 +194,7 @@ fn client_config() -> ClientConfig {
             max: Duration::from_millis(250),
         },
         connect_timeout: Duration::from_millis(500),
+        tls: None,
     }
 }
 
