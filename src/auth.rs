@@ -193,6 +193,14 @@ impl Method {
         }
     }
 
+    /// Whether it changes claims or leases (what the audit log records).
+    pub const fn mutates(self) -> bool {
+        matches!(
+            self,
+            Self::BeginUpdate | Self::CommitUpdate | Self::RollbackUpdate | Self::RenewLease
+        )
+    }
+
     /// Whether its request carries a `cell_id` (field 1) the caller must own.
     pub const fn has_cell_id(self) -> bool {
         matches!(

@@ -375,10 +375,12 @@ fn load_ca(dir: &Path) -> Result<Issuer<'static, KeyPair>, String> {
 }
 
 /// Parameters of a leaf certificate: not a CA, signatures only, one EKU.
-fn leaf_params(common_name: &str, eku: ExtendedKeyUsagePurpose, days: u32) -> CertificateParams {
+fn leaf_params(
+    name: DistinguishedName,
+    eku: ExtendedKeyUsagePurpose,
+    days: u32,
+) -> CertificateParams {
     let mut params = CertificateParams::default();
-    let mut name = DistinguishedName::new();
-    name.push(DnType::CommonName, common_name);
     params.distinguished_name = name;
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -401,7 +403,9 @@ fn create_server(args: &ServerArgs) -> Result<(), String> {
     let dir = &args.common.dir;
     let pair = Pair::in_dir(dir, &args.name);
     pair.check_free(args.common.force)?;
-    let mut params = leaf_params(&args.name, ExtendedKeyUsagePurpose::ServerAuth, args.days);
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, args.name.as_str());
+    let mut params = leaf_params(name, ExtendedKeyUsagePurpose::ServerAuth, args.days);
     for host in &args.dns {
         let san = host
             .as_str()
@@ -441,11 +445,13 @@ fn create_client(args: &ClientArgs) -> Result<(), String> {
     let pair = Pair::in_dir(dir, &format!("{role}-{}", args.name));
     pair.check_free(args.common.force)?;
     let identity = format!("spiffe://{}/{role}/{}", args.trust_domain, args.name);
-    let mut params = leaf_params(
-        &format!("{role}/{}", args.name),
-        ExtendedKeyUsagePurpose::ClientAuth,
-        args.days,
-    );
+    // The subject only informs humans (O = trust domain, OU = role, CN = name); the server
+    // reads the identity from the URI SAN.
+    let mut name = DistinguishedName::new();
+    name.push(DnType::OrganizationName, args.trust_domain.as_str());
+    name.push(DnType::OrganizationalUnitName, role);
+    name.push(DnType::CommonName, args.name.as_str());
+    let mut params = leaf_params(name, ExtendedKeyUsagePurpose::ClientAuth, args.days);
     // Exactly one URI SAN: the identity the server authorizes (SPIFFE X.509-SVID).
     params.subject_alt_names = vec![uri_san(&identity)?];
     sign_and_write(&params, dir, &pair)?;

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use topology_claims::auth::{IdentityFrom, DEFAULT_TRUST_DOMAIN};
+use topology_claims::grpc::audit::AuditLog;
 use topology_claims::grpc::health::HealthConfig;
 use topology_claims::grpc::limits::ServerLimits;
 use topology_claims::grpc::server::{serve, ServerConfig};
@@ -116,6 +117,20 @@ struct TlsArgs {
           value_parser = ["uri-san", "cn"])]
     identity_from: String,
 
+    /// Append one JSON line per mutating RPC and per authentication or authorization refusal
+    /// to this file (docs/security.md, "Audit log"). SIGHUP reopens it (logrotate).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_AUDIT_LOG")]
+    audit_log: Option<PathBuf>,
+
+    /// Write claim values in the audit log as HMAC-SHA256 under the key in this file (at least
+    /// 16 bytes) instead of in clear: claim values can be personal data (emails).
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_AUDIT_HASH_KEY_FILE",
+        requires = "audit_log"
+    )]
+    audit_hash_key_file: Option<PathBuf>,
+
     /// Serve plaintext (no identities: every caller trusted) on an address that is not
     /// loopback. Without it, such a --listen is refused; see docs/security.md.
     #[arg(long, env = "TOPOLOGY_CLAIMS_ALLOW_PLAINTEXT")]
@@ -123,6 +138,23 @@ struct TlsArgs {
 }
 
 impl TlsArgs {
+    /// The audit log, if asked for.
+    fn audit(&self) -> Result<Option<Arc<AuditLog>>, String> {
+        let Some(path) = &self.audit_log else {
+            return Ok(None);
+        };
+        let key =
+            match &self.audit_hash_key_file {
+                Some(file) => Some(std::fs::read(file).map_err(|e| {
+                    format!("cannot read the audit hash key {}: {e}", file.display())
+                })?),
+                None => None,
+            };
+        AuditLog::open(path, key.as_deref())
+            .map(|log| Some(Arc::new(log)))
+            .map_err(|e| e.to_string())
+    }
+
     /// The TLS configuration, or `None` for plaintext (refused off loopback unless allowed).
     fn server_tls(&self, listen: &str) -> Result<Option<Arc<ServerTls>>, String> {
         let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
@@ -254,6 +286,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let limits = args.limits.limits();
     limits.validate().map_err(|e| e.to_string())?;
     let tls = args.tls.server_tls(&args.listen)?;
+    let audit = args.tls.audit()?;
     raise_open_file_limit(limits.max_connections);
 
     // Applying at open (rather than a separate `migrate` first) keeps it one step for the
@@ -285,10 +318,9 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
             timeout: args.limits.health_timeout,
         },
         tls: tls.clone(),
+        audit: audit.clone(),
     };
-    if let Some(tls) = tls {
-        reload_on_sighup(tls)?;
-    }
+    reload_on_sighup(tls, audit)?;
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,
         outcome_retention = ?config.outcome_retention, "serving");
     let server = tokio::spawn(serve(listener, store, config, shutdown));
@@ -350,20 +382,35 @@ fn raise_open_file_limit(max_connections: usize) {
 #[cfg(not(unix))]
 fn raise_open_file_limit(_: usize) {}
 
-/// Re-reads the TLS files on every SIGHUP; a failed reload keeps the old configuration.
+/// On every SIGHUP: re-reads the TLS files (a failed reload keeps the old configuration) and
+/// reopens the audit log (logrotate). Without either, SIGHUP is left to its default.
 #[cfg(unix)]
-fn reload_on_sighup(tls: Arc<ServerTls>) -> Result<(), String> {
+fn reload_on_sighup(
+    tls: Option<Arc<ServerTls>>,
+    audit: Option<Arc<AuditLog>>,
+) -> Result<(), String> {
     use tokio::signal::unix::{signal, SignalKind};
+    if tls.is_none() && audit.is_none() {
+        return Ok(());
+    }
     let mut hangup =
         signal(SignalKind::hangup()).map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
-            match tls.reload() {
-                Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CA re-read"),
-                Err(error) => tracing::error!(
-                    %error,
-                    "SIGHUP: TLS files not reloaded; still serving with the previous ones"
-                ),
+            if let Some(tls) = &tls {
+                match tls.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CA re-read"),
+                    Err(error) => tracing::error!(
+                        %error,
+                        "SIGHUP: TLS files not reloaded; still serving with the previous ones"
+                    ),
+                }
+            }
+            if let Some(audit) = &audit {
+                match audit.reopen() {
+                    Ok(()) => tracing::info!("SIGHUP: audit log reopened"),
+                    Err(error) => tracing::error!(%error, "SIGHUP: audit log not reopened"),
+                }
             }
         }
     });
@@ -371,7 +418,7 @@ fn reload_on_sighup(tls: Arc<ServerTls>) -> Result<(), String> {
 }
 
 #[cfg(not(unix))]
-fn reload_on_sighup(_: Arc<ServerTls>) -> Result<(), String> {
+fn reload_on_sighup(_: Option<Arc<ServerTls>>, _: Option<Arc<AuditLog>>) -> Result<(), String> {
     Ok(())
 }
 

@@ -12,32 +12,46 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::BodyExt;
+use prost::Message;
 use tonic::body::Body;
+use tonic_types::StatusExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::auth::{authorize, Caller, Decision, Method};
+use crate::domain::ClaimType;
 use crate::error::ClaimsError;
+use crate::grpc::audit::{AuditLog, AuditRecord, AuditedClaim};
 use crate::grpc::listener::ConnInfo;
+use crate::grpc::pb;
 use crate::grpc::status::to_status;
 
-/// Builds [`Authorize`] services.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AuthorizeLayer;
+/// Builds [`Authorize`] services, writing to the audit log when there is one.
+#[derive(Clone, Debug, Default)]
+pub struct AuthorizeLayer {
+    pub audit: Option<Arc<AuditLog>>,
+}
 
 impl<S> Layer<S> for AuthorizeLayer {
     type Service = Authorize<S>;
 
     fn layer(&self, inner: S) -> Authorize<S> {
-        Authorize { inner }
+        Authorize {
+            inner,
+            audit: self.audit.clone(),
+        }
     }
 }
 
 #[derive(Clone)]
 pub struct Authorize<S> {
     inner: S,
+    audit: Option<Arc<AuditLog>>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -57,19 +71,24 @@ where
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let started = Instant::now();
         let method = Method::from_path(request.uri().path());
-        let caller = request
-            .extensions()
-            .get::<ConnInfo>()
-            .map_or(Caller::Anonymous, |info| info.caller.clone());
+        let info = request.extensions().get::<ConnInfo>().cloned();
+        let caller = info
+            .as_ref()
+            .map_or(Caller::Anonymous, |i| i.caller.clone());
+        let audit = self.audit.clone();
         // The ready service goes with this request; a clone waits for the next one.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            if !method.has_cell_id() || caller == Caller::Anonymous {
+            let mut record = Audit::start(audit, info.as_ref(), &caller, method, started);
+            let needs_body = method.has_cell_id()
+                && (caller != Caller::Anonymous || (record.is_some() && method.mutates()));
+            if !needs_body {
                 return match authorize(&caller, method, "") {
                     Decision::Allow { .. } => inner.call(request).await,
-                    refusal => Ok(refuse(refusal)),
+                    refusal => Ok(refuse(refusal, record.as_mut())),
                 };
             }
             let (parts, body) = request.into_parts();
@@ -86,19 +105,153 @@ where
                         Some(own) => with_cell_id(&bytes, &own).unwrap_or(bytes),
                         None => bytes,
                     };
+                    if let Some(record) = record.as_mut() {
+                        record.request(method, &bytes);
+                    }
                     let request = http::Request::from_parts(
                         parts,
                         Body::new(http_body_util::Full::new(bytes)),
                     );
-                    inner.call(request).await
+                    let response = inner.call(request).await;
+                    if let (Some(record), Ok(response)) = (record, &response) {
+                        if method.mutates() {
+                            record.finish_with(response.headers());
+                        }
+                    }
+                    response
                 }
-                refusal => Ok(refuse(refusal)),
+                refusal => {
+                    if let Some(record) = record.as_mut() {
+                        record.request(method, &bytes);
+                    }
+                    Ok(refuse(refusal, record.as_mut()))
+                }
             }
         })
     }
 }
 
-fn refuse(decision: Decision) -> http::Response<Body> {
+/// An audit line in the making.
+struct Audit {
+    log: Arc<AuditLog>,
+    record: AuditRecord,
+    started: Instant,
+}
+
+impl Audit {
+    fn start(
+        log: Option<Arc<AuditLog>>,
+        info: Option<&ConnInfo>,
+        caller: &Caller,
+        method: Method,
+        started: Instant,
+    ) -> Option<Audit> {
+        let log = log?;
+        let (identity, role) = match caller {
+            Caller::Verified(principal) => (principal.id.clone(), principal.role.name().to_owned()),
+            Caller::Anonymous => ("anonymous".to_owned(), String::new()),
+            Caller::NoCertificate => ("no-certificate".to_owned(), String::new()),
+            Caller::Unidentified { .. } => ("unidentified".to_owned(), String::new()),
+        };
+        Some(Audit {
+            log,
+            record: AuditRecord {
+                peer: info
+                    .and_then(|i| i.remote_addr)
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
+                identity,
+                role,
+                method: format!("{method:?}"),
+                ..AuditRecord::default()
+            },
+            started,
+        })
+    }
+
+    /// What the request names: cell, lease, claims.
+    fn request(&mut self, method: Method, body: &[u8]) {
+        let Some(message) = first_message(body) else {
+            return;
+        };
+        let r = &mut self.record;
+        match method {
+            Method::BeginUpdate => {
+                if let Ok(request) = pb::BeginUpdateRequest::decode(message) {
+                    r.cell_id = request.cell_id;
+                    r.lease_id = request.lease_id;
+                    let claims = |list: Vec<pb::ClaimRecord>, op: &'static str| {
+                        list.into_iter().map(move |c| AuditedClaim {
+                            op,
+                            claim_type: ClaimType::from_number(i64::from(c.claim_type))
+                                .map_or_else(|| c.claim_type.to_string(), |t| t.name().to_owned()),
+                            claim_value: c.claim_value,
+                        })
+                    };
+                    r.claims = claims(request.creates_claims, "create")
+                        .chain(claims(request.destroys_claims, "destroy"))
+                        .collect();
+                }
+            }
+            Method::CommitUpdate | Method::RollbackUpdate | Method::RenewLease => {
+                // The three share their shape: cell_id = 1, lease_id = 2.
+                if let Ok(request) = pb::CommitUpdateRequest::decode(message) {
+                    r.cell_id = request.cell_id;
+                    r.lease_id = request.lease_id;
+                }
+            }
+            _ => r.cell_id = cell_id_field(message).unwrap_or_default(),
+        }
+    }
+
+    /// Writes the line for an answer whose status is in `headers` (a trailers-only error), or
+    /// OK when it is not there.
+    fn finish_with(mut self, headers: &http::HeaderMap) {
+        match tonic::Status::from_header_map(headers) {
+            Some(status) if status.code() != tonic::Code::Ok => {
+                self.record.code = code_name(status.code()).to_owned();
+                self.record.reason = status
+                    .get_error_details()
+                    .error_info()
+                    .map(|info| info.reason.clone())
+                    .unwrap_or_default();
+            }
+            _ => self.record.code = "OK".to_owned(),
+        }
+        self.write();
+    }
+
+    fn write(&mut self) {
+        self.record.duration_ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        self.log.write(&self.record);
+    }
+}
+
+/// The canonical gRPC name of a code.
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+fn refuse(decision: Decision, audit: Option<&mut Audit>) -> http::Response<Body> {
     let error = match decision {
         Decision::Unauthenticated { message } => ClaimsError::Unauthenticated { message },
         Decision::Denied { reason, message } => ClaimsError::PermissionDenied {
@@ -108,6 +261,11 @@ fn refuse(decision: Decision) -> http::Response<Body> {
         Decision::Allow { .. } => unreachable!("only refusals are answered here"),
     };
     tracing::info!(%error, "request refused");
+    if let Some(audit) = audit {
+        audit.record.code = code_name(crate::grpc::status::code_of(&error)).to_owned();
+        audit.record.reason = error.reason().to_owned();
+        audit.write();
+    }
     to_status(&error).into_http()
 }
 
@@ -187,8 +345,6 @@ fn with_cell_id(body: &[u8], cell_id: &str) -> Option<Bytes> {
 
 #[cfg(test)]
 mod tests {
-    use prost::Message;
-
     use super::*;
     use crate::grpc::pb;
 

@@ -16,6 +16,7 @@ use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 use crate::error::ClaimsError;
+use crate::grpc::audit::AuditLog;
 use crate::grpc::authz::AuthorizeLayer;
 use crate::grpc::guard::RequestGuardLayer;
 use crate::grpc::health::{watch_store, HealthConfig};
@@ -55,6 +56,8 @@ pub struct ServerConfig {
     /// TLS (and with a client CA, client certificates and authorization); `None`: plaintext,
     /// every caller trusted.
     pub tls: Option<Arc<ServerTls>>,
+    /// The audit log (`--audit-log`).
+    pub audit: Option<Arc<AuditLog>>,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +71,7 @@ impl Default for ServerConfig {
             limits: ServerLimits::default(),
             health: HealthConfig::default(),
             tls: None,
+            audit: None,
         }
     }
 }
@@ -158,7 +162,9 @@ pub async fn serve(
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .layer(RequestGuardLayer::new(limits, MAX_REQUEST_BYTES, stats))
-        .layer(AuthorizeLayer)
+        .layer(AuthorizeLayer {
+            audit: config.audit.clone(),
+        })
         .add_service(health_service)
         .add_service(reflection)
         .add_service(claims)
