@@ -20,7 +20,7 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use time::{Duration, OffsetDateTime};
-use topology_claims::CellId;
+use topology_claims::{auth, CellId};
 
 #[derive(Args, Debug)]
 pub struct CertsArgs {
@@ -63,7 +63,7 @@ struct CaArgs {
 
     /// The SPIFFE trust domain this CA signs for, written as the CA's URI SAN
     /// spiffe://TRUST_DOMAIN and its organization: lowercase letters, digits, '.', '-', '_'.
-    #[arg(long, env = "TOPOLOGY_CLAIMS_CERTS_TRUST_DOMAIN", default_value = "topology-claims",
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CERTS_TRUST_DOMAIN", default_value = auth::DEFAULT_TRUST_DOMAIN,
           value_parser = parse_trust_domain)]
     trust_domain: String,
 
@@ -125,12 +125,14 @@ enum Role {
 }
 
 impl Role {
+    /// The name the server's identity table reads (`topology_claims::auth`).
     fn name(self) -> &'static str {
         match self {
-            Role::Cell => "cell",
-            Role::Router => "router",
-            Role::Admin => "admin",
+            Role::Cell => auth::Role::Cell,
+            Role::Router => auth::Role::Router,
+            Role::Admin => auth::Role::Admin,
         }
+        .name()
     }
 }
 
@@ -148,8 +150,8 @@ struct ClientArgs {
     name: String,
 
     /// The SPIFFE trust domain of the identity spiffe://TRUST_DOMAIN/ROLE/NAME: lowercase
-    /// letters, digits, '.', '-', '_'. Must be the one the server expects.
-    #[arg(long, env = "TOPOLOGY_CLAIMS_CERTS_TRUST_DOMAIN", default_value = "topology-claims",
+    /// letters, digits, '.', '-', '_'. Must be the server's `serve --trust-domain`.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CERTS_TRUST_DOMAIN", default_value = auth::DEFAULT_TRUST_DOMAIN,
           value_parser = parse_trust_domain)]
     trust_domain: String,
 
