@@ -2,8 +2,13 @@
 //! through the claims service with the three-phase transaction.
 //!
 //! cargo run --example signup -- http://127.0.0.1:50051 cell-1 cell.db alice alice@example.com
+//!
+//! Over mutual TLS (docs/security.md): an `https://` URL, and the CA bundle and this cell's
+//! certificate in TOPOLOGY_CLAIMS_TLS_CA, TOPOLOGY_CLAIMS_TLS_CERT, TOPOLOGY_CLAIMS_TLS_KEY.
 
-use topology_claims::cell::{ClaimsClient, ClientConfig, TransactionError, UpdateConfig};
+use topology_claims::cell::{
+    ClaimsClient, ClientConfig, ClientTls, TransactionError, UpdateConfig,
+};
 use topology_claims::{
     BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, ClaimsError, OwnerType, TableName,
 };
@@ -82,8 +87,23 @@ async fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     };
     let run = async {
-        let client = ClaimsClient::connect_lazy(server, ClientConfig::default())
-            .map_err(|e| e.to_string())?;
+        // Over mutual TLS (an https:// SERVER_URL): the CA bundle and this cell's certificate.
+        let tls = match (
+            std::env::var_os("TOPOLOGY_CLAIMS_TLS_CA"),
+            std::env::var_os("TOPOLOGY_CLAIMS_TLS_CERT"),
+            std::env::var_os("TOPOLOGY_CLAIMS_TLS_KEY"),
+        ) {
+            (Some(ca), Some(cert), Some(key)) => Some(
+                ClientTls::from_files(ca.as_ref(), Some((cert.as_ref(), key.as_ref())))
+                    .map_err(|e| e.to_string())?,
+            ),
+            _ => None,
+        };
+        let config = ClientConfig {
+            tls,
+            ..ClientConfig::default()
+        };
+        let client = ClaimsClient::connect_lazy(server, config).map_err(|e| e.to_string())?;
         let cell = CellId::parse(cell).map_err(|e| e.to_string())?;
         signup(&client, &cell, db, name, email).await
     };
