@@ -320,7 +320,7 @@ async fn create_spanner_database(emulator: &Emulator) -> Result<(), String> {
 pub struct Fleet {
     exe: PathBuf,
     store_url: String,
-    /// Extra `serve` flags (a small pool per server for PostgreSQL).
+    /// Extra `serve` flags (the TLS files; a small pool per server for PostgreSQL).
     store_args: Vec<String>,
     /// Extra environment of `serve` (the Spanner emulator's address).
     store_env: Vec<(&'static str, String)>,
@@ -333,22 +333,24 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Starts `servers` processes on `backing` and points the proxy's slots at them.
+    /// Starts `servers` processes on `backing` and points the proxy's slots at them;
+    /// `serve_args` are further `serve` flags (the TLS files).
     pub async fn start(
         servers: usize,
         backing: &Backing,
         proxy: Arc<Proxy>,
         log_dir: &Path,
+        serve_args: Vec<String>,
     ) -> Result<Fleet, String> {
         let exe = product_binary()?;
+        let mut store_args = serve_args;
+        if backing.is_postgres() {
+            store_args.extend(["--pg-pool-size".to_owned(), "4".to_owned()]);
+        }
         let mut fleet = Fleet {
             exe,
             store_url: backing.server_url(),
-            store_args: if backing.is_postgres() {
-                vec!["--pg-pool-size".to_owned(), "4".to_owned()]
-            } else {
-                Vec::new()
-            },
+            store_args,
             store_env: backing.server_env(),
             log_dir: log_dir.to_path_buf(),
             children: (0..servers).map(|_| None).collect(),

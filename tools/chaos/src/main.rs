@@ -35,7 +35,7 @@ use clap::Parser;
 use futures::StreamExt;
 use tokio::sync::watch;
 use topology_claims::cell::{
-    Backoff, ClaimsClient, ClientConfig, Reconciler, ReconcilerConfig, UpdateConfig,
+    Backoff, ClaimsClient, ClientConfig, ClientTls, Reconciler, ReconcilerConfig, UpdateConfig,
 };
 use topology_claims::LeasesQuery;
 use topology_claims_sqlite::SqliteLocalLeaseStore;
@@ -48,6 +48,7 @@ use crate::invariants::FinalState;
 use crate::linearizability::Verdict;
 use crate::proxy::Proxy;
 use topology_claims::config::parse_nonzero_duration;
+use topology_claims_harness::pki::DevPki;
 
 /// Fault campaign: simulated cells against real server processes while clients crash at every
 /// phase, servers are killed, connections dropped, delayed and reset; then checks the healed
@@ -131,6 +132,12 @@ pub struct ChaosArgs {
     /// commits locally without recording its lease). For testing the campaign itself.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_SABOTAGE")]
     sabotage: Option<Sabotage>,
+
+    /// Mutual TLS: a development PKI is made in the work directory (by `topology-claims
+    /// certs`), every server serves TLS and requires client certificates, and each cell
+    /// connects over https:// with its own certificate, `spiffe://topology-claims/cell/ID`.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_TLS")]
+    tls: bool,
 }
 
 /// Each transaction of the random phase crashes with this probability (at a random boundary).
@@ -184,8 +191,8 @@ async fn interrupted() -> &'static str {
 }
 
 /// The cells' client: short deadlines and few retries, so faults turn into lost outcomes
-/// quickly instead of stalling the campaign.
-fn client_config() -> ClientConfig {
+/// quickly instead of stalling the campaign; `tls` with the cell's own certificate.
+fn client_config(tls: Option<ClientTls>) -> ClientConfig {
     ClientConfig {
         call_timeout: Duration::from_millis(750),
         max_attempts: 4,
@@ -194,7 +201,7 @@ fn client_config() -> ClientConfig {
             max: Duration::from_millis(250),
         },
         connect_timeout: Duration::from_millis(500),
-        tls: None,
+        tls,
     }
 }
 
@@ -258,8 +265,26 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         notes.push("the emulator aborts about 5% of commits on purpose (--enable_fault_injection)");
     }
 
+    // One certificate per cell: a cell may act only as itself, so each cell's clients (its
+    // worker, its reconciler, the probes of its leases) present that cell's identity.
+    let pki = if args.tls {
+        let dir = work_dir.join("pki");
+        Some(tokio::task::block_in_place(|| DevPki::create(&dir))?)
+    } else {
+        None
+    };
+    let mut cell_tls = Vec::new();
+    if let Some(pki) = &pki {
+        for i in 0..cells_n {
+            let name = model::cell_id(i).to_string();
+            cell_tls.push(tokio::task::block_in_place(|| {
+                pki.client_tls("cell", &name)
+            })?);
+        }
+    }
     let proxy = Arc::new(Proxy::start(servers).await?);
-    let fleet = Fleet::start(servers, &backing, Arc::clone(&proxy), &work_dir).await?;
+    let serve_args = pki.as_ref().map(DevPki::serve_args).unwrap_or_default();
+    let fleet = Fleet::start(servers, &backing, Arc::clone(&proxy), &work_dir, serve_args).await?;
     let fleet = Arc::new(tokio::sync::Mutex::new(fleet));
     let injector = Arc::new(Injector::new(
         Arc::clone(&fleet),
@@ -280,13 +305,22 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         update,
         sabotage: args.sabotage,
     });
-    let endpoint = proxy.endpoint();
-    let client =
-        || ClaimsClient::connect_lazy(&endpoint, client_config()).map_err(|e| e.to_string());
+    // The proxy forwards raw TCP, so TLS runs end to end between a cell and a server; the
+    // server's certificate has the proxy's address, 127.0.0.1, as an IP SAN.
+    let endpoint = if pki.is_some() {
+        proxy.endpoint().replacen("http://", "https://", 1)
+    } else {
+        proxy.endpoint()
+    };
+    let client = |cell: u16| {
+        let tls = cell_tls.get(usize::from(cell)).cloned();
+        ClaimsClient::connect_lazy(&endpoint, client_config(tls)).map_err(|e| e.to_string())
+    };
     let mut cells = Vec::new();
     for i in 0..cells_n {
         let path = work_dir.join(format!("cell-{i:02}.db"));
-        cells.push(SimCell::open(i, path, client()?, Arc::clone(&ctx), seed ^ u64::from(i)).await?);
+        cells
+            .push(SimCell::open(i, path, client(i)?, Arc::clone(&ctx), seed ^ u64::from(i)).await?);
     }
 
     // The reconciler sidecars, running all along as they would in production.
@@ -303,7 +337,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
             holder: format!("chaos-reconciler-{:02}", cell.index),
             ..ReconcilerConfig::new(model::cell_id(cell.index))
         };
-        let reconciler = Reconciler::new(client()?, local, config);
+        let reconciler = Reconciler::new(client(cell.index)?, local, config);
         sidecars.push(tokio::spawn(sidecar(
             reconciler,
             cell.index,
@@ -437,14 +471,18 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     }
 
     // 4. Probes: each lease's final fate and each key's final claim, into the history.
-    let probe = client()?;
+    // A probe client per cell: RenewLease and ListOutstandingLeases of a cell need its identity
+    // under TLS (LookupClaim is allowed to every cell).
+    let probes = (0..cells_n).map(&client).collect::<Result<Vec<_>, _>>()?;
+    let probe = &probes[0];
     let leases: Vec<Event> = history
         .snapshot()
         .into_iter()
         .filter(|e| matches!(e.call, Call::Begin { .. }))
         .collect();
     futures::stream::iter(leases.iter().map(|begin| {
-        let (probe, history) = (probe.clone(), Arc::clone(&history));
+        let history = Arc::clone(&history);
+        let probe = probes[usize::from(begin.cell)].clone();
         async move {
             let Call::Begin { lease, key, .. } = begin.call else {
                 return;
@@ -518,7 +556,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     for cell in &cells {
         final_state.local_records.push(cell.records()?);
         final_state.local_lease_rows.push(cell.lease_rows().await?);
-        let page = probe
+        let page = probes[usize::from(cell.index)]
             .list_outstanding_leases(&LeasesQuery::new(model::cell_id(cell.index), None, 1000))
             .await
             .map_err(|e| format!("listing outstanding leases: {e}"))?;

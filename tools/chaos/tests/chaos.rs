@@ -9,7 +9,8 @@
 //! SQLite file. A second campaign runs against the Cloud Spanner emulator started with
 //! `--enable_fault_injection` (missing emulator: fails when CI=true, else one skip line). Each
 //! run draws a fresh seed (printed in the summary): a failure is reproduced with
-//! `topology-claims-chaos --seed S`.
+//! `topology-claims-chaos --seed S`. A shorter campaign runs with `--tls`: mutual TLS through
+//! the fault proxy, each cell with its own certificate.
 #![cfg(unix)]
 
 use std::path::Path;
@@ -130,6 +131,42 @@ fn ci_campaign_heals_every_fault_with_no_violation_and_linearizable_histories() 
     assert!(
         recorded.lines().count() > 2 * 2000,
         "every call is in the history file"
+    );
+}
+
+#[test]
+fn tls_campaign_where_each_cell_presents_its_own_certificate_has_no_violation() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let args = [
+        "--tls",
+        "--cells",
+        "8",
+        "--transactions",
+        "600",
+        "--servers",
+        "2",
+        "--faults",
+        "all",
+        "--work-dir",
+        work.to_str().unwrap(),
+    ];
+    let stdout = assert_passed(chaos(dir.path(), &args));
+    assert_fired(&stdout, &COMMON_FAULTS);
+    // The campaign's own PKI, made by `topology-claims certs`: a CA, the servers' certificate
+    // and one client certificate per cell.
+    let pki = work.join("pki");
+    let cell_certs = std::fs::read_dir(&pki)
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with("cell-") && !name.ends_with("-key.pem"))
+        .count();
+    assert!(pki.join("ca.pem").is_file() && pki.join("server.pem").is_file());
+    assert_eq!(
+        cell_certs,
+        8,
+        "one certificate per cell in {}",
+        pki.display()
     );
 }
 

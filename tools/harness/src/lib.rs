@@ -8,6 +8,8 @@
 //! - [`net`]: a free loopback port, waiting until a port listens;
 //! - [`process`]: a child killed by its PID when dropped, whether a program exists;
 //! - [`proc_stats`]: CPU seconds and resident memory of a process, from `/proc`;
+//! - [`pki`]: a development PKI (CA, server and client certificates) made by the binary's
+//!   own `topology-claims certs`;
 //! - [`postgres`]: the test database's URL, temporary schemas (quoted, swept when stale);
 //! - [`private_postgres`]: a throwaway PostgreSQL cluster a test may crash and restart;
 //! - [`spanner`]: the Cloud Spanner emulator on a free port, stopped by PID.
@@ -16,6 +18,7 @@
 //! Errors are `String`s that name what failed; callers that are tests turn them into panics.
 
 pub mod net;
+pub mod pki;
 pub mod postgres;
 pub mod private_postgres;
 pub mod proc_stats;
