@@ -154,6 +154,15 @@ pub struct BenchArgs {
     )]
     serve_args: Vec<String>,
 
+    /// Mutual TLS for the servers the bench starts (--store): `on` (also plain `--tls`): every
+    /// one serves TLS with a development PKI the bench makes (`topology-claims certs`, in a
+    /// temporary directory) and each client connects over https:// with the certificate of its
+    /// cell `bench-N`; `both`: each --store is started twice, plaintext and TLS (label
+    /// `LABEL-tls`), measured side by side in the same rounds; `off`.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_TLS", value_enum, num_args = 0..=1,
+          default_value = "off", default_missing_value = "on")]
+    tls: TlsMode,
+
     /// Write the results as JSON to this file.
     #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_JSON")]
     json: Option<PathBuf>,
@@ -217,6 +226,14 @@ async fn run(args: BenchArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--tls`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum TlsMode {
+    Off,
+    On,
+    Both,
 }
 
 /// What a run created outside itself: children (killed when dropped) and PostgreSQL schemas.
@@ -422,37 +439,72 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
             endpoint: server.clone(),
             child: None,
             postgres: None,
+            tls: None,
         });
     }
+    let bench_tls = match args.tls {
+        TlsMode::Off => None,
+        TlsMode::On | TlsMode::Both => {
+            eprintln!("bench: making a development PKI (topology-claims certs)");
+            Some(Arc::new(tokio::task::block_in_place(
+                systems::BenchTls::create,
+            )?))
+        }
+    };
+    let tls_variants: &[bool] = match args.tls {
+        TlsMode::Off => &[false],
+        TlsMode::On => &[true],
+        TlsMode::Both => &[false, true],
+    };
     for (i, url) in args.store.iter().enumerate() {
-        let mut label = store_label(url).to_owned();
+        let mut base_label = store_label(url).to_owned();
         if args
             .store
             .iter()
-            .filter(|u| store_label(u) == label)
+            .filter(|u| store_label(u) == base_label)
             .count()
             > 1
         {
-            label = format!("{label}-{i}");
+            base_label = format!("{base_label}-{i}");
         }
-        eprintln!("bench: starting the server on {label}");
-        let (store_url, postgres) = if is_postgres(url) {
-            let pg = fresh_schema(url, format!("tc_bench_{tag}_s{i}")).await?;
-            cleanup.schemas.push(pg.clone());
-            (
-                url_with_search_path(url, &pg.schema, &application_name)?,
-                Some(pg),
-            )
-        } else {
-            (url.clone(), None)
-        };
-        let child = procs::start_server(&store_url, &args.serve_args)?;
-        cleanup.systems.push(System::Service {
-            label,
-            endpoint: child.endpoint(),
-            child: Some(child),
-            postgres,
-        });
+        for &tls_on in tls_variants {
+            let tls = bench_tls.clone().filter(|_| tls_on);
+            let (label, schema) = match &tls {
+                Some(_) => (
+                    format!("{base_label}-tls"),
+                    format!("tc_bench_{tag}_s{i}_tls"),
+                ),
+                None => (base_label.clone(), format!("tc_bench_{tag}_s{i}")),
+            };
+            eprintln!("bench: starting the server on {label}");
+            let (store_url, postgres) = if is_postgres(url) {
+                let pg = fresh_schema(url, schema).await?;
+                cleanup.schemas.push(pg.clone());
+                (
+                    url_with_search_path(url, &pg.schema, &application_name)?,
+                    Some(pg),
+                )
+            } else {
+                (url.clone(), None)
+            };
+            let mut serve_args = args.serve_args.clone();
+            if let Some(tls) = &tls {
+                serve_args.extend(tls.serve_args());
+            }
+            let child = procs::start_server(&store_url, &serve_args)?;
+            // The server's certificate names 127.0.0.1, the address it announced.
+            let endpoint = match &tls {
+                Some(_) => child.endpoint().replacen("http://", "https://", 1),
+                None => child.endpoint(),
+            };
+            cleanup.systems.push(System::Service {
+                label,
+                endpoint,
+                child: Some(child),
+                postgres,
+                tls,
+            });
+        }
     }
     for baseline in &args.baselines {
         match baseline.sql_mode() {
@@ -616,6 +668,7 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
         "postgres_settings": postgres_settings,
         "page_size": args.page_size,
         "serve_args": args.serve_args,
+        "tls": format!("{:?}", args.tls).to_lowercase(),
         "smoke": args.smoke,
         "seed": args.seed,
     });

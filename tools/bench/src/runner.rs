@@ -43,7 +43,7 @@ pub async fn run(
 ) -> Result<Segment, String> {
     system.check_alive()?;
     let label = system.label();
-    let conns = try_join_all((0..spec.clients).map(|_| system.connect())).await?;
+    let conns = try_join_all((0..spec.clients).map(|client| system.connect(client))).await?;
 
     let started = Instant::now();
     let record_from = started + spec.warmup;

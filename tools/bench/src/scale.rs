@@ -20,7 +20,7 @@ use topology_claims::{
 use super::procs;
 use super::raw_sql;
 use super::stats::Latency;
-use super::systems::{GrpcConn, PgSchema, System};
+use super::systems::{PgSchema, System};
 
 /// The cell every loaded claim belongs to: one cell with all of them is ListClaims' worst case.
 pub const SCALE_CELL: &str = "scale-cell";
@@ -49,7 +49,7 @@ pub async fn load(system: &System, from: u64, to: u64) -> Result<&'static str, S
         System::Service {
             postgres: Some(pg), ..
         } => load_sql(pg, from, to).await.map(|()| "sql"),
-        System::Service { endpoint, .. } => load_grpc(endpoint, from, to).await.map(|()| "grpc"),
+        System::Service { .. } => load_grpc(system, from, to).await.map(|()| "grpc"),
         System::RawSql(target) => load_sql(&target.schema, from, to).await.map(|()| "sql"),
         System::Etcd(_) => Ok("none"),
     }
@@ -63,7 +63,7 @@ pub async fn run(
     page_size: u32,
     preloaded: u64,
 ) -> Result<Vec<Value>, String> {
-    let System::Service { endpoint, .. } = system else {
+    let System::Service { .. } = system else {
         return Ok(Vec::new());
     };
     let label = system.label();
@@ -79,7 +79,7 @@ pub async fn run(
         let path = load(system, loaded, size).await?;
         let load_s = started.elapsed().as_secs_f64();
         loaded = loaded.max(size);
-        let probe = probe(endpoint, loaded, samples, page_size).await?;
+        let probe = probe(system, loaded, samples, page_size).await?;
         let rss = system.server_pid().and_then(procs::rss_kib);
         eprintln!(
             "bench: {label} scale {loaded}: ListClaims p50 {:.2} ms p99 {:.2} ms, LookupClaim p50 {:.2} ms p99 {:.2} ms",
@@ -129,12 +129,12 @@ async fn load_sql(pg: &PgSchema, from: u64, to: u64) -> Result<(), String> {
         .map_err(|e| format!("ANALYZE claims: {e}"))
 }
 
-async fn load_grpc(endpoint: &str, from: u64, to: u64) -> Result<(), String> {
+async fn load_grpc(system: &System, from: u64, to: u64) -> Result<(), String> {
     let cell = CellId::parse(SCALE_CELL).map_err(|e| e.to_string())?;
     let loaders = (0..GRPC_LOADERS).map(|loader| {
         let cell = cell.clone();
         async move {
-            let conn = GrpcConn::connect(endpoint).await?;
+            let conn = system.grpc_conn(SCALE_CELL).await?;
             let mut client = conn.client();
             let mut start = from + loader * GRPC_BATCH;
             while start < to {
@@ -181,12 +181,12 @@ struct Probe {
 
 /// Sequential ListClaims pages at random cursors and LookupClaims of random loaded claims.
 async fn probe(
-    endpoint: &str,
+    system: &System,
     loaded: u64,
     samples: usize,
     page_size: u32,
 ) -> Result<Probe, String> {
-    let mut client = GrpcConn::connect(endpoint).await?.client();
+    let mut client = system.grpc_conn(SCALE_CELL).await?.client();
     let mut rng = fastrand::Rng::with_seed(loaded);
     let mut result = Probe {
         list: Latency::default(),

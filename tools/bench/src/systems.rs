@@ -4,9 +4,11 @@
 //!
 //! Owns the uniform begin/commit interface the load loop drives. Must not measure or report.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+use topology_claims::cell::{server_endpoint, ClientTls};
 use topology_claims::grpc::convert::begin_update_to_pb;
 use topology_claims::grpc::decode::claims_client;
 use topology_claims::grpc::pb;
@@ -17,7 +19,8 @@ use topology_claims::LeaseId;
 use super::etcd::{EtcdConn, EtcdServer};
 pub use super::raw_sql::PgSchema;
 use super::raw_sql::{SqlConn, SqlMode, SqlTarget};
-use super::workload::{Batch, Reason};
+use super::workload::{client_cell, Batch, Reason};
+use topology_claims_harness::pki::DevPki;
 use topology_claims_harness::serve::ServeChild;
 
 /// A system under test.
@@ -31,6 +34,8 @@ pub enum System {
         child: Option<ServeChild>,
         /// The store's PostgreSQL database and schema (for the bulk loader of the scale checks).
         postgres: Option<PgSchema>,
+        /// Mutual TLS: each client connects over https:// with its cell's certificate.
+        tls: Option<Arc<BenchTls>>,
     },
     /// The adapter's statements, executed directly with tokio-postgres.
     RawSql(Arc<SqlTarget>),
@@ -80,12 +85,69 @@ impl System {
         }
     }
 
-    pub async fn connect(&self) -> Result<Conn, String> {
+    /// The connection of benchmark client `client` (acting for [`client_cell`]`(client)`).
+    pub async fn connect(&self, client: usize) -> Result<Conn, String> {
         Ok(match self {
-            Self::Service { endpoint, .. } => Conn::Grpc(GrpcConn::connect(endpoint).await?),
+            Self::Service { .. } => {
+                Conn::Grpc(self.grpc_conn(&client_cell(client).to_string()).await?)
+            }
             Self::RawSql(target) => Conn::Sql(Box::new(SqlConn::connect(target).await?)),
             Self::Etcd(server) => Conn::Etcd(EtcdConn::connect(&server.endpoint).await?),
         })
+    }
+
+    /// A gRPC connection to the service acting for `cell` (its certificate under TLS).
+    pub async fn grpc_conn(&self, cell: &str) -> Result<GrpcConn, String> {
+        let Self::Service { endpoint, tls, .. } = self else {
+            return Err(format!("{} is not the claims service", self.label()));
+        };
+        let tls = match tls {
+            Some(tls) => Some(tls.for_cell(cell)?),
+            None => None,
+        };
+        GrpcConn::connect(endpoint, tls.as_ref()).await
+    }
+}
+
+/// The bench's mutual TLS: a development PKI in a temporary directory (removed on drop) and a
+/// client certificate per cell id, issued the first time a connection acts for it.
+pub struct BenchTls {
+    pki: DevPki,
+    certs: Mutex<HashMap<String, ClientTls>>,
+}
+
+impl BenchTls {
+    pub fn create() -> Result<BenchTls, String> {
+        let dir = std::env::temp_dir().join(format!(
+            "topology-claims-bench-pki-{}-{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        Ok(BenchTls {
+            pki: DevPki::create(&dir)?,
+            certs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// `--tls-cert/--tls-key/--tls-client-ca` of a TLS `serve` child.
+    pub fn serve_args(&self) -> Vec<String> {
+        self.pki.serve_args()
+    }
+
+    fn for_cell(&self, cell: &str) -> Result<ClientTls, String> {
+        let mut certs = self.certs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tls) = certs.get(cell) {
+            return Ok(tls.clone());
+        }
+        let tls = tokio::task::block_in_place(|| self.pki.client_tls("cell", cell))?;
+        certs.insert(cell.to_owned(), tls.clone());
+        Ok(tls)
+    }
+}
+
+impl Drop for BenchTls {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.pki.dir());
     }
 }
 
@@ -122,9 +184,10 @@ pub struct GrpcConn {
 }
 
 impl GrpcConn {
-    pub async fn connect(endpoint: &str) -> Result<Self, String> {
-        let channel = Endpoint::from_shared(endpoint.to_owned())
-            .map_err(|e| format!("bad server URL {endpoint:?}: {e}"))?
+    /// `tls`: over https:// with that client configuration (the endpoint must say https://).
+    pub async fn connect(endpoint: &str, tls: Option<&ClientTls>) -> Result<Self, String> {
+        let channel = server_endpoint(endpoint, tls)
+            .map_err(|e| e.to_string())?
             .tcp_nodelay(true)
             .connect()
             .await

@@ -102,6 +102,15 @@ impl Batch {
     }
 }
 
+/// The cell benchmark client `client` acts for (`bench-N`): one cell per client, as cells are
+/// independent callers. Under TLS its connection presents this cell's certificate.
+pub fn client_cell(client: usize) -> CellId {
+    // Cell ids are [A-Za-z0-9._-].
+    CellId::parse(&format!("bench-{client}")).unwrap_or_else(|_| {
+        CellId::parse("bench").unwrap_or_else(|_| unreachable!("a constant valid cell id"))
+    })
+}
+
 /// Makes the batches of one client in one segment.
 pub struct Generator {
     scenario: Scenario,
@@ -124,10 +133,7 @@ impl Generator {
         zipf: Option<std::sync::Arc<Zipf>>,
         seed: u64,
     ) -> Self {
-        // Cell ids are [A-Za-z0-9._-]; one cell per client, as cells are independent callers.
-        let cell = CellId::parse(&format!("bench-{client}")).unwrap_or_else(|_| {
-            CellId::parse("bench").unwrap_or_else(|_| unreachable!("a constant valid cell id"))
-        });
+        let cell = client_cell(client);
         Self {
             scenario,
             batch: batch.max(1),

@@ -123,3 +123,41 @@ fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
     let png = std::fs::read(&plot_path).expect("the plot is written");
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
 }
+
+#[test]
+fn tls_both_measures_a_plaintext_and_a_mutual_tls_server_side_by_side() {
+    let mut command = Command::new(BIN);
+    command
+        .args([
+            "--store",
+            "memory:",
+            "--tls",
+            "both",
+            "--scenario",
+            "unique",
+        ])
+        .args(["--clients", "2", "--duration", "200ms", "--warmup", "50ms"])
+        .args(["--rounds", "1", "--preload", "0"])
+        .env("RUST_LOG", "warn");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("TOPOLOGY_CLAIMS_") {
+            command.env_remove(name);
+        }
+    }
+    let output = command.output().expect("run topology-claims-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "bench --tls both failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    // Each client presented its cell's certificate: a refused call would be "not OK".
+    for system in ["| memory |", "| memory-tls |"] {
+        let row = stdout
+            .lines()
+            .find(|line| line.contains(system))
+            .unwrap_or_else(|| panic!("no {system} row in:\n{stdout}"));
+        assert!(row.ends_with("| – |"), "calls failed: {row}");
+    }
+}
