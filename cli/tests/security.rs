@@ -990,3 +990,32 @@ async fn the_cell_side_and_its_sidecars_run_over_mtls_against_postgres() {
     drop(db);
     let _ = schema.drop().await;
 }
+
+/// `--identity-from cn`: a PKI that can only set the subject CN names the cell there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_identity_from_cn_the_subject_cn_is_the_cell() {
+    let pki = Pki::new();
+    // No URI SAN at all: only the CN (the file name) says who it is.
+    pki.client("cell-a", None, false, false);
+    let server = pki.start_with(&["--identity-from", "cn"]);
+    let mut a = ClaimsServiceClient::new(pki.channel(&server, Some("cell-a")).await.unwrap());
+    let lease = a
+        .begin_update(begin("", vec![claim("cn-owned")], vec![]))
+        .await
+        .expect("the CN's cell acts as itself")
+        .into_inner()
+        .lease_payload
+        .unwrap();
+    assert_eq!(lease.cell_id, "cell-a");
+    let status = a
+        .commit_update(pb::CommitUpdateRequest {
+            cell_id: "cell-b".into(),
+            lease_id: lease.lease_id,
+        })
+        .await
+        .expect_err("another cell");
+    assert_eq!(
+        refusal(Err::<tonic::Response<()>, _>(status)),
+        Some((Code::PermissionDenied, "CELL_ID_MISMATCH".to_owned()))
+    );
+}

@@ -218,6 +218,16 @@ mod tests {
         );
     }
 
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_failed_write_is_counted_and_does_not_fail_the_caller() {
+        // /dev/full opens fine and fails every write with ENOSPC.
+        let log = AuditLog::open(Path::new("/dev/full"), None).unwrap();
+        log.write(&AuditRecord::default());
+        log.write(&AuditRecord::default());
+        assert_eq!(log.failures.load(Ordering::Relaxed), 2);
+    }
+
     #[test]
     fn lines_are_json_and_values_can_be_hashed() {
         let dir = std::env::temp_dir().join(format!("audit-test-{}", std::process::id()));
