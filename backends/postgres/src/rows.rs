@@ -169,7 +169,7 @@ impl<'a> KeyArrays<'a> {
 }
 
 /// Claim records as the six parallel arrays of `sql::INSERT_CLAIMS`, in key order.
-pub(crate) struct RecordArrays<'a> {
+pub struct RecordArrays<'a> {
     pub types: Vec<i16>,
     pub values: Vec<&'a str>,
     pub owner_types: Vec<i16>,

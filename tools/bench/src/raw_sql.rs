@@ -154,40 +154,6 @@ pub struct SqlConn {
     mode: SqlMode,
 }
 
-/// The claim arrays of a batch, in key order (the adapter's lock order).
-struct Arrays {
-    types: Vec<i16>,
-    values: Vec<String>,
-    owner_types: Vec<i16>,
-    owner_values: Vec<String>,
-    table_names: Vec<i16>,
-    record_ids: Vec<i64>,
-}
-
-impl Arrays {
-    fn of(batch: &Batch) -> Self {
-        let mut records: Vec<_> = batch.records.iter().collect();
-        records.sort_by(|a, b| a.key.cmp(&b.key));
-        Self {
-            types: records
-                .iter()
-                .map(|r| small(r.key.claim_type.number()))
-                .collect(),
-            values: records.iter().map(|r| r.key.value.clone()).collect(),
-            owner_types: records
-                .iter()
-                .map(|r| small(r.owner_type.number()))
-                .collect(),
-            owner_values: records.iter().map(|r| r.owner_value.clone()).collect(),
-            table_names: records
-                .iter()
-                .map(|r| small(r.table_name.number()))
-                .collect(),
-            record_ids: records.iter().map(|r| r.table_record_id).collect(),
-        }
-    }
-}
-
 fn small(number: i32) -> i16 {
     i16::try_from(number).unwrap_or(i16::MAX)
 }
@@ -309,7 +275,7 @@ impl SqlConn {
         let (c, st) = (&self.client, &self.st);
         let id = lease.as_uuid();
         let key = lease_lock_key(lease);
-        let a = Arrays::of(batch);
+        let a = sql::RecordArrays::sorted(&batch.records);
         let payload = encode_request(&batch.to_begin_update(lease));
         let cell = batch.cell.as_str();
         let e = |error| reason(&error);
@@ -335,7 +301,7 @@ impl SqlConn {
         &self,
         batch: &Batch,
         lease: LeaseId,
-        a: &Arrays,
+        a: &sql::RecordArrays<'_>,
     ) -> Result<u64, topology_claims_postgres::tokio_postgres::Error> {
         let (c, st) = (&self.client, &self.st);
         let id = lease.as_uuid();
@@ -371,7 +337,7 @@ impl SqlConn {
         let (c, st) = (&self.client, &self.st);
         let id = lease.as_uuid();
         let key = lease_lock_key(lease);
-        let a = Arrays::of(batch);
+        let a = sql::RecordArrays::sorted(&batch.records);
         let payload = encode_request(&batch.to_begin_update(lease));
         let cell = batch.cell.as_str();
         let flight = tokio::try_join!(
