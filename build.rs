@@ -1,4 +1,5 @@
-//! Compiles `proto/topology/claims/v1/claims.proto` with a vendored `protoc`, so a fresh machine
+//! Compiles `proto/topology/claims/v1/claims.proto` and the admin contract
+//! (`proto/topology/claims/admin/v1/admin.proto`) with a vendored `protoc`, so a fresh machine
 //! needs no system protobuf compiler.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -11,6 +12,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(out_dir.join("claims_descriptor.bin"))
         .compile_protos(
             &["proto/topology/claims/v1/claims.proto"],
+            &["proto", include],
+        )?;
+    // The admin contract refers to claims.v1 messages: those are the ones generated above.
+    // Its own directory: this run would otherwise overwrite the claims.v1 module above.
+    let admin_dir = out_dir.join("admin");
+    std::fs::create_dir_all(&admin_dir)?;
+    tonic_prost_build::configure()
+        .out_dir(&admin_dir)
+        .file_descriptor_set_path(out_dir.join("admin_descriptor.bin"))
+        .extern_path(".topology.claims.v1", "crate::pb")
+        .compile_protos(
+            &["proto/topology/claims/admin/v1/admin.proto"],
             &["proto", include],
         )?;
     println!("cargo:rerun-if-changed=proto");

@@ -11,9 +11,10 @@
 //! |---|---|
 //! | cell | every ClaimsService RPC for its own `cell_id` (an empty one means its own; another is PERMISSION_DENIED `CELL_ID_MISMATCH`); LookupClaim of any claim |
 //! | router | LookupClaim only |
-//! | admin | ListOutstandingLeases, ListClaims, LookupClaim, for any cell |
+//! | admin | ListOutstandingLeases, ListClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell) |
 //!
-//! Anything else is PERMISSION_DENIED `ROLE_NOT_ALLOWED`. Under TLS, a connection without a
+//! Anything else is PERMISSION_DENIED `ROLE_NOT_ALLOWED`. A plaintext server's anonymous callers
+//! may call the AdminService only from loopback. Under TLS, a connection without a
 //! client certificate reaches only `grpc.health.v1` (Kubernetes probes carry none); everything
 //! else is UNAUTHENTICATED.
 
@@ -70,8 +71,11 @@ impl fmt::Display for Principal {
 /// Who is calling, as far as the transport knows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
-    /// A plaintext server: no identity, every caller trusted (loopback or `--allow-plaintext`).
-    Anonymous,
+    /// A plaintext server: no identity, every caller trusted (loopback or `--allow-plaintext`)
+    /// with the claims API; the admin API only when the peer is on `loopback`.
+    Anonymous {
+        loopback: bool,
+    },
     /// A TLS connection without a client certificate.
     NoCertificate,
     /// A verified client certificate that does not name exactly one identity.
@@ -163,6 +167,10 @@ pub enum Method {
     ListOutstandingLeases,
     ListClaims,
     LookupClaim,
+    /// `topology.claims.admin.v1.AdminService`.
+    ListLeases,
+    ForceRollback,
+    DecommissionCell,
     /// `grpc.health.v1`.
     Health,
     /// Server reflection.
@@ -187,6 +195,11 @@ impl Method {
             }
             ("topology.claims.v1.ClaimsService", "ListClaims") => Method::ListClaims,
             ("topology.claims.v1.ClaimsService", "LookupClaim") => Method::LookupClaim,
+            ("topology.claims.admin.v1.AdminService", "ListLeases") => Method::ListLeases,
+            ("topology.claims.admin.v1.AdminService", "ForceRollback") => Method::ForceRollback,
+            ("topology.claims.admin.v1.AdminService", "DecommissionCell") => {
+                Method::DecommissionCell
+            }
             ("grpc.health.v1.Health", _) => Method::Health,
             (s, _) if s.starts_with("grpc.reflection.") => Method::Reflection,
             _ => Method::Other,
@@ -197,8 +210,41 @@ impl Method {
     pub const fn mutates(self) -> bool {
         matches!(
             self,
-            Self::BeginUpdate | Self::CommitUpdate | Self::RollbackUpdate | Self::RenewLease
+            Self::BeginUpdate
+                | Self::CommitUpdate
+                | Self::RollbackUpdate
+                | Self::RenewLease
+                | Self::ForceRollback
+                | Self::DecommissionCell
         )
+    }
+
+    /// Whether it is an `AdminService` RPC: the admin role's alone, audited before it acts,
+    /// never limited per cell.
+    pub const fn is_admin(self) -> bool {
+        matches!(
+            self,
+            Self::ListLeases | Self::ForceRollback | Self::DecommissionCell
+        )
+    }
+
+    /// The RPC's name as the metrics and logs show it (`BeginUpdate`, `Health`, …).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::BeginUpdate => "BeginUpdate",
+            Self::CommitUpdate => "CommitUpdate",
+            Self::RollbackUpdate => "RollbackUpdate",
+            Self::RenewLease => "RenewLease",
+            Self::ListOutstandingLeases => "ListOutstandingLeases",
+            Self::ListClaims => "ListClaims",
+            Self::LookupClaim => "LookupClaim",
+            Self::ListLeases => "ListLeases",
+            Self::ForceRollback => "ForceRollback",
+            Self::DecommissionCell => "DecommissionCell",
+            Self::Health => "Health",
+            Self::Reflection => "Reflection",
+            Self::Other => "Other",
+        }
     }
 
     /// Whether its request carries a `cell_id` (field 1) the caller must own.
@@ -240,7 +286,19 @@ pub fn authorize(caller: &Caller, method: Method, cell_id: &str) -> Decision {
         return allow;
     }
     let principal = match caller {
-        Caller::Anonymous => return allow,
+        Caller::Anonymous { loopback } => {
+            return if !method.is_admin() || *loopback {
+                allow
+            } else {
+                Decision::Denied {
+                    reason: ROLE_NOT_ALLOWED,
+                    message: format!(
+                        "{method:?} is an admin RPC: on a server without client certificates it \
+                         is allowed only from loopback"
+                    ),
+                }
+            }
+        }
         Caller::NoCertificate => {
             return Decision::Unauthenticated {
                 message: "a client certificate is required (only grpc.health.v1 is open without \
@@ -283,6 +341,7 @@ pub fn authorize(caller: &Caller, method: Method, cell_id: &str) -> Decision {
             }
         }
         (Role::Admin, Method::ListOutstandingLeases | Method::ListClaims) => allow,
+        (Role::Admin, m) if m.is_admin() => allow,
         _ => denied(),
     }
 }
@@ -309,8 +368,68 @@ mod tests {
         Method::LookupClaim,
     ];
 
+    const ADMIN_METHODS: [Method; 3] = [
+        Method::ListLeases,
+        Method::ForceRollback,
+        Method::DecommissionCell,
+    ];
+
     fn allowed(d: &Decision) -> bool {
         matches!(d, Decision::Allow { .. })
+    }
+
+    #[test]
+    fn only_the_admin_role_may_call_the_admin_service() {
+        for method in ADMIN_METHODS {
+            assert_eq!(
+                Method::from_path(&format!(
+                    "/topology.claims.admin.v1.AdminService/{}",
+                    method.name()
+                )),
+                method
+            );
+            let admin = verified(Role::Admin, "ops");
+            assert_eq!(
+                authorize(&admin, method, ""),
+                Decision::Allow { fill_cell_id: None },
+                "{method:?}"
+            );
+            for role in [Role::Cell, Role::Router] {
+                let d = authorize(&verified(role, "cell-a"), method, "cell-a");
+                assert!(
+                    matches!(
+                        d,
+                        Decision::Denied {
+                            reason: ROLE_NOT_ALLOWED,
+                            ..
+                        }
+                    ),
+                    "{role:?} {method:?}: {d:?}"
+                );
+            }
+            assert!(matches!(
+                authorize(&Caller::NoCertificate, method, ""),
+                Decision::Unauthenticated { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn a_plaintext_server_allows_the_admin_service_only_from_loopback() {
+        for method in ADMIN_METHODS {
+            assert!(allowed(&authorize(
+                &Caller::Anonymous { loopback: true },
+                method,
+                ""
+            )));
+            assert!(matches!(
+                authorize(&Caller::Anonymous { loopback: false }, method, ""),
+                Decision::Denied {
+                    reason: ROLE_NOT_ALLOWED,
+                    ..
+                }
+            ));
+        }
     }
 
     #[test]
@@ -445,7 +564,7 @@ mod tests {
     fn a_plaintext_server_trusts_every_caller() {
         for method in CLAIMS_METHODS {
             assert_eq!(
-                authorize(&Caller::Anonymous, method, "any-cell"),
+                authorize(&Caller::Anonymous { loopback: false }, method, "any-cell"),
                 Decision::Allow { fill_cell_id: None }
             );
         }

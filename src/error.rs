@@ -2,7 +2,7 @@
 //! with one of these variants; the gRPC layer maps each to a status code and an ErrorInfo reason
 //! in exactly one place (`grpc::status`). Backends keep their own private errors and convert.
 
-use crate::domain::{ClaimKey, LeaseId};
+use crate::domain::{CellId, ClaimKey, LeaseId};
 
 /// Why a request was refused (or could not be served).
 ///
@@ -52,6 +52,21 @@ pub enum ClaimsError {
     /// (`CELL_ID_MISMATCH`, `ROLE_NOT_ALLOWED`).
     #[error("permission denied ({reason}): {message}")]
     PermissionDenied { reason: String, message: String },
+    /// BeginUpdate of a cell an administrator decommissioned (PERMISSION_DENIED).
+    #[error("cell {cell_id} is decommissioned; it may begin no updates")]
+    CellDecommissioned { cell_id: CellId },
+    /// DecommissionCell of a cell that still has outstanding leases (FAILED_PRECONDITION):
+    /// they must end first (the cell's commit or rollback, or ForceRollback).
+    #[error("cell {cell_id} has {outstanding} outstanding lease(s); end them first (admin force-rollback)")]
+    CellHasOutstandingLeases { cell_id: CellId, outstanding: u64 },
+    /// A per-cell limit (`limit`: `cell-rate` or `cell-max-in-flight`) refused the request
+    /// (RESOURCE_EXHAUSTED with a RetryInfo of `retry_after`).
+    #[error("cell {cell_id} is over its {limit} limit; retry after {retry_after:?}")]
+    RateLimited {
+        limit: &'static str,
+        cell_id: String,
+        retry_after: std::time::Duration,
+    },
     /// The store cannot be reached (down, restarting, network): retry later.
     #[error("store unavailable: {message}")]
     Unavailable { message: String },
@@ -86,6 +101,9 @@ impl ClaimsError {
                 crate::auth::CELL_ID_MISMATCH => crate::auth::CELL_ID_MISMATCH,
                 _ => crate::auth::ROLE_NOT_ALLOWED,
             },
+            Self::CellDecommissioned { .. } => "CELL_DECOMMISSIONED",
+            Self::CellHasOutstandingLeases { .. } => "CELL_HAS_OUTSTANDING_LEASES",
+            Self::RateLimited { .. } => "RATE_LIMITED",
             Self::Unavailable { .. } => "STORE_UNAVAILABLE",
             Self::MigrationsPending { .. } => "MIGRATIONS_PENDING",
             Self::Configuration { .. } => "CONFIGURATION",

@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::domain::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage,
-    LeasesQuery, Tables, Timestamp,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, Lease,
+    LeaseId, LeaseSummary, LeasesPage, LeasesQuery, Tables, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::{ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, SystemClock};
@@ -97,6 +97,26 @@ impl ClaimStore for MemoryClaimStore {
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         let now = self.clock.now();
         Ok(self.lock().collect_outcomes(now, retention))
+    }
+
+    async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
+        let now = self.clock.now();
+        Ok(self.lock().lease_summary(now))
+    }
+
+    async fn decommission_step(
+        &self,
+        cell_id: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<DecommissionStep, ClaimsError> {
+        let now = self.clock.now();
+        self.lock().decommission_step(cell_id, batch, dry_run, now)
+    }
+
+    fn retries(&self) -> u64 {
+        // One mutex, no contention to retry.
+        0
     }
 }
 

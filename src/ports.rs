@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use crate::domain::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage,
-    LeasesQuery, Timestamp,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, Lease,
+    LeaseId, LeaseSummary, LeasesPage, LeasesQuery, Timestamp,
 };
 use crate::error::ClaimsError;
 
@@ -52,6 +52,27 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// Forgets lease outcomes decided longer than `retention` ago; returns how many.
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError>;
+
+    /// Every cell that has outstanding leases, with their count and the oldest `created_at`,
+    /// and the store's clock, in one query (the lease gauges and the admin service read it).
+    async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError>;
+
+    /// One step of decommissioning `cell_id`, in one store transaction: read the cell's
+    /// outstanding-lease count and decommission mark, ask `domain::decide_decommission`, then
+    /// either count the cell's claims (dry run) or record the mark (first step) and delete up
+    /// to `batch` of the cell's claims. Steps repeat until [`DecommissionStep::complete`]; a
+    /// run cut short resumes with the next step. A marked cell's BeginUpdate is refused
+    /// (`domain::check_not_decommissioned`, read inside BeginUpdate's transaction).
+    async fn decommission_step(
+        &self,
+        cell_id: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<DecommissionStep, ClaimsError>;
+
+    /// Transactions the adapter retried (contention, aborts, lost connections) since it was
+    /// opened; read by the metrics (`topology_claims_store_retries_total`), never a query.
+    fn retries(&self) -> u64;
 }
 
 /// A lease id recorded in a cell's local `leases_outstanding` table.

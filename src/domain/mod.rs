@@ -1,14 +1,20 @@
 //! The pure lease state machine: types, validation and the decisions of begin / commit /
-//! rollback / renew, the paging rules of the list calls, plus [`Tables`], the reference
+//! rollback / renew, the administrative decisions (force rollback, decommission), the paging rules of the list calls, plus [`Tables`], the reference
 //! semantics over in-memory tables.
 //!
 //! Owns every protocol rule. Must not do I/O, be async, or read a clock: time is an input.
 
+pub mod admin;
 pub mod decide;
 pub mod pages;
 mod tables;
 mod types;
 
+pub use admin::{
+    check_not_decommissioned, decide_decommission, decommission_batch, force_rollback_selection,
+    lease_is_older_than, CellLeases, DecommissionPlan, DecommissionState, DecommissionStep,
+    LeaseSummary, DECOMMISSION_DEFAULT_BATCH, DECOMMISSION_MAX_BATCH,
+};
 pub use decide::{
     check_batch, check_claim, decide_begin, decide_commit, decide_renew, decide_rollback,
     lease_is_stale, outcome_expired, BeginPlan, BeginWrites, EndPlan, EndWrites, DEFAULT_MAX_BATCH,

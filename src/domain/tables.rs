@@ -6,6 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::time::Duration;
 
+use crate::domain::admin::{
+    self, DecommissionPlan, DecommissionState, DecommissionStep, LeaseSummary,
+};
 use crate::domain::decide::{self, BeginPlan, EndPlan, EndWrites};
 use crate::domain::pages;
 use crate::domain::types::{
@@ -22,6 +25,8 @@ pub struct Tables {
     pub claims: BTreeMap<ClaimKey, Claim>,
     pub leases: BTreeMap<LeaseId, Lease>,
     pub outcomes: BTreeMap<LeaseId, Outcome>,
+    /// Cells an administrator decommissioned, with when.
+    pub decommissioned: BTreeMap<CellId, Timestamp>,
     /// `(cell, table, record id, key)` of every claim: ListClaims reads one page of it instead
     /// of scanning every claim (the design's claims-by-(cell, table, record id) index). The
     /// indexed fields of a claim never change after its insert.
@@ -77,6 +82,10 @@ impl Tables {
     ) -> Result<Lease, ClaimsError> {
         // The batch-size policy is the front end's (`--max-batch`); stores accept any size.
         decide::check_batch(&request, usize::MAX)?;
+        admin::check_not_decommissioned(
+            &request.cell_id,
+            self.decommissioned.contains_key(&request.cell_id),
+        )?;
         let lease_id = request.lease_id.unwrap_or(fresh_id);
         let current: BTreeMap<ClaimKey, Claim> = request
             .operations()
@@ -119,6 +128,54 @@ impl Tables {
                 Ok(lease)
             }
         }
+    }
+
+    /// Every cell with outstanding leases, at `now`.
+    pub fn lease_summary(&self, now: Timestamp) -> LeaseSummary {
+        LeaseSummary::from_leases(
+            now,
+            self.leases.values().map(|l| (&l.cell_id, l.created_at)),
+        )
+    }
+
+    /// One decommission step (see `ClaimStore::decommission_step`): deletes the first `batch`
+    /// claims of the cell in the ListClaims index order.
+    pub fn decommission_step(
+        &mut self,
+        cell_id: &CellId,
+        batch: usize,
+        dry_run: bool,
+        now: Timestamp,
+    ) -> Result<DecommissionStep, ClaimsError> {
+        let state = DecommissionState {
+            outstanding_leases: self
+                .leases
+                .values()
+                .filter(|l| &l.cell_id == cell_id)
+                .count() as u64,
+            decommissioned: self.decommissioned.contains_key(cell_id),
+        };
+        let plan = admin::decide_decommission(cell_id, state, dry_run, batch)?;
+        // A scan of the index: the reference store favours plainness over speed here.
+        let cell_claims = self
+            .by_record
+            .iter()
+            .filter(|(cell, ..)| cell == cell_id)
+            .map(|(.., key)| key.clone());
+        let claims = match plan {
+            DecommissionPlan::Count => cell_claims.count() as u64,
+            DecommissionPlan::Delete { mark, limit } => {
+                let doomed: Vec<ClaimKey> = cell_claims.take(limit).collect();
+                if mark {
+                    self.decommissioned.insert(cell_id.clone(), now);
+                }
+                for key in &doomed {
+                    self.remove_claim(key);
+                }
+                doomed.len() as u64
+            }
+        };
+        Ok(DecommissionStep::after(cell_id, state, plan, claims))
     }
 
     pub fn commit_update(

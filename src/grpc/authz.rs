@@ -76,7 +76,7 @@ where
         let info = request.extensions().get::<ConnInfo>().cloned();
         let caller = info
             .as_ref()
-            .map_or(Caller::Anonymous, |i| i.caller.clone());
+            .map_or(Caller::Anonymous { loopback: false }, |i| i.caller.clone());
         let audit = self.audit.clone();
         // The ready service goes with this request; a clone waits for the next one.
         let clone = self.inner.clone();
@@ -84,7 +84,8 @@ where
         Box::pin(async move {
             let mut record = Audit::start(audit, info.as_ref(), &caller, method, started);
             let needs_body = method.has_cell_id()
-                && (caller != Caller::Anonymous || (record.is_some() && method.mutates()));
+                && (!matches!(caller, Caller::Anonymous { .. })
+                    || (record.is_some() && method.mutates()));
             if !needs_body {
                 return match authorize(&caller, method, "") {
                     Decision::Allow { .. } => inner.call(request).await,
@@ -149,7 +150,7 @@ impl Audit {
         let log = log?;
         let (identity, role) = match caller {
             Caller::Verified(principal) => (principal.id.clone(), principal.role.name().to_owned()),
-            Caller::Anonymous => ("anonymous".to_owned(), String::new()),
+            Caller::Anonymous { .. } => ("anonymous".to_owned(), String::new()),
             Caller::NoCertificate => ("no-certificate".to_owned(), String::new()),
             Caller::Unidentified { .. } => ("unidentified".to_owned(), String::new()),
         };

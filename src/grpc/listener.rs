@@ -357,11 +357,14 @@ impl LimitedConn {
         limits: &ServerLimits,
         stats: &Arc<ServerStats>,
     ) -> Self {
+        let remote_addr = io.peer_addr().ok();
         let info = ConnInfo {
-            remote_addr: io.peer_addr().ok(),
+            remote_addr,
             local_addr: io.local_addr().ok(),
             request_bytes: Arc::new(Semaphore::new(limits.request_bytes_per_connection)),
-            caller: Caller::Anonymous,
+            caller: Caller::Anonymous {
+                loopback: remote_addr.is_some_and(|a| a.ip().is_loopback()),
+            },
         };
         Self {
             io,

@@ -1,6 +1,7 @@
 //! The thin gRPC front end: proto <-> domain conversion, the one error-to-status mapping, and the
 //! tonic service that decodes, calls the store, encodes. No protocol rules and no SQL live here.
 
+pub mod admin;
 pub mod audit;
 pub mod authz;
 pub mod convert;

@@ -1,4 +1,4 @@
-//! Runs the gRPC server on a bound listener: the `ClaimsService`, `grpc.health.v1` (the service's
+//! Runs the gRPC server on a bound listener: the `ClaimsService`, the `AdminService`, `grpc.health.v1` (the service's
 //! status following the store, `health`) and server reflection (v1), under the transport bounds
 //! of `limits` (`listener` for connections, `guard` for requests), a graceful drain on shutdown,
 //! and the background collection of old lease outcomes.
@@ -16,6 +16,7 @@ use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 use crate::error::ClaimsError;
+use crate::grpc::admin::AdminServiceImpl;
 use crate::grpc::audit::AuditLog;
 use crate::grpc::authz::AuthorizeLayer;
 use crate::grpc::guard::RequestGuardLayer;
@@ -23,6 +24,7 @@ use crate::grpc::health::{watch_store, HealthConfig};
 use crate::grpc::limits::ServerLimits;
 use crate::grpc::listener::{self, ServerStats};
 use crate::grpc::pb;
+use crate::grpc::pb::admin::admin_service_server::AdminServiceServer;
 use crate::grpc::pb::claims_service_server::ClaimsServiceServer;
 use crate::grpc::service::{ClaimsServiceImpl, ServiceConfig};
 use crate::grpc::tls::ServerTls;
@@ -104,6 +106,7 @@ pub async fn serve(
         .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(pb::admin::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         // google.rpc.ErrorInfo / BadRequest, so reflection clients (grpcurl) can print details.
         .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
@@ -117,6 +120,10 @@ pub async fn serve(
         },
     ))
     .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let admin = AdminServiceServer::new(AdminServiceImpl::new(
+        Arc::clone(&store),
+        config.max_response_bytes,
+    ));
 
     let (stop_tx, stop_rx) = watch::channel(());
     let (draining_tx, mut draining_rx) = watch::channel(false);
@@ -168,6 +175,7 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(claims)
+        .add_service(admin)
         .serve_with_incoming_shutdown(incoming, signal);
     let result = tokio::select! {
         result = server => result,

@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::domain::{ClaimKey, ClaimType, LeaseId};
+use crate::domain::{CellId, ClaimKey, ClaimType, LeaseId};
 use crate::error::ClaimsError;
 use crate::grpc::listener::RateLimitedLog;
 
@@ -27,6 +27,9 @@ pub const META_CLAIM_VALUE: &str = "claim_value";
 pub const META_LEASE_ID: &str = "lease_id";
 pub const META_FIELD: &str = "field";
 pub const META_PENDING: &str = "pending";
+pub const META_CELL_ID: &str = "cell_id";
+pub const META_OUTSTANDING: &str = "outstanding";
+pub const META_LIMIT: &str = "limit";
 
 /// The status code of each error (the status table of the API, docs/api.md).
 pub fn code_of(error: &ClaimsError) -> Code {
@@ -42,6 +45,9 @@ pub fn code_of(error: &ClaimsError) -> Code {
         ClaimsError::NotClaimOwner { .. }
         | ClaimsError::NotLeaseOwner { .. }
         | ClaimsError::PermissionDenied { .. } => Code::PermissionDenied,
+        ClaimsError::CellDecommissioned { .. } => Code::PermissionDenied,
+        ClaimsError::CellHasOutstandingLeases { .. } => Code::FailedPrecondition,
+        ClaimsError::RateLimited { .. } => Code::ResourceExhausted,
         ClaimsError::Unauthenticated { .. } => Code::Unauthenticated,
         ClaimsError::Unavailable { .. } => Code::Unavailable,
         ClaimsError::MigrationsPending { .. }
@@ -89,9 +95,31 @@ pub fn to_status(error: &ClaimsError) -> Status {
         _ => error.to_string(),
     };
     let mut details = ErrorDetails::new();
-    if let ClaimsError::InvalidRequest { field, description } = error {
-        metadata.insert(META_FIELD.to_owned(), field.clone());
-        details.add_bad_request_violation(field.clone(), description.clone());
+    match error {
+        ClaimsError::InvalidRequest { field, description } => {
+            metadata.insert(META_FIELD.to_owned(), field.clone());
+            details.add_bad_request_violation(field.clone(), description.clone());
+        }
+        ClaimsError::CellDecommissioned { cell_id } => {
+            metadata.insert(META_CELL_ID.to_owned(), cell_id.to_string());
+        }
+        ClaimsError::CellHasOutstandingLeases {
+            cell_id,
+            outstanding,
+        } => {
+            metadata.insert(META_CELL_ID.to_owned(), cell_id.to_string());
+            metadata.insert(META_OUTSTANDING.to_owned(), outstanding.to_string());
+        }
+        ClaimsError::RateLimited {
+            limit,
+            cell_id,
+            retry_after,
+        } => {
+            metadata.insert(META_CELL_ID.to_owned(), cell_id.clone());
+            metadata.insert(META_LIMIT.to_owned(), (*limit).to_owned());
+            details.set_retry_info(Some(*retry_after));
+        }
+        _ => {}
     }
     details.set_error_info(error.reason(), ERROR_DOMAIN, metadata);
     Status::with_error_details(code_of(error), message, details)
@@ -159,6 +187,31 @@ pub fn from_status(status: &Status) -> ClaimsError {
         },
         "CONFIGURATION" => ClaimsError::Configuration { message },
         "UNAUTHENTICATED" => ClaimsError::Unauthenticated { message },
+        "CELL_DECOMMISSIONED" => meta(META_CELL_ID)
+            .and_then(|cell| CellId::parse(cell).ok())
+            .map(|cell_id| ClaimsError::CellDecommissioned { cell_id })
+            .unwrap_or_else(malformed),
+        "CELL_HAS_OUTSTANDING_LEASES" => meta(META_CELL_ID)
+            .and_then(|cell| CellId::parse(cell).ok())
+            .zip(meta(META_OUTSTANDING).and_then(|n| n.parse().ok()))
+            .map(
+                |(cell_id, outstanding)| ClaimsError::CellHasOutstandingLeases {
+                    cell_id,
+                    outstanding,
+                },
+            )
+            .unwrap_or_else(malformed),
+        "RATE_LIMITED" => ClaimsError::RateLimited {
+            limit: match meta(META_LIMIT) {
+                Some("cell-max-in-flight") => "cell-max-in-flight",
+                _ => "cell-rate",
+            },
+            cell_id: meta(META_CELL_ID).unwrap_or_default().to_owned(),
+            retry_after: details
+                .retry_info()
+                .and_then(|r| r.retry_delay)
+                .unwrap_or_default(),
+        },
         reason @ (crate::auth::CELL_ID_MISMATCH | crate::auth::ROLE_NOT_ALLOWED) => {
             ClaimsError::PermissionDenied {
                 reason: reason.to_owned(),
@@ -214,6 +267,18 @@ mod tests {
             ClaimsError::LeaseIdConflict { lease_id },
             ClaimsError::MigrationsPending {
                 pending: vec!["0001_init".into(), "0002_x".into()],
+            },
+            ClaimsError::CellDecommissioned {
+                cell_id: CellId::parse("cell-a").unwrap(),
+            },
+            ClaimsError::CellHasOutstandingLeases {
+                cell_id: CellId::parse("cell-a").unwrap(),
+                outstanding: 3,
+            },
+            ClaimsError::RateLimited {
+                limit: "cell-max-in-flight",
+                cell_id: "cell-a".into(),
+                retry_after: std::time::Duration::from_millis(250),
             },
         ]
     }

@@ -30,11 +30,12 @@ use tonic::transport::Channel;
 
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimState, ClaimView, ClaimsPage,
-    ClaimsQuery, Lease, LeaseId, LeaseOp, LeasesPage, LeasesQuery, DEFAULT_MAX_RESPONSE_BYTES,
-    LEASES_MAX_LIMIT,
+    ClaimsQuery, DecommissionStep, Lease, LeaseId, LeaseOp, LeaseSummary, LeasesPage, LeasesQuery,
+    Timestamp, DEFAULT_MAX_RESPONSE_BYTES, LEASES_MAX_LIMIT,
 };
 use crate::error::ClaimsError;
 use crate::grpc::convert::begin_update_to_pb;
+use crate::grpc::pb::admin::admin_service_client::AdminServiceClient;
 use crate::grpc::pb::claims_service_client::ClaimsServiceClient;
 use crate::grpc::{decode, pb, status};
 use crate::ports::ClaimStore;
@@ -57,6 +58,7 @@ fn served_budget(max_bytes: usize) -> Result<(), ClaimsError> {
 /// A [`ClaimStore`] over a gRPC connection to a [`TestServer`] that serves an inner store.
 pub struct GrpcClaimStore {
     client: ClaimsServiceClient<Channel>,
+    admin: AdminServiceClient<Channel>,
     inner: Arc<dyn ClaimStore>,
 }
 
@@ -78,7 +80,12 @@ impl GrpcClaimStore {
         let inner: Arc<dyn ClaimStore> = Arc::new(inner);
         let server = TestServer::start(Arc::clone(&inner)).await;
         let client = server.client().await;
-        let store = GrpcClaimStore { client, inner };
+        let admin = server.admin_client().await;
+        let store = GrpcClaimStore {
+            client,
+            admin,
+            inner,
+        };
         let guard = GrpcStoreGuard {
             _server: server,
             _inner: guard,
@@ -265,5 +272,82 @@ impl ClaimStore for GrpcClaimStore {
     /// The server collects outcomes in the background; there is no RPC to call.
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         self.inner.collect_outcomes(retention).await
+    }
+
+    /// Through the admin ListLeases of every cell, all pages.
+    async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
+        let mut cursor = String::new();
+        let mut server_time = None;
+        let mut rows: Vec<(CellId, Timestamp)> = Vec::new();
+        loop {
+            let response = self
+                .admin
+                .clone()
+                .list_leases(crate::grpc::pb::admin::ListLeasesRequest {
+                    cursor: cursor.clone(),
+                    limit: LEASES_MAX_LIMIT as i32,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|s| status::from_status(&s))?
+                .into_inner();
+            let time = response
+                .server_time
+                .as_ref()
+                .map(crate::codec::timestamp_from_pb)
+                .ok_or_else(|| ClaimsError::internal("ListLeases without server_time"))?;
+            server_time.get_or_insert(time);
+            for entry in &response.leases {
+                let lease = entry
+                    .lease
+                    .as_ref()
+                    .ok_or_else(|| ClaimsError::internal("ListLeases entry without its lease"))?;
+                let lease = decode::lease_from_pb(
+                    lease.lease_payload.as_ref(),
+                    lease.last_renewed_at.as_ref(),
+                )?;
+                rows.push((lease.cell_id, lease.created_at));
+            }
+            if response.next_cursor.is_empty() {
+                break;
+            }
+            cursor = response.next_cursor;
+        }
+        Ok(LeaseSummary::from_leases(
+            server_time.unwrap_or(Timestamp::from_unix_micros(0)),
+            rows.iter().map(|(cell, at)| (cell, *at)),
+        ))
+    }
+
+    /// Through the admin DecommissionCell.
+    async fn decommission_step(
+        &self,
+        cell_id: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<DecommissionStep, ClaimsError> {
+        let response = self
+            .admin
+            .clone()
+            .decommission_cell(crate::grpc::pb::admin::DecommissionCellRequest {
+                cell_id: cell_id.to_string(),
+                dry_run,
+                reason: "conformance suite".to_owned(),
+                batch_size: u32::try_from(batch).unwrap_or(u32::MAX),
+            })
+            .await
+            .map_err(|s| status::from_status(&s))?
+            .into_inner();
+        Ok(DecommissionStep {
+            cell_id: cell_id.clone(),
+            dry_run: response.dry_run,
+            already_decommissioned: response.already_decommissioned,
+            claims: response.claims,
+            complete: response.complete,
+        })
+    }
+
+    fn retries(&self) -> u64 {
+        self.inner.retries()
     }
 }

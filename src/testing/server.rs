@@ -11,6 +11,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
+use crate::grpc::pb::admin::admin_service_client::AdminServiceClient;
+
 use crate::error::ClaimsError;
 use crate::grpc::decode::claims_client;
 use crate::grpc::pb::claims_service_client::ClaimsServiceClient;
@@ -68,6 +70,17 @@ impl TestServer {
             .await
             .unwrap_or_else(|e| panic!("connect to the test server at {}: {e}", self.endpoint()));
         claims_client(channel)
+    }
+
+    /// An AdminService client on a fresh connection (the test server listens on loopback, so
+    /// the plaintext admin API is open to it).
+    pub async fn admin_client(&self) -> AdminServiceClient<Channel> {
+        let channel = Channel::from_shared(self.endpoint())
+            .expect("a valid endpoint")
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect to the test server at {}: {e}", self.endpoint()));
+        AdminServiceClient::new(channel)
     }
 
     /// Stops accepting, waits for in-flight requests to finish and the server to return.
