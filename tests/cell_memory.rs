@@ -107,6 +107,20 @@ impl ClaimStore for SlowFirstBegin {
     async fn collect_outcomes(&self, r: Duration) -> Result<u64, ClaimsError> {
         self.inner.collect_outcomes(r).await
     }
+    async fn lease_summary(&self) -> Result<topology_claims::domain::LeaseSummary, ClaimsError> {
+        self.inner.lease_summary().await
+    }
+    async fn decommission_step(
+        &self,
+        c: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<topology_claims::domain::DecommissionStep, ClaimsError> {
+        self.inner.decommission_step(c, batch, dry_run).await
+    }
+    fn retries(&self) -> u64 {
+        self.inner.retries()
+    }
 }
 
 #[tokio::test]

@@ -49,6 +49,20 @@ impl ClaimStore for ForgivingCommits {
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         self.0.collect_outcomes(retention).await
     }
+    async fn lease_summary(&self) -> Result<topology_claims::domain::LeaseSummary, ClaimsError> {
+        self.0.lease_summary().await
+    }
+    async fn decommission_step(
+        &self,
+        cell_id: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<topology_claims::domain::DecommissionStep, ClaimsError> {
+        self.0.decommission_step(cell_id, batch, dry_run).await
+    }
+    fn retries(&self) -> u64 {
+        self.0.retries()
+    }
 }
 
 #[test]

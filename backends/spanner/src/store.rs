@@ -571,6 +571,24 @@ impl ClaimStore for SpannerClaimStore {
         }
     }
 
+    // TEMPORARY (replaced by the backends branch before landing).
+    async fn lease_summary(&self) -> Result<topology_claims::domain::LeaseSummary, ClaimsError> {
+        Err(ClaimsError::internal("lease_summary: not yet"))
+    }
+
+    async fn decommission_step(
+        &self,
+        _cell_id: &CellId,
+        _batch: usize,
+        _dry_run: bool,
+    ) -> Result<topology_claims::domain::DecommissionStep, ClaimsError> {
+        Err(ClaimsError::internal("decommission_step: not yet"))
+    }
+
+    fn retries(&self) -> u64 {
+        0
+    }
+
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         let mut total = 0;
         loop {
