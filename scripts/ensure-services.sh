@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure what the test suite talks to is there: a running PostgreSQL (started if it is down),
-# the Cloud Spanner emulator binary and etcd (the benchmark's baseline). Idempotent; safe to run
-# before every test run.
+# the Cloud Spanner emulator binary, etcd (the benchmark's baseline) and promtool (the alert-rule
+# tests). Idempotent; safe to run before every test run.
 set -euo pipefail
 
 pg_url="${TOPOLOGY_CLAIMS_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
@@ -52,6 +52,24 @@ else
     echo "etcd: installed"
   else
     echo "etcd: missing (install etcd-server or set TOPOLOGY_CLAIMS_BENCH_ETCD_BIN)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+# promtool: scripts/test.sh checks and unit-tests the Prometheus alert rules
+# (deploy/prometheus/alerts.yml, alerts_test.yml) with it. Debian ships it in the prometheus
+# package, whose postinst may try to start a Prometheus server (on :9090); that does not matter
+# here, and a failing postinst does not fail this script.
+promtool_bin="${TOPOLOGY_CLAIMS_PROMTOOL:-promtool}"
+if command -v "${promtool_bin}" >/dev/null; then
+  echo "promtool: $(command -v "${promtool_bin}")"
+else
+  echo "promtool: not found; trying apt-get install prometheus"
+  (export DEBIAN_FRONTEND=noninteractive
+   apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=300 prometheus) >/dev/null 2>&1 || true
+  if command -v "${promtool_bin}" >/dev/null; then
+    echo "promtool: installed"
+  else
+    echo "promtool: missing (install prometheus or set TOPOLOGY_CLAIMS_PROMTOOL)" >&2
     [ "${CI:-}" = "true" ] && exit 1
   fi
 fi
