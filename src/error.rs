@@ -67,6 +67,10 @@ pub enum ClaimsError {
         cell_id: String,
         retry_after: std::time::Duration,
     },
+    /// An admin call that could not be written to the audit log first, so it did not act
+    /// (UNAVAILABLE): fix the log (disk, permissions) and retry.
+    #[error("audit log unavailable: {message}; the admin call was not carried out")]
+    AuditUnavailable { message: String },
     /// The store cannot be reached (down, restarting, network): retry later.
     #[error("store unavailable: {message}")]
     Unavailable { message: String },
@@ -104,6 +108,7 @@ impl ClaimsError {
             Self::CellDecommissioned { .. } => "CELL_DECOMMISSIONED",
             Self::CellHasOutstandingLeases { .. } => "CELL_HAS_OUTSTANDING_LEASES",
             Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::AuditUnavailable { .. } => "AUDIT_UNAVAILABLE",
             Self::Unavailable { .. } => "STORE_UNAVAILABLE",
             Self::MigrationsPending { .. } => "MIGRATIONS_PENDING",
             Self::Configuration { .. } => "CONFIGURATION",

@@ -20,6 +20,7 @@ pub mod domain;
 pub mod error;
 pub mod grpc;
 pub mod memory;
+pub mod metrics;
 pub mod migrations;
 pub mod pb;
 pub mod ports;

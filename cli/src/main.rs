@@ -1,14 +1,16 @@
 //! The `topology-claims` binary, the product operators install: `serve` (the gRPC server over a
 //! store chosen by URL), `migrate`, the operator commands against a running server (`lookup`,
-//! `leases`), the two cell sidecars (`reconcile`, `verify`) and `certs`, a development PKI for
+//! `leases`), administrative actions (`admin`), the two cell sidecars (`reconcile`, `verify`) and `certs`, a development PKI for
 //! mutual TLS.
 //!
 //! Owns argument parsing, process wiring (logging, signals, exit codes) and printing. Must not
 //! hold protocol rules or storage code (the core's and the backends'), nor anything only a
 //! benchmark, a fault campaign or a test needs (those are `tools/`).
 
+mod admin;
 mod certs;
 mod client_tls;
+mod metrics_args;
 mod ops;
 mod serve;
 mod sidecar;
@@ -59,6 +61,9 @@ enum Command {
     /// intervention); 2 error (bad flags or verify source, the cell's database or the claims
     /// server unreachable).
     Verify(sidecar::VerifyArgs),
+    /// Administrative actions (admin role): list leases, force-rollback a downed cell's leases,
+    /// decommission a cell. Exit status: 0 done, 1 not confirmed, 2 error.
+    Admin(admin::AdminArgs),
     /// Create a development PKI: a CA, server certificates and client certificates whose
     /// identity is spiffe://TRUST_DOMAIN/ROLE/NAME (see docs/security.md). Exit status: 0
     /// written, 1 error (nothing is overwritten without --force).
@@ -106,6 +111,7 @@ fn main() -> ExitCode {
             Command::Leases(args) => ops::leases(args).await,
             Command::Reconcile(args) => sidecar::reconcile(args).await,
             Command::Verify(args) => sidecar::verify(args).await,
+            Command::Admin(args) => admin::run(args).await,
             Command::Certs(args) => certs::run(args),
         }
     })

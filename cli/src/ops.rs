@@ -79,22 +79,27 @@ fn parse_claim_type(text: &str) -> Result<ClaimType, String> {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-async fn connect(server: &str, tls: &TlsArgs) -> Result<ClaimsServiceClient<Channel>, String> {
+/// A channel to `server` for operator commands (bounded connect and request times).
+pub async fn channel(server: &str, tls: &TlsArgs) -> Result<Channel, String> {
     let endpoint = server_endpoint(server, tls.load().map_err(|e| e.to_string())?.as_ref())
         .map_err(|e| e.to_string())?
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(REQUEST_TIMEOUT);
-    let channel = endpoint
+    endpoint
         .connect()
         .await
-        .map_err(|e| format!("cannot connect to {server}: {}", error_chain(&e)))?;
+        .map_err(|e| format!("cannot connect to {server}: {}", error_chain(&e)))
+}
+
+async fn connect(server: &str, tls: &TlsArgs) -> Result<ClaimsServiceClient<Channel>, String> {
+    let channel = channel(server, tls).await?;
     // Accepts the largest page the server may send (a leases page holds at least one lease,
     // which can be as large as a whole BeginUpdate request): see MAX_RESPONSE_MESSAGE_BYTES.
     Ok(claims_client(channel))
 }
 
 /// A server error as `REASON: message`.
-fn describe(status: &tonic::Status) -> String {
+pub fn describe(status: &tonic::Status) -> String {
     let error = from_status(status);
     format!("{}: {error}", error.reason())
 }

@@ -18,7 +18,10 @@ use topology_claims::grpc::health::HealthConfig;
 use topology_claims::grpc::limits::ServerLimits;
 use topology_claims::grpc::server::{serve, ServerConfig};
 use topology_claims::grpc::tls::{ServerTls, TlsFiles};
+use topology_claims::metrics::{catch_up, render, ServerMetrics};
 use topology_claims::MigrationPolicy;
+
+use crate::metrics_args::MetricsArgs;
 
 use crate::store::{self, StoreOptions, StoreUrl};
 use topology_claims::config::{parse_duration, parse_nonzero_duration};
@@ -86,6 +89,16 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     tls: TlsArgs,
+
+    #[command(flatten)]
+    metrics: MetricsArgs,
+
+    /// How often the lease gauges (topology_claims_leases_outstanding, _oldest_lease_age_seconds)
+    /// are refreshed with one store query, whatever the number of scrapes. Units: ms, s, m, h,
+    /// d; not zero.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_METRICS_REFRESH_INTERVAL", default_value = "15s",
+          value_parser = parse_nonzero_duration)]
+    metrics_refresh_interval: Duration,
 }
 
 /// Mutual TLS and caller identity (docs/security.md).
@@ -306,6 +319,29 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let addr = listener
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
+    let metrics = match &args.metrics.metrics_listen {
+        Some(_) => {
+            let metrics = Arc::new(ServerMetrics::new());
+            let render = {
+                let (metrics, store, audit) =
+                    (Arc::clone(&metrics), Arc::clone(&store), audit.clone());
+                Arc::new(move || {
+                    // Counters kept elsewhere, read (never queried) at scrape time.
+                    catch_up(&metrics.store_retries, store.retries());
+                    if let Some(audit) = &audit {
+                        catch_up(
+                            &metrics.audit_write_failures,
+                            audit.failures.load(std::sync::atomic::Ordering::Relaxed),
+                        );
+                    }
+                    render(metrics.registry())
+                })
+            };
+            args.metrics.start(render).await?;
+            Some(metrics)
+        }
+        None => None,
+    };
     let config = ServerConfig {
         max_batch: args.max_batch as usize,
         max_response_bytes: args.max_response_bytes as usize,
@@ -319,6 +355,8 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         },
         tls: tls.clone(),
         audit: audit.clone(),
+        metrics: metrics.clone(),
+        metrics_refresh: args.metrics_refresh_interval,
     };
     reload_on_sighup(tls, audit)?;
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,

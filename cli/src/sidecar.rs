@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -17,9 +18,11 @@ use topology_claims::cell::{
 };
 use topology_claims::{CellId, ClaimsError, LocalLeaseStore, LocalLock, TableName};
 
-use topology_claims::config::{parse_duration, StoreUrl};
+use topology_claims::config::{parse_duration, parse_nonzero_duration, StoreUrl};
+use topology_claims::metrics::{render, ReconcileMetrics, VerifyMetrics};
 
 use crate::client_tls::TlsArgs;
+use crate::metrics_args::MetricsArgs;
 
 /// Where the cell's own database is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,6 +110,9 @@ pub struct ReconcileArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_PAGE_SIZE", default_value_t = 100,
           value_parser = clap::value_parser!(u16).range(1..=1000))]
     page_size: u16,
+
+    #[command(flatten)]
+    metrics: MetricsArgs,
 }
 
 #[derive(Args, Debug)]
@@ -155,6 +161,14 @@ pub struct VerifyArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_CHUNK", default_value_t = 1000,
           value_parser = clap::value_parser!(u16).range(1..=1000))]
     chunk: u16,
+
+    /// Run again this long after each run ends, until SIGINT/SIGTERM (a long-lived sidecar
+    /// whose metrics Prometheus scrapes). Units: ms, s, m, h, d. Default: one run, then exit.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_EVERY", value_parser = parse_nonzero_duration)]
+    every: Option<Duration>,
+
+    #[command(flatten)]
+    metrics: MetricsArgs,
 }
 
 fn client(args: &CellArgs) -> Result<ClaimsClient, ClaimsError> {
@@ -226,16 +240,29 @@ async fn run_reconciler<L: LocalLeaseStore + LocalLock>(
     reconciler: Reconciler<L>,
     args: &ReconcileArgs,
 ) -> Result<(), ClaimsError> {
+    let metrics = ReconcileMetrics::new();
+    let cell = args.cell.cell_id.to_string();
+    metrics.init(&cell);
+    let exposed = metrics.clone();
+    args.metrics
+        .start(Arc::new(move || render(exposed.registry())))
+        .await
+        .map_err(|message| ClaimsError::Configuration { message })?;
     if args.once {
-        let report = reconciler.run_once().await?;
-        println!("reconcile {}: {report}", args.cell.cell_id);
+        let pass = reconciler.run_once().await;
+        metrics.observe(&cell, &pass);
+        println!("reconcile {}: {}", args.cell.cell_id, pass?);
         return Ok(());
     }
     eprintln!(
         "reconciling cell {} every {:?} (staleness {:?}); Ctrl-C to stop",
         args.cell.cell_id, args.interval, args.staleness
     );
-    reconciler.run(args.interval, shutdown_signal()).await;
+    reconciler
+        .run(args.interval, shutdown_signal(), |pass| {
+            metrics.observe(&cell, pass)
+        })
+        .await;
     Ok(())
 }
 
@@ -306,11 +333,27 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
             })),
             ..VerifierConfig::new(cell_id, queries.keys().copied().collect())
         };
+    let metrics = VerifyMetrics::new();
+    metrics.init(config.cell_id.as_str());
+    let exposed = metrics.clone();
+    if let Err(e) = args
+        .metrics
+        .start(Arc::new(move || render(exposed.registry())))
+        .await
+    {
+        return fail(e);
+    }
+    let runs = Runs {
+        config: &config,
+        metrics: &metrics,
+        every: args.every,
+    };
     let result = match &args.cell.local_db {
         LocalDbUrl::Sqlite(path) => {
             match topology_claims_sqlite::cell::SqliteQuerySource::open(path, queries) {
                 Ok(source) => {
-                    run_verifier(Verifier::new(client, source, config.clone()), &config).await
+                    runs.run(Verifier::new(client, source, config.clone()))
+                        .await
                 }
                 Err(e) => Err(e),
             }
@@ -318,7 +361,8 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
         LocalDbUrl::Postgres(url) => {
             match topology_claims_postgres::cell::PostgresQuerySource::connect(url, queries).await {
                 Ok(source) => {
-                    run_verifier(Verifier::new(client, source, config.clone()), &config).await
+                    runs.run(Verifier::new(client, source, config.clone()))
+                        .await
                 }
                 Err(e) => Err(e),
             }
@@ -337,28 +381,76 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
     }
 }
 
-async fn run_verifier<S: ClaimSource>(
-    verifier: Verifier<S>,
-    config: &VerifierConfig,
-) -> Result<VerifyReport, ClaimsError> {
-    let mut printed = 0;
-    let report = verifier
-        .run(|report| {
-            if config.dry_run {
-                for d in &report.discrepancies[printed..] {
-                    println!("{d}");
-                }
-                printed = report.discrepancies.len();
+/// One verify run, or (with `--every`) runs until SIGINT/SIGTERM, recorded in the metrics.
+struct Runs<'a> {
+    config: &'a VerifierConfig,
+    metrics: &'a VerifyMetrics,
+    every: Option<Duration>,
+}
+
+impl Runs<'_> {
+    async fn run<S: ClaimSource>(
+        &self,
+        verifier: Verifier<S>,
+    ) -> Result<VerifyReport, ClaimsError> {
+        let Some(every) = self.every else {
+            return self.run_once(&verifier).await;
+        };
+        eprintln!(
+            "verifying cell {} every {every:?} after each run; Ctrl-C to stop",
+            self.config.cell_id
+        );
+        let shutdown = shutdown_signal();
+        tokio::pin!(shutdown);
+        loop {
+            match self.run_once(&verifier).await {
+                Ok(report) if report.corrections_failed > 0 => tracing::error!(
+                    failed = report.corrections_failed,
+                    "corrections failed and need manual intervention (see the log above)"
+                ),
+                Ok(_) => {}
+                Err(error) => tracing::error!(%error, "verify run failed"),
             }
-            eprintln!("progress: {report}");
-        })
-        .await?;
-    println!(
-        "verify {}{}: {report}",
-        config.cell_id,
-        if config.dry_run { " (dry run)" } else { "" }
-    );
-    Ok(report)
+            tokio::select! {
+                _ = &mut shutdown => return Ok(VerifyReport::default()),
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
+    async fn run_once<S: ClaimSource>(
+        &self,
+        verifier: &Verifier<S>,
+    ) -> Result<VerifyReport, ClaimsError> {
+        let config = self.config;
+        let cell = config.cell_id.as_str();
+        let mut printed = 0;
+        let mut recorded = VerifyReport::default();
+        let result = verifier
+            .run(|report| {
+                if config.dry_run {
+                    for d in &report.discrepancies[printed..] {
+                        println!("{d}");
+                    }
+                    printed = report.discrepancies.len();
+                }
+                self.metrics.progress(cell, &recorded, report);
+                recorded = report.clone();
+                eprintln!("progress: {report}");
+            })
+            .await;
+        if let Ok(report) = &result {
+            self.metrics.progress(cell, &recorded, report);
+        }
+        self.metrics.finished(cell, &result);
+        let report = result?;
+        println!(
+            "verify {}{}: {report}",
+            config.cell_id,
+            if config.dry_run { " (dry run)" } else { "" }
+        );
+        Ok(report)
+    }
 }
 
 async fn shutdown_signal() {

@@ -225,13 +225,20 @@ impl<L: LocalLeaseStore + LocalLock> Reconciler<L> {
     }
 
     /// Runs a pass every `interval` until `shutdown` completes.
-    pub async fn run(&self, interval: Duration, shutdown: impl Future<Output = ()>) {
+    pub async fn run(
+        &self,
+        interval: Duration,
+        shutdown: impl Future<Output = ()>,
+        mut on_pass: impl FnMut(&Result<ReconcileReport, ClaimsError>),
+    ) {
         tokio::pin!(shutdown);
         loop {
-            match self.run_once().await {
+            let pass = self.run_once().await;
+            match &pass {
                 Ok(report) => tracing::info!(%report, "reconcile pass"),
                 Err(error) => tracing::error!(%error, "reconcile pass failed"),
             }
+            on_pass(&pass);
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(interval) => {}

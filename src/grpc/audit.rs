@@ -1,6 +1,10 @@
 //! The audit log (`serve --audit-log PATH`): one JSON object per line for every mutating RPC
 //! (BeginUpdate, CommitUpdate, RollbackUpdate, RenewLease) and every authentication or
-//! authorization refusal, written by the authorization layer after the answer is known.
+//! authorization refusal, written by the authorization layer after the answer is known; and for
+//! every AdminService call a line *before* it acts (`stage` `intent`; the call is refused with
+//! UNAVAILABLE `AUDIT_UNAVAILABLE` when that line cannot be written) and, for ForceRollback and
+//! DecommissionCell, one after (`stage` `done`), with `admin_reason`, `dry_run` and
+//! `older_than_seconds`.
 //!
 //! Fields: `time` (RFC 3339, UTC), `peer`, `identity` (the SPIFFE id, `cn:NAME`, or `anonymous`
 //! on a plaintext server), `role`, `method`, `cell_id`, `lease_id`, `claims` (each with its
@@ -43,6 +47,20 @@ pub struct AuditRecord {
     pub code: String,
     pub reason: String,
     pub duration_ms: f64,
+    /// What an AdminService call asked for; `None` for the claims API.
+    pub admin: Option<AdminAudit>,
+}
+
+/// The admin part of an audit line: written once before the call acts (`stage` `intent`,
+/// without a code) and, for ForceRollback and DecommissionCell, once after (`done`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AdminAudit {
+    pub stage: &'static str,
+    /// The operator's stated reason.
+    pub reason: String,
+    pub dry_run: bool,
+    /// `older_than` of ListLeases / ForceRollback, in seconds.
+    pub older_than_seconds: u64,
 }
 
 /// The open audit log.
@@ -98,22 +116,32 @@ impl AuditLog {
         Ok(())
     }
 
-    /// Appends `record` as one line.
+    /// Appends `record` as one line; a failure is counted and logged, never returned.
     pub fn write(&self, record: &AuditRecord) {
+        let _ = self.try_write(record);
+    }
+
+    /// Appends `record` as one line, flushed to the file, or says why it could not (counted
+    /// and logged as by [`write`](Self::write)): admin calls are refused when this fails.
+    pub fn try_write(&self, record: &AuditRecord) -> Result<(), String> {
         let mut line = self.line(record, SystemTime::now());
         line.push('\n');
-        let written = self
-            .file
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .write_all(line.as_bytes());
+        let written = {
+            let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+            file.write_all(line.as_bytes()).and_then(|()| file.flush())
+        };
         if let Err(error) = written {
             let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
             if let Some(held_back) = self.failure_log.ready() {
                 tracing::error!(%error, failures, held_back, path = %self.path.display(),
                     "audit log write failed; the request itself was not affected");
             }
+            return Err(format!(
+                "cannot write the audit log {}: {error}",
+                self.path.display()
+            ));
         }
+        Ok(())
     }
 
     fn value(&self, value: &str) -> String {
@@ -140,9 +168,18 @@ impl AuditLog {
                 )
             })
             .collect();
+        let admin = r.admin.as_ref().map_or_else(String::new, |a| {
+            format!(
+                ",\"stage\":{},\"admin_reason\":{},\"dry_run\":{},\"older_than_seconds\":{}",
+                json(a.stage),
+                json(&a.reason),
+                a.dry_run,
+                a.older_than_seconds
+            )
+        });
         format!(
             "{{\"time\":{},\"peer\":{},\"identity\":{},\"role\":{},\"method\":{},\"cell_id\":{},\
-             \"lease_id\":{},\"claims\":[{}],\"code\":{},\"reason\":{},\"duration_ms\":{:.3}}}",
+             \"lease_id\":{},\"claims\":[{}],\"code\":{},\"reason\":{},\"duration_ms\":{:.3}{}}}",
             json(&rfc3339(now)),
             json(&r.peer),
             json(&r.identity),
@@ -153,7 +190,8 @@ impl AuditLog {
             claims.join(","),
             json(&r.code),
             json(&r.reason),
-            r.duration_ms
+            r.duration_ms,
+            admin
         )
     }
 }

@@ -26,10 +26,11 @@ use tower_service::Service;
 use crate::auth::{authorize, Caller, Decision, Method};
 use crate::domain::ClaimType;
 use crate::error::ClaimsError;
-use crate::grpc::audit::{AuditLog, AuditRecord, AuditedClaim};
+use crate::grpc::audit::{AdminAudit, AuditLog, AuditRecord, AuditedClaim};
 use crate::grpc::listener::ConnInfo;
 use crate::grpc::pb;
-use crate::grpc::status::to_status;
+use crate::grpc::pb::admin as apb;
+use crate::grpc::status::{code_name, to_status};
 
 /// Builds [`Authorize`] services, writing to the audit log when there is one.
 #[derive(Clone, Debug, Default)]
@@ -83,9 +84,10 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let mut record = Audit::start(audit, info.as_ref(), &caller, method, started);
-            let needs_body = method.has_cell_id()
+            let needs_body = (method.has_cell_id()
                 && (!matches!(caller, Caller::Anonymous { .. })
-                    || (record.is_some() && method.mutates()));
+                    || (record.is_some() && method.mutates())))
+                || (method.is_admin() && record.is_some());
             if !needs_body {
                 return match authorize(&caller, method, "") {
                     Decision::Allow { .. } => inner.call(request).await,
@@ -108,6 +110,14 @@ where
                     };
                     if let Some(record) = record.as_mut() {
                         record.request(method, &bytes);
+                        // An admin call acts only once the log says who asked for what.
+                        if method.is_admin() {
+                            if let Err(message) = record.intent() {
+                                let error = ClaimsError::AuditUnavailable { message };
+                                tracing::error!(%error, "admin call refused");
+                                return Ok(to_status(&error).into_http());
+                            }
+                        }
                     }
                     let request = http::Request::from_parts(
                         parts,
@@ -201,8 +211,56 @@ impl Audit {
                     r.lease_id = request.lease_id;
                 }
             }
+            Method::ListLeases => {
+                if let Ok(request) = apb::ListLeasesRequest::decode(message) {
+                    r.cell_id = request.cell_id;
+                    r.admin = Some(AdminAudit {
+                        older_than_seconds: seconds(request.older_than.as_ref()),
+                        ..AdminAudit::default()
+                    });
+                }
+            }
+            Method::ForceRollback => {
+                if let Ok(request) = apb::ForceRollbackRequest::decode(message) {
+                    r.cell_id = request.cell_id;
+                    r.admin = Some(AdminAudit {
+                        reason: request.reason,
+                        dry_run: request.dry_run,
+                        older_than_seconds: seconds(request.older_than.as_ref()),
+                        ..AdminAudit::default()
+                    });
+                }
+            }
+            Method::DecommissionCell => {
+                if let Ok(request) = apb::DecommissionCellRequest::decode(message) {
+                    r.cell_id = request.cell_id;
+                    r.admin = Some(AdminAudit {
+                        reason: request.reason,
+                        dry_run: request.dry_run,
+                        ..AdminAudit::default()
+                    });
+                }
+            }
             _ => r.cell_id = cell_id_field(message).unwrap_or_default(),
         }
+        if method.is_admin() && r.admin.is_none() {
+            // Undecodable: the handler refuses it; the line still says who tried.
+            r.admin = Some(AdminAudit::default());
+        }
+    }
+
+    /// Writes the line that comes before an admin call acts (`stage` `intent`, no code yet);
+    /// the line written when it is answered says `done`.
+    fn intent(&mut self) -> Result<(), String> {
+        if let Some(admin) = self.record.admin.as_mut() {
+            admin.stage = "intent";
+        }
+        self.record.duration_ms = 0.0;
+        let written = self.log.try_write(&self.record);
+        if let Some(admin) = self.record.admin.as_mut() {
+            admin.stage = "done";
+        }
+        written
     }
 
     /// Writes the line for an answer whose status is in `headers` (a trailers-only error), or
@@ -228,28 +286,9 @@ impl Audit {
     }
 }
 
-/// The canonical gRPC name of a code.
-fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
-    }
+/// Whole seconds of an optional protobuf duration (0 when absent or negative).
+fn seconds(duration: Option<&prost_types::Duration>) -> u64 {
+    duration.map_or(0, |d| u64::try_from(d.seconds).unwrap_or(0))
 }
 
 fn refuse(decision: Decision, audit: Option<&mut Audit>) -> http::Response<Body> {

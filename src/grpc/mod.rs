@@ -10,6 +10,7 @@ pub mod guard;
 pub mod health;
 pub mod limits;
 pub mod listener;
+pub mod metrics;
 pub mod server;
 pub mod service;
 pub mod status;

@@ -23,11 +23,13 @@ use crate::grpc::guard::RequestGuardLayer;
 use crate::grpc::health::{watch_store, HealthConfig};
 use crate::grpc::limits::ServerLimits;
 use crate::grpc::listener::{self, ServerStats};
+use crate::grpc::metrics::MetricsLayer;
 use crate::grpc::pb;
 use crate::grpc::pb::admin::admin_service_server::AdminServiceServer;
 use crate::grpc::pb::claims_service_server::ClaimsServiceServer;
 use crate::grpc::service::{ClaimsServiceImpl, ServiceConfig};
 use crate::grpc::tls::ServerTls;
+use crate::metrics::ServerMetrics;
 use crate::ports::ClaimStore;
 
 /// Largest request message the server decodes. tonic's default (4 MiB) holds a full batch of
@@ -60,6 +62,11 @@ pub struct ServerConfig {
     pub tls: Option<Arc<ServerTls>>,
     /// The audit log (`--audit-log`).
     pub audit: Option<Arc<AuditLog>>,
+    /// Where requests are counted and the lease gauges kept (`--metrics-listen`); `None`: no
+    /// metrics.
+    pub metrics: Option<Arc<ServerMetrics>>,
+    /// How often the lease gauges are refreshed from the store (`--metrics-refresh-interval`).
+    pub metrics_refresh: Duration,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +81,8 @@ impl Default for ServerConfig {
             health: HealthConfig::default(),
             tls: None,
             audit: None,
+            metrics: None,
+            metrics_refresh: crate::metrics::DEFAULT_REFRESH_INTERVAL,
         }
     }
 }
@@ -95,6 +104,11 @@ pub async fn serve(
         });
     }
     config.limits.validate()?;
+    if config.metrics.is_some() && config.metrics_refresh.is_zero() {
+        return Err(ClaimsError::Configuration {
+            message: "--metrics-refresh-interval must not be zero".to_owned(),
+        });
+    }
     if config.health.interval.is_zero() || config.health.timeout.is_zero() {
         return Err(ClaimsError::Configuration {
             message: "--health-interval and --health-timeout must not be zero".to_owned(),
@@ -133,6 +147,14 @@ pub async fn serve(
         config.gc_interval,
         stop_rx.clone(),
     ));
+    let refresher = config.metrics.clone().map(|metrics| {
+        tokio::spawn(refresh_lease_gauges(
+            Arc::clone(&store),
+            metrics,
+            config.metrics_refresh,
+            stop_rx.clone(),
+        ))
+    });
     let watcher = tokio::spawn(watch_store(
         store,
         health.clone(),
@@ -168,6 +190,9 @@ pub async fn serve(
         .http2_max_header_list_size(limits.max_header_list_bytes)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .layer(MetricsLayer {
+            metrics: config.metrics.clone(),
+        })
         .layer(RequestGuardLayer::new(limits, MAX_REQUEST_BYTES, stats))
         .layer(AuthorizeLayer {
             audit: config.audit.clone(),
@@ -191,7 +216,60 @@ pub async fn serve(
     watcher.abort();
     let _ = gc.await;
     let _ = watcher.await;
+    if let Some(refresher) = refresher {
+        refresher.abort();
+        let _ = refresher.await;
+    }
     result.map_err(|e| ClaimsError::internal(format!("gRPC server failed: {e}")))
+}
+
+/// Reads the store's lease summary every `interval` (first right away) into the lease gauges
+/// until `stop` closes: one query per interval, whatever the number of scrapes. A cell whose
+/// leases all ended shows 0 rather than vanishing; `store_up` says whether the read worked.
+async fn refresh_lease_gauges(
+    store: Arc<dyn ClaimStore>,
+    metrics: Arc<ServerMetrics>,
+    interval: Duration,
+    mut stop: watch::Receiver<()>,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut known = std::collections::BTreeSet::new();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.changed() => return,
+        }
+        match store.lease_summary().await {
+            Ok(summary) => {
+                let mut seen = std::collections::BTreeSet::new();
+                for cell in &summary.cells {
+                    let name = cell.cell_id.as_str();
+                    metrics
+                        .leases_outstanding
+                        .with_label_values(&[name])
+                        .set(i64::try_from(cell.outstanding).unwrap_or(i64::MAX));
+                    metrics
+                        .oldest_lease_age
+                        .with_label_values(&[name])
+                        .set(cell.oldest_age(summary.server_time).as_secs_f64());
+                    seen.insert(name.to_owned());
+                }
+                for gone in known.difference(&seen) {
+                    let gone: &str = gone;
+                    metrics.leases_outstanding.with_label_values(&[gone]).set(0);
+                    metrics.oldest_lease_age.with_label_values(&[gone]).set(0.0);
+                }
+                known.extend(seen);
+                metrics.store_up.set(1);
+                metrics.lease_summary_time.set(crate::metrics::unix_now());
+            }
+            Err(error) => {
+                metrics.store_up.set(0);
+                tracing::debug!(%error, "reading the lease summary for the metrics failed");
+            }
+        }
+    }
 }
 
 /// Collects outcomes past `retention` every `interval` (first right away) until `stop` closes.

@@ -48,11 +48,36 @@ pub fn code_of(error: &ClaimsError) -> Code {
         ClaimsError::CellDecommissioned { .. } => Code::PermissionDenied,
         ClaimsError::CellHasOutstandingLeases { .. } => Code::FailedPrecondition,
         ClaimsError::RateLimited { .. } => Code::ResourceExhausted,
+        ClaimsError::AuditUnavailable { .. } => Code::Unavailable,
         ClaimsError::Unauthenticated { .. } => Code::Unauthenticated,
         ClaimsError::Unavailable { .. } => Code::Unavailable,
         ClaimsError::MigrationsPending { .. }
         | ClaimsError::Configuration { .. }
         | ClaimsError::Internal { .. } => Code::Internal,
+    }
+}
+
+/// The canonical gRPC name of a code.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
@@ -201,6 +226,13 @@ pub fn from_status(status: &Status) -> ClaimsError {
                 },
             )
             .unwrap_or_else(malformed),
+        "AUDIT_UNAVAILABLE" => ClaimsError::AuditUnavailable {
+            message: message
+                .strip_prefix("audit log unavailable: ")
+                .and_then(|m| m.strip_suffix("; the admin call was not carried out"))
+                .unwrap_or(&message)
+                .to_owned(),
+        },
         "RATE_LIMITED" => ClaimsError::RateLimited {
             limit: match meta(META_LIMIT) {
                 Some("cell-max-in-flight") => "cell-max-in-flight",
@@ -274,6 +306,9 @@ mod tests {
             ClaimsError::CellHasOutstandingLeases {
                 cell_id: CellId::parse("cell-a").unwrap(),
                 outstanding: 3,
+            },
+            ClaimsError::AuditUnavailable {
+                message: "disk full".into(),
             },
             ClaimsError::RateLimited {
                 limit: "cell-max-in-flight",

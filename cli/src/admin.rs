@@ -1,0 +1,378 @@
+//! `topology-claims admin`: the operator's side of the AdminService (docs/operations.md,
+//! runbooks). `leases` lists outstanding leases; `force-rollback` ends a downed cell's leases;
+//! `decommission` deletes every claim of a cell that is gone for good.
+//!
+//! The acting commands first ask the server for a dry run and show what will happen, then ask
+//! for confirmation (unless `--yes`) and show progress while they work in bounded calls. Owns
+//! the calls and the printing; every rule is the server's.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use tonic::transport::Channel;
+use topology_claims::config::{format_duration, parse_duration};
+use topology_claims::grpc::admin::duration_to_pb;
+use topology_claims::grpc::pb::admin as apb;
+use topology_claims::grpc::pb::admin::admin_service_client::AdminServiceClient;
+use topology_claims::grpc::status::from_status;
+
+use crate::client_tls::TlsArgs;
+use crate::ops::{channel, describe};
+
+#[derive(Args, Debug)]
+pub struct AdminArgs {
+    /// The server's URL: http://HOST:PORT (plaintext: only from loopback), or https://HOST:PORT
+    /// with --tls-ca and an admin certificate (spiffe://TRUST_DOMAIN/admin/NAME).
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_SERVER",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
+    server: String,
+
+    #[command(flatten)]
+    tls: TlsArgs,
+
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum AdminCommand {
+    /// List outstanding leases (of one cell, or of all), with their age by the server's clock.
+    Leases(ListArgs),
+    /// Roll back a downed cell's outstanding leases: its creates are deleted and its destroys
+    /// released, and the cell's late CommitUpdate gets LEASE_ROLLED_BACK.
+    ForceRollback(ForceRollbackArgs),
+    /// Delete every claim of a cell that is gone for good, in batches; the cell's later
+    /// BeginUpdate is refused (CELL_DECOMMISSIONED). Refused while the cell has outstanding
+    /// leases (force-rollback them first). Safe to run again after an interruption.
+    Decommission(DecommissionArgs),
+}
+
+#[derive(Args, Debug)]
+struct ListArgs {
+    /// Only this cell's leases. Default: every cell.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID")]
+    cell_id: Option<String>,
+
+    /// Only leases at least this old (by created_at). Units: ms, s, m, h, d. Default: all.
+    #[arg(long, value_parser = parse_duration)]
+    older_than: Option<Duration>,
+}
+
+#[derive(Args, Debug)]
+struct ForceRollbackArgs {
+    /// The downed cell.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID")]
+    cell_id: String,
+
+    /// Only leases at least this old (by created_at). Units: ms, s, m, h, d. Default: all.
+    #[arg(long, value_parser = parse_duration)]
+    older_than: Option<Duration>,
+
+    /// Why (written to the audit log). Required.
+    #[arg(long)]
+    reason: String,
+
+    /// Show what would be rolled back; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    yes: bool,
+}
+
+#[derive(Args, Debug)]
+struct DecommissionArgs {
+    /// The cell to decommission.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID")]
+    cell_id: String,
+
+    /// Why (written to the audit log). Required.
+    #[arg(long)]
+    reason: String,
+
+    /// Count the cell's claims; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    yes: bool,
+
+    /// Claims deleted per call (one store transaction each), 1..=10000.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_DECOMMISSION_BATCH", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    batch_size: u32,
+}
+
+/// Exit statuses: done, not confirmed, error.
+const NOT_CONFIRMED: u8 = 1;
+const FAILED: u8 = 2;
+
+pub async fn run(args: AdminArgs) -> ExitCode {
+    let client = match channel(&args.server, &args.tls).await {
+        Ok(channel) => AdminServiceClient::new(channel),
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(FAILED);
+        }
+    };
+    let result = match args.command {
+        AdminCommand::Leases(list) => leases(client, list).await,
+        AdminCommand::ForceRollback(rollback) => force_rollback(client, rollback).await,
+        AdminCommand::Decommission(decommission) => decommission_cell(client, decommission).await,
+    };
+    match result {
+        Ok(Outcome::Done) => ExitCode::SUCCESS,
+        Ok(Outcome::NotConfirmed) => {
+            eprintln!("not confirmed: nothing was changed");
+            ExitCode::from(NOT_CONFIRMED)
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(FAILED)
+        }
+    }
+}
+
+enum Outcome {
+    Done,
+    NotConfirmed,
+}
+
+fn failed(status: tonic::Status) -> String {
+    describe(&status)
+}
+
+async fn leases(
+    mut client: AdminServiceClient<Channel>,
+    args: ListArgs,
+) -> Result<Outcome, String> {
+    let mut cursor = String::new();
+    let mut count = 0usize;
+    println!(
+        "{:<36}  {:<20}  {:>10}  {:>7}  last_renewed_at",
+        "lease_id", "cell_id", "age", "claims"
+    );
+    loop {
+        let response = client
+            .list_leases(apb::ListLeasesRequest {
+                cell_id: args.cell_id.clone().unwrap_or_default(),
+                older_than: args.older_than.map(duration_to_pb),
+                cursor: cursor.clone(),
+                limit: 0,
+            })
+            .await
+            .map_err(failed)?
+            .into_inner();
+        for entry in &response.leases {
+            let lease = entry.lease.as_ref();
+            let payload = lease.and_then(|l| l.lease_payload.as_ref());
+            let claims = payload
+                .and_then(|p| p.original_request.as_ref())
+                .map_or(0, |r| r.creates_claims.len() + r.destroys_claims.len());
+            let age = entry
+                .age
+                .as_ref()
+                .map(|a| Duration::new(a.seconds.max(0) as u64, a.nanos.max(0) as u32))
+                .unwrap_or_default();
+            println!(
+                "{:<36}  {:<20}  {:>10}  {:>7}  {}",
+                payload.map_or("-", |p| p.lease_id.as_str()),
+                payload.map_or("-", |p| p.cell_id.as_str()),
+                format_duration(Duration::from_secs(age.as_secs())),
+                claims,
+                lease
+                    .and_then(|l| l.last_renewed_at.as_ref())
+                    .map_or_else(|| "-".to_owned(), ToString::to_string)
+            );
+            count += 1;
+        }
+        if response.next_cursor.is_empty() {
+            break;
+        }
+        cursor = response.next_cursor;
+    }
+    eprintln!("{count} outstanding lease(s)");
+    Ok(Outcome::Done)
+}
+
+/// Asks on the terminal; without one, only `--yes` goes ahead.
+fn confirm(question: &str, yes: bool) -> Result<bool, String> {
+    if yes {
+        return Ok(true);
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(format!(
+            "{question}: stdin is not a terminal to confirm on; run again with --yes"
+        ));
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush().ok();
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| format!("cannot read the confirmation: {e}"))?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES"))
+}
+
+async fn force_rollback(
+    mut client: AdminServiceClient<Channel>,
+    args: ForceRollbackArgs,
+) -> Result<Outcome, String> {
+    let request = |dry_run: bool| apb::ForceRollbackRequest {
+        cell_id: args.cell_id.clone(),
+        older_than: args.older_than.map(duration_to_pb),
+        dry_run,
+        reason: args.reason.clone(),
+        limit: 0,
+    };
+    let plan = client
+        .force_rollback(request(true))
+        .await
+        .map_err(failed)?
+        .into_inner();
+    let older = args
+        .older_than
+        .map(|d| format!(" at least {} old", format_duration(d)))
+        .unwrap_or_default();
+    for lease_id in &plan.lease_ids {
+        println!("would roll back lease {lease_id}");
+    }
+    eprintln!(
+        "cell {}: {}{} outstanding lease(s){older}, {} claim(s) in them",
+        args.cell_id,
+        plan.lease_ids.len(),
+        if plan.more { "+" } else { "" },
+        plan.claims
+    );
+    if args.dry_run || plan.lease_ids.is_empty() {
+        return Ok(Outcome::Done);
+    }
+    if !confirm(
+        &format!(
+            "roll back these leases of cell {} (its creates are deleted, its destroys released)?",
+            args.cell_id
+        ),
+        args.yes,
+    )? {
+        return Ok(Outcome::NotConfirmed);
+    }
+    let (mut leases, mut claims, mut ended) = (0usize, 0u64, 0usize);
+    loop {
+        let done = client
+            .force_rollback(request(false))
+            .await
+            .map_err(failed)?
+            .into_inner();
+        for lease_id in &done.lease_ids {
+            println!("rolled back lease {lease_id}");
+        }
+        leases += done.lease_ids.len();
+        claims += done.claims;
+        ended += done.already_ended_lease_ids.len();
+        eprintln!("progress: {leases} lease(s) rolled back, {claims} claim(s)");
+        if !done.more || done.lease_ids.is_empty() {
+            break;
+        }
+    }
+    println!(
+        "force-rollback {}: {leases} lease(s) rolled back ({claims} claims); {ended} ended by the \
+         cell meanwhile",
+        args.cell_id
+    );
+    Ok(Outcome::Done)
+}
+
+async fn decommission_cell(
+    mut client: AdminServiceClient<Channel>,
+    args: DecommissionArgs,
+) -> Result<Outcome, String> {
+    let request = |dry_run: bool| apb::DecommissionCellRequest {
+        cell_id: args.cell_id.clone(),
+        dry_run,
+        reason: args.reason.clone(),
+        batch_size: args.batch_size,
+    };
+    let plan = client
+        .decommission_cell(request(true))
+        .await
+        .map_err(|status| {
+            let error = from_status(&status);
+            if error.reason() == "CELL_HAS_OUTSTANDING_LEASES" {
+                format!(
+                    "{}; see them with `topology-claims admin leases --cell-id {}`",
+                    describe(&status),
+                    args.cell_id
+                )
+            } else {
+                describe(&status)
+            }
+        })?
+        .into_inner();
+    eprintln!(
+        "cell {}: {} claim(s) to delete{}",
+        args.cell_id,
+        plan.claims,
+        if plan.already_decommissioned {
+            " (already decommissioned: resuming)"
+        } else {
+            ""
+        }
+    );
+    if args.dry_run {
+        println!(
+            "decommission {} (dry run): would delete {} claim(s)",
+            args.cell_id, plan.claims
+        );
+        return Ok(Outcome::Done);
+    }
+    if !confirm(
+        &format!(
+            "delete all {} claim(s) of cell {} and refuse its updates from now on?",
+            plan.claims, args.cell_id
+        ),
+        args.yes,
+    )? {
+        return Ok(Outcome::NotConfirmed);
+    }
+    let started = Instant::now();
+    let mut last_line = Instant::now();
+    let mut deleted = 0u64;
+    loop {
+        let step = client
+            .decommission_cell(request(false))
+            .await
+            .map_err(failed)?
+            .into_inner();
+        deleted += step.claims;
+        if step.complete || last_line.elapsed() >= Duration::from_secs(1) {
+            let total = plan.claims.max(deleted);
+            eprintln!(
+                "progress: {deleted}/{total} claim(s) deleted ({:.0}%), {:.1}s",
+                if total == 0 {
+                    100.0
+                } else {
+                    deleted as f64 * 100.0 / total as f64
+                },
+                started.elapsed().as_secs_f64()
+            );
+            last_line = Instant::now();
+        }
+        if step.complete {
+            break;
+        }
+    }
+    println!(
+        "decommission {}: {deleted} claim(s) deleted; the cell is decommissioned",
+        args.cell_id
+    );
+    Ok(Outcome::Done)
+}
