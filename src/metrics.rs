@@ -199,9 +199,8 @@ impl ServerMetrics {
             lease_summary_time: register(
                 &registry,
                 prometheus::Gauge::with_opts(Opts::new(
-                    "topology_claims_lease_summary_timestamp_seconds",
-                    "Unix time of the last successful lease-summary read (what the lease gauges \
-                     show).",
+                    "topology_claims_lease_gauges_refreshed_timestamp_seconds",
+                    "Unix time the lease gauges were last refreshed from the store.",
                 ))
                 .expect("valid metric"),
             ),

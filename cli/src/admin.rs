@@ -344,7 +344,7 @@ async fn decommission_cell(
         return Ok(Outcome::NotConfirmed);
     }
     let started = Instant::now();
-    let mut last_line = Instant::now();
+    let mut last_line: Option<Instant> = None;
     let mut deleted = 0u64;
     loop {
         let step = client
@@ -353,7 +353,8 @@ async fn decommission_cell(
             .map_err(failed)?
             .into_inner();
         deleted += step.claims;
-        if step.complete || last_line.elapsed() >= Duration::from_secs(1) {
+        // After the first step, then once a second, and at the end.
+        if step.complete || last_line.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
             let total = plan.claims.max(deleted);
             eprintln!(
                 "progress: {deleted}/{total} claim(s) deleted ({:.0}%), {:.1}s",
@@ -364,7 +365,7 @@ async fn decommission_cell(
                 },
                 started.elapsed().as_secs_f64()
             );
-            last_line = Instant::now();
+            last_line = Some(Instant::now());
         }
         if step.complete {
             break;

@@ -2,6 +2,7 @@
 //! `metrics on HOST:PORT` line and serves `/metrics` until the process exits.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use clap::Args;
@@ -15,12 +16,22 @@ pub struct MetricsArgs {
     pub metrics_listen: Option<String>,
 }
 
+type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
 impl MetricsArgs {
-    /// Binds the endpoint if asked for, prints its line and serves `render()` on a task of its
-    /// own for the life of the process.
-    pub async fn start(&self, render: Arc<dyn Fn() -> String + Send + Sync>) -> Result<(), String> {
+    /// Binds the endpoint if asked for, serves `render()` on a task of its own for the life of
+    /// the process, and prints its line.
+    pub async fn start(&self, render: Render) -> Result<(), String> {
+        match self.bind(render).await? {
+            Some(bound) => announce(bound),
+            None => Ok(()),
+        }
+    }
+
+    /// [`start`](Self::start) without the line: `serve` prints it after `listening on`.
+    pub async fn bind(&self, render: Render) -> Result<Option<SocketAddr>, String> {
         let Some(addr) = &self.metrics_listen else {
-            return Ok(());
+            return Ok(None);
         };
         let listener = topology_claims::metrics::bind(addr)
             .await
@@ -33,11 +44,15 @@ impl MetricsArgs {
             render,
             std::future::pending(),
         ));
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "metrics on {bound}")
-            .and_then(|()| stdout.flush())
-            .map_err(|e| format!("cannot write to stdout: {e}"))?;
         tracing::info!(%bound, "serving metrics at /metrics");
-        Ok(())
+        Ok(Some(bound))
     }
+}
+
+/// Prints `metrics on HOST:PORT` (the endpoint accepts connections from here on).
+pub fn announce(bound: SocketAddr) -> Result<(), String> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "metrics on {bound}")
+        .and_then(|()| stdout.flush())
+        .map_err(|e| format!("cannot write to stdout: {e}"))
 }

@@ -98,10 +98,15 @@ async fn connect(server: &str, tls: &TlsArgs) -> Result<ClaimsServiceClient<Chan
     Ok(claims_client(channel))
 }
 
-/// A server error as `REASON: message`.
+/// A server error as `REASON: message`; the server hides its internal errors' details, so
+/// those say where to look instead of repeating "internal error".
 pub fn describe(status: &tonic::Status) -> String {
-    let error = from_status(status);
-    format!("{}: {error}", error.reason())
+    match from_status(status) {
+        ClaimsError::Internal { .. } if status.code() == tonic::Code::Internal => {
+            "INTERNAL: the server failed; its log has the details".to_owned()
+        }
+        error => format!("{}: {error}", error.reason()),
+    }
 }
 
 pub async fn lookup(args: LookupArgs) -> ExitCode {

@@ -319,6 +319,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let addr = listener
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
+    let mut metrics_addr = None;
     let metrics = match &args.metrics.metrics_listen {
         Some(_) => {
             let metrics = Arc::new(ServerMetrics::new());
@@ -337,7 +338,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
                     render(metrics.registry())
                 })
             };
-            args.metrics.start(render).await?;
+            metrics_addr = args.metrics.bind(render).await?;
             Some(metrics)
         }
         None => None,
@@ -369,6 +370,9 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         .and_then(|()| stdout.flush())
         .map_err(|e| format!("cannot write to stdout: {e}"))?;
     drop(stdout);
+    if let Some(bound) = metrics_addr {
+        crate::metrics_args::announce(bound)?;
+    }
 
     match server.await {
         Ok(Ok(())) => {

@@ -205,7 +205,7 @@ impl AdminServiceImpl {
             .decommission_step(&cell_id, batch, request.dry_run)
             .await?;
         if !step.dry_run {
-            tracing::warn!(cell_id = %cell_id, deleted = step.claims, complete = step.complete,
+            tracing::info!(cell_id = %cell_id, deleted = step.claims, complete = step.complete,
                 reason = %request.reason, "decommission: step done");
         }
         Ok(apb::DecommissionCellResponse {

@@ -67,6 +67,8 @@ pub struct ServeChild {
     process: Owned,
     /// The address it announced.
     pub addr: SocketAddr,
+    /// The lines it printed after `listening on`.
+    lines: mpsc::Receiver<std::io::Result<String>>,
 }
 
 impl ServeChild {
@@ -80,9 +82,33 @@ impl ServeChild {
         let stdout = child.stdout.take();
         let process = Owned::new(child, "the server");
         let stdout = stdout.ok_or("the server's stdout is not piped")?;
-        let line = first_line(stdout)?;
+        let (line, lines) = first_line(stdout)?;
         let addr = parse_listening_line(&line)?;
-        Ok(ServeChild { process, addr })
+        Ok(ServeChild {
+            process,
+            addr,
+            lines,
+        })
+    }
+
+    /// The next line the server prints to stdout, waiting at most `patience`.
+    pub fn next_line(&self, patience: Duration) -> Result<String, String> {
+        match self.lines.recv_timeout(patience) {
+            Ok(Ok(line)) => Ok(line),
+            Ok(Err(e)) => Err(format!("reading the server's output: {e}")),
+            Err(_) => Err(format!(
+                "the server printed no further line within {patience:?}"
+            )),
+        }
+    }
+
+    /// The address of the `metrics on HOST:PORT` line (`serve --metrics-listen`).
+    pub fn metrics_addr(&self, patience: Duration) -> Result<SocketAddr, String> {
+        let line = self.next_line(patience)?;
+        line.strip_prefix("metrics on ")
+            .ok_or_else(|| format!("expected `metrics on HOST:PORT`, the server printed {line:?}"))?
+            .parse()
+            .map_err(|e| format!("{line:?} is not an address: {e}"))
     }
 
     /// `http://HOST:PORT`.
@@ -140,18 +166,25 @@ pub fn parse_listening_line(line: &str) -> Result<SocketAddr, String> {
 
 /// The first line of a child's output (waiting at most [`STARTUP`]); the rest is drained on a
 /// thread so the child never blocks on a full pipe.
-fn first_line(stdout: impl std::io::Read + Send + 'static) -> Result<String, String> {
+/// The first line of `stdout`, and a channel of the lines after it (read until it closes).
+#[allow(clippy::type_complexity)]
+fn first_line(
+    stdout: impl std::io::Read + Send + 'static,
+) -> Result<(String, mpsc::Receiver<std::io::Result<String>>), String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        let _ = tx.send(lines.next());
-        for _ in lines {}
+        for line in BufReader::new(stdout).lines() {
+            // Nobody listening any more: keep draining so the server never blocks on stdout.
+            let _ = tx.send(line);
+        }
     });
     match rx.recv_timeout(STARTUP) {
-        Ok(Some(Ok(line))) => Ok(line),
-        Ok(Some(Err(e))) => Err(format!("reading the server's output: {e}")),
-        Ok(None) => Err("the server exited before it was listening (see its log)".into()),
-        Err(_) => Err(format!(
+        Ok(Ok(line)) => Ok((line, rx)),
+        Ok(Err(e)) => Err(format!("reading the server's output: {e}")),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Err("the server exited before it was listening (see its log)".into())
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => Err(format!(
             "the server did not start listening within {STARTUP:?}"
         )),
     }

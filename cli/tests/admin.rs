@@ -1,0 +1,518 @@
+//! The admin runbooks through the real binary, on every backend: `admin force-rollback` frees a
+//! downed cell's claims and its late CommitUpdate gets LEASE_ROLLED_BACK; `admin decommission`
+//! of a cell with 100,000 claims runs in batches, survives a kill (of the server, or of the
+//! command on the memory store) and resumes, leaves every other cell's claims alone, and the
+//! cell's later BeginUpdate is refused; every admin call is in the audit log. Plus, on memory:
+//! a non-admin certificate is PERMISSION_DENIED, an admin one is served, and an audit log that
+//! cannot be written refuses the call.
+#![cfg(unix)]
+
+mod common;
+#[cfg(feature = "spanner")]
+#[path = "../../backends/spanner/tests/common/mod.rs"]
+mod emulator;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{command, text, Server};
+use futures::StreamExt;
+use topology_claims::cell::{ClaimsClient, ClientConfig};
+use topology_claims::testing::fixtures::{cell, creates, username};
+use topology_claims::{CellId, ClaimsError};
+
+/// Claims of the decommissioned cell (the issue's figure).
+const DOOMED_CLAIMS: usize = 100_000;
+/// Claims of the cell that must be left alone.
+const KEPT_CLAIMS: usize = 2_000;
+const BATCH: usize = 1_000;
+
+fn client(server: &Server) -> ClaimsClient {
+    ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap()
+}
+
+async fn start(dir: &Path, args: Vec<String>) -> Server {
+    let dir = dir.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Server::start(&dir, &args)
+    })
+    .await
+    .unwrap()
+}
+
+fn serve_args(store: &str, audit: &Path) -> Vec<String> {
+    [
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        store,
+        "--audit-log",
+        audit.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Runs `topology-claims admin …` to completion.
+async fn admin(dir: &Path, server: &Server, args: &[&str]) -> std::process::Output {
+    let mut full = vec!["admin", "--server"];
+    let endpoint = server.endpoint();
+    full.push(&endpoint);
+    full.extend_from_slice(args);
+    let mut command = command(dir, &full);
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
+/// Commits `count` username claims `{prefix}-{i}` for `cell_id`, `BATCH` per lease, four
+/// leases at a time.
+async fn seed(client: &ClaimsClient, cell_id: &CellId, prefix: &str, count: usize) {
+    let batches: Vec<Vec<_>> = (0..count)
+        .collect::<Vec<_>>()
+        .chunks(BATCH)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|i| username(&format!("{prefix}-{i}")))
+                .collect()
+        })
+        .collect();
+    futures::stream::iter(batches)
+        .map(|records| async move {
+            let lease = client
+                .begin_update(creates(cell_id, &records))
+                .await
+                .expect("seed begin");
+            client
+                .commit_update(cell_id, lease.lease_id)
+                .await
+                .expect("seed commit");
+        })
+        .buffer_unordered(4)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// How many of `{prefix}-0..count` exist, looked up 16 at a time.
+async fn existing(client: &ClaimsClient, prefix: &str, count: usize) -> usize {
+    futures::stream::iter(0..count)
+        .map(|i| async move {
+            match client
+                .lookup_claim(&username(&format!("{prefix}-{i}")).key)
+                .await
+            {
+                Ok(_) => 1,
+                Err(ClaimsError::ClaimNotFound { .. }) => 0,
+                Err(other) => panic!("lookup {prefix}-{i}: {other}"),
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<usize>>()
+        .await
+        .into_iter()
+        .sum()
+}
+
+/// What the store under test needs: its URL and whether it outlives the server process.
+struct Backend {
+    store: String,
+    durable: bool,
+}
+
+async fn runbooks(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.log");
+    let mut server = start(dir.path(), serve_args(&backend.store, &audit)).await;
+    let claims = client(&server);
+    let (down, keep, doomed) = (cell("down-cell"), cell("keep-cell"), cell("old-cell"));
+
+    // --- Cell down: its lease is left between the phases.
+    let stuck = claims
+        .begin_update(creates(&down, &[username("stuck-1"), username("stuck-2")]))
+        .await
+        .unwrap();
+    let listed = admin(dir.path(), &server, &["leases", "--cell-id", "down-cell"]).await;
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    assert!(
+        text(&listed.stdout).contains(&stuck.lease_id.to_string()),
+        "{}",
+        text(&listed.stdout)
+    );
+    let dry = admin(
+        dir.path(),
+        &server,
+        &[
+            "force-rollback",
+            "--cell-id",
+            "down-cell",
+            "--reason",
+            "cell down",
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert!(dry.status.success(), "{}", text(&dry.stderr));
+    assert!(
+        text(&dry.stderr).contains("1 outstanding lease(s)"),
+        "{}",
+        text(&dry.stderr)
+    );
+    assert!(claims.lookup_claim(&username("stuck-1").key).await.is_ok());
+    let unconfirmed = admin(
+        dir.path(),
+        &server,
+        &[
+            "force-rollback",
+            "--cell-id",
+            "down-cell",
+            "--reason",
+            "cell down",
+        ],
+    )
+    .await;
+    assert_eq!(
+        unconfirmed.status.code(),
+        Some(2),
+        "no terminal and no --yes"
+    );
+    assert!(
+        text(&unconfirmed.stderr).contains("--yes"),
+        "{}",
+        text(&unconfirmed.stderr)
+    );
+    let rolled = admin(
+        dir.path(),
+        &server,
+        &[
+            "force-rollback",
+            "--cell-id",
+            "down-cell",
+            "--reason",
+            "cell down",
+            "--yes",
+        ],
+    )
+    .await;
+    assert!(rolled.status.success(), "{}", text(&rolled.stderr));
+    assert!(
+        text(&rolled.stdout).contains("1 lease(s) rolled back (2 claims)"),
+        "{}",
+        text(&rolled.stdout)
+    );
+    for value in ["stuck-1", "stuck-2"] {
+        assert!(matches!(
+            claims.lookup_claim(&username(value).key).await,
+            Err(ClaimsError::ClaimNotFound { .. })
+        ));
+    }
+    assert!(matches!(
+        claims.commit_update(&down, stuck.lease_id).await,
+        Err(ClaimsError::LeaseRolledBack { .. })
+    ));
+
+    // --- Cell decommissioned: 100k claims, a kill in the middle, a resume.
+    let seeding = Instant::now();
+    seed(&claims, &doomed, "old", DOOMED_CLAIMS).await;
+    seed(&claims, &keep, "keep", KEPT_CLAIMS).await;
+    eprintln!(
+        "seeded {DOOMED_CLAIMS} + {KEPT_CLAIMS} claims in {:?}",
+        seeding.elapsed()
+    );
+    let decommission = |endpoint: String, yes: bool| {
+        let mut args = vec![
+            "admin".to_owned(),
+            "--server".to_owned(),
+            endpoint,
+            "decommission".to_owned(),
+            "--cell-id".to_owned(),
+            "old-cell".to_owned(),
+            "--reason".to_owned(),
+            "region retired".to_owned(),
+        ];
+        if yes {
+            args.push("--yes".to_owned());
+        }
+        args
+    };
+    let args = decommission(server.endpoint(), true);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut first = command(dir.path(), &args)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut progress = BufReader::new(first.stderr.take().unwrap()).lines();
+    let started = Instant::now();
+    loop {
+        let line = progress
+            .next()
+            .expect("a progress line before the end")
+            .unwrap();
+        if line.starts_with("progress:") {
+            break;
+        }
+    }
+    if backend.durable {
+        // The server dies mid-run; the store keeps what the finished steps did.
+        server.child.kill();
+    } else {
+        let _ = first.kill();
+    }
+    let _ = first.wait();
+    if backend.durable {
+        server = start(dir.path(), serve_args(&backend.store, &audit)).await;
+    }
+    drop(claims);
+    let claims = client(&server);
+    let left = admin(
+        dir.path(),
+        &server,
+        &[
+            "decommission",
+            "--cell-id",
+            "old-cell",
+            "--reason",
+            "check",
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert!(left.status.success(), "{}", text(&left.stderr));
+    let remaining: usize = text(&left.stdout)
+        .split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .expect("a count in the dry run");
+    assert!(
+        remaining > 0 && remaining < DOOMED_CLAIMS,
+        "the kill must land mid-run: {remaining} left"
+    );
+    assert!(
+        text(&left.stderr).contains("already decommissioned: resuming"),
+        "{}",
+        text(&left.stderr)
+    );
+    assert!(matches!(
+        claims
+            .begin_update(creates(&doomed, &[username("late")]))
+            .await,
+        Err(ClaimsError::CellDecommissioned { .. })
+    ));
+    let args = decommission(server.endpoint(), true);
+    let args: Vec<&str> = args[3..].iter().map(String::as_str).collect();
+    let resumed = admin(dir.path(), &server, &args).await;
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    eprintln!(
+        "decommission of {DOOMED_CLAIMS} claims with a kill took {:?}: {}",
+        started.elapsed(),
+        text(&resumed.stdout).trim()
+    );
+    assert!(
+        text(&resumed.stdout).contains(&format!("{remaining} claim(s) deleted")),
+        "{}",
+        text(&resumed.stdout)
+    );
+    assert!(text(&resumed.stderr).contains("progress:"));
+    assert_eq!(existing(&claims, "old", DOOMED_CLAIMS).await, 0);
+    assert_eq!(existing(&claims, "keep", KEPT_CLAIMS).await, KEPT_CLAIMS);
+    // A decommissioned cell's claims are free for others.
+    let reuse = claims
+        .begin_update(creates(&keep, &[username("old-7")]))
+        .await
+        .unwrap();
+    claims.commit_update(&keep, reuse.lease_id).await.unwrap();
+
+    // --- Every admin call is in the audit log, the acting ones before and after.
+    let log = std::fs::read_to_string(&audit).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let admin_lines = |method: &str, stage: &str| {
+        lines
+            .iter()
+            .filter(|l| l["method"] == method && l["stage"] == stage)
+            .count()
+    };
+    assert!(admin_lines("ListLeases", "intent") >= 1);
+    // --dry-run: 1 call; unconfirmed: its plan; --yes: plan and act.
+    assert_eq!(admin_lines("ForceRollback", "intent"), 4);
+    assert_eq!(admin_lines("ForceRollback", "done"), 4);
+    assert!(admin_lines("DecommissionCell", "intent") >= DOOMED_CLAIMS / BATCH);
+    let acted = lines
+        .iter()
+        .find(|l| l["method"] == "ForceRollback" && l["dry_run"] == false)
+        .unwrap();
+    assert_eq!(acted["admin_reason"], "cell down");
+    assert_eq!(acted["cell_id"], "down-cell");
+    assert_eq!(acted["identity"], "anonymous");
+    // Idle clients would hold the drain open.
+    drop(claims);
+    server.stop_with("TERM");
+}
+
+#[tokio::test]
+async fn admin_runbooks_on_memory() {
+    runbooks(Backend {
+        store: "memory:".into(),
+        durable: false,
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn admin_runbooks_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    runbooks(Backend {
+        store: format!("sqlite://{}", dir.path().join("claims.db").display()),
+        durable: true,
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn admin_runbooks_on_postgres() {
+    use topology_claims_harness::postgres::{test_url, TempSchema};
+    let schema = match TempSchema::create(&test_url(), "tc_admin_", Duration::from_secs(3600)).await
+    {
+        Ok(schema) => schema,
+        Err(e) if topology_claims_harness::in_ci() => panic!("PostgreSQL with CI=true: {e}"),
+        Err(e) => {
+            println!("postgres test skipped: {e}");
+            return;
+        }
+    };
+    runbooks(Backend {
+        store: schema.url("tc-admin").unwrap(),
+        durable: true,
+    })
+    .await;
+    schema.drop().await.unwrap();
+}
+
+#[cfg(feature = "spanner")]
+#[tokio::test]
+async fn admin_runbooks_on_spanner() {
+    let emulator = emulator::start(emulator::Mode::Plain);
+    let dir = tempfile::tempdir().unwrap();
+    let url = "spanner://projects/admin-project/instances/admin-instance/databases/claims";
+    std::env::set_var("SPANNER_EMULATOR_HOST", &emulator.host);
+    let migrate = command(
+        dir.path(),
+        &["migrate", "--create-database", "--store", url],
+    )
+    .output()
+    .unwrap();
+    assert!(migrate.status.success(), "{}", text(&migrate.stderr));
+    runbooks(Backend {
+        store: url.into(),
+        durable: true,
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn only_the_admin_role_reaches_the_admin_service_under_mutual_tls() {
+    use topology_claims_harness::pki::DevPki;
+    std::env::set_var("TOPOLOGY_CLAIMS_BIN", common::BIN);
+    let dir = tempfile::tempdir().unwrap();
+    let pki = DevPki::create(&dir.path().join("pki")).unwrap();
+    let audit = dir.path().join("audit.log");
+    let mut args = serve_args("memory:", &audit);
+    args.extend(pki.serve_args());
+    let server = start(dir.path(), args).await;
+    let endpoint = format!("https://localhost:{}", server.child.addr.port());
+    let as_role = |role: &str, name: &str| {
+        let pair = pki.issue_client(role, name).unwrap();
+        let args: Vec<String> = [
+            "admin",
+            "--server",
+            &endpoint,
+            "--tls-ca",
+            pki.ca().to_str().unwrap(),
+            "--tls-cert",
+            pair.cert.to_str().unwrap(),
+            "--tls-key",
+            pair.key.to_str().unwrap(),
+            "decommission",
+            "--cell-id",
+            "cell-a",
+            "--reason",
+            "test",
+            "--dry-run",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        command(dir.path(), &args).output().unwrap()
+    };
+    for (role, name) in [("cell", "cell-a"), ("router", "edge")] {
+        let refused = as_role(role, name);
+        assert_eq!(refused.status.code(), Some(2), "{role}");
+        assert!(
+            text(&refused.stderr).contains("ROLE_NOT_ALLOWED"),
+            "{role}: {}",
+            text(&refused.stderr)
+        );
+    }
+    let served = as_role("admin", "ops");
+    assert!(served.status.success(), "{}", text(&served.stderr));
+    assert!(text(&served.stdout).contains("would delete 0 claim(s)"));
+    let log = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"method\":\"DecommissionCell\"")
+                && l.contains("spiffe://topology-claims/admin/ops")
+                && l.contains("\"stage\":\"intent\"")),
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"method\":\"DecommissionCell\"")
+                && l.contains("spiffe://topology-claims/cell/cell-a")
+                && l.contains("ROLE_NOT_ALLOWED")),
+        "{log}"
+    );
+    server.stop_with("TERM");
+}
+
+#[tokio::test]
+async fn an_admin_call_that_cannot_be_audited_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // Opening /dev/full for appending works; every write to it fails (ENOSPC).
+    let server = start(dir.path(), serve_args("memory:", Path::new("/dev/full"))).await;
+    let claims = client(&server);
+    let a = cell("cell-a");
+    let lease = claims
+        .begin_update(creates(&a, &[username("kept")]))
+        .await
+        .unwrap();
+    let refused = admin(
+        dir.path(),
+        &server,
+        &[
+            "force-rollback",
+            "--cell-id",
+            "cell-a",
+            "--reason",
+            "test",
+            "--yes",
+        ],
+    )
+    .await;
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        text(&refused.stderr).contains("AUDIT_UNAVAILABLE"),
+        "{}",
+        text(&refused.stderr)
+    );
+    // Nothing was rolled back: the cell still commits its lease.
+    claims.commit_update(&a, lease.lease_id).await.unwrap();
+    drop(claims);
+    server.stop_with("TERM");
+}

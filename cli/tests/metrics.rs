@@ -1,0 +1,399 @@
+//! The metrics endpoints of the real binary: `serve --metrics-listen` moves its series with
+//! scripted traffic (each conflict under its reason, the oldest-lease gauge growing while a
+//! lease is held, then back to 0), and the `reconcile` and `verify` sidecars expose their
+//! passes and runs. `promtool check metrics` validates every endpoint.
+#![cfg(unix)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{command, Server, PATIENCE};
+use topology_claims::cell::{ClaimsClient, ClientConfig};
+use topology_claims::memory::MemoryClaimStore;
+use topology_claims::testing::fixtures::{cell, creates, destroys, username};
+use topology_claims::testing::TestServer;
+
+/// `GET path` over HTTP/1.1: (status code, body).
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, body.to_owned())
+}
+
+fn scrape(addr: SocketAddr) -> String {
+    let (status, body) = get(addr, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the sample `name` whose labels include every one of `labels`.
+fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Runs `promtool check metrics` on `text` and fails with its complaints.
+fn promtool_accepts(text: &str) {
+    let promtool = std::env::var("TOPOLOGY_CLAIMS_PROMTOOL").unwrap_or_else(|_| "promtool".into());
+    let mut child = match Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) if topology_claims_harness::in_ci() => panic!("{promtool} with CI=true: {e}"),
+        Err(e) => {
+            println!(
+                "promtool check skipped: {promtool}: {e} (scripts/ensure-services.sh installs it)"
+            );
+            return;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "promtool check metrics:\n{}{}\n--- exposition:\n{text}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Scrapes until `ready` holds (the gauges refresh on an interval).
+fn scrape_until(addr: SocketAddr, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let text = scrape(addr);
+        if ready(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{what} never showed:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn server_metrics_move_with_traffic_and_pass_promtool() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir_path = dir.path().to_owned();
+    let server = tokio::task::spawn_blocking(move || {
+        Server::start(
+            &dir_path,
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--store",
+                "memory:",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--metrics-refresh-interval",
+                "100ms",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let metrics = server.child.metrics_addr(PATIENCE).unwrap();
+    assert_eq!(get(metrics, "/").0, 404);
+    let idle = scrape(metrics);
+    assert_eq!(
+        value(
+            &idle,
+            "topology_claims_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        Some(1.0)
+    );
+    promtool_accepts(&idle);
+
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+    let taken = client
+        .begin_update(creates(&a, &[username("taken")]))
+        .await
+        .unwrap();
+    client.commit_update(&a, taken.lease_id).await.unwrap();
+    let held = client
+        .begin_update(creates(&a, &[username("held")]))
+        .await
+        .unwrap();
+    for (request, reason) in [
+        (creates(&b, &[username("taken")]), "CLAIM_TAKEN"),
+        (creates(&b, &[username("held")]), "CLAIM_LEASED"),
+        (destroys(&b, &[username("taken")]), "NOT_CLAIM_OWNER"),
+    ] {
+        let refused = client.begin_update(request).await.unwrap_err();
+        assert_eq!(refused.reason(), reason);
+    }
+
+    let text = scrape_until(metrics, "the held lease", |t| {
+        value(
+            t,
+            "topology_claims_leases_outstanding",
+            &[("cell_id", "cell-a")],
+        ) == Some(1.0)
+    });
+    let count = |method: &str, code: &str| {
+        value(
+            &text,
+            "topology_claims_requests_total",
+            &[("method", method), ("code", code)],
+        )
+    };
+    assert_eq!(count("BeginUpdate", "OK"), Some(2.0));
+    assert_eq!(count("CommitUpdate", "OK"), Some(1.0));
+    assert_eq!(count("BeginUpdate", "ALREADY_EXISTS"), Some(1.0));
+    assert_eq!(count("BeginUpdate", "FAILED_PRECONDITION"), Some(1.0));
+    assert_eq!(count("BeginUpdate", "PERMISSION_DENIED"), Some(1.0));
+    for reason in ["CLAIM_TAKEN", "CLAIM_LEASED", "NOT_CLAIM_OWNER"] {
+        assert_eq!(
+            value(
+                &text,
+                "topology_claims_claim_conflicts_total",
+                &[("reason", reason)]
+            ),
+            Some(1.0),
+            "{reason}"
+        );
+    }
+    assert_eq!(
+        value(
+            &text,
+            "topology_claims_request_duration_seconds_count",
+            &[("method", "BeginUpdate")]
+        ),
+        Some(5.0)
+    );
+    assert_eq!(value(&text, "topology_claims_store_up", &[]), Some(1.0));
+    assert_eq!(
+        value(&text, "topology_claims_store_retries_total", &[]),
+        Some(0.0)
+    );
+    promtool_accepts(&text);
+
+    // The oldest-lease gauge grows while the lease is held, by the store's clock.
+    let age = |t: &str| {
+        value(
+            t,
+            "topology_claims_oldest_lease_age_seconds",
+            &[("cell_id", "cell-a")],
+        )
+        .unwrap()
+    };
+    let first = age(&text);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let later = scrape_until(metrics, "an older lease", |t| age(t) >= first + 1.0);
+    assert!(age(&later) < first + 30.0, "{}", age(&later));
+
+    client.commit_update(&a, held.lease_id).await.unwrap();
+    let ended = scrape_until(metrics, "no lease left", |t| {
+        value(
+            t,
+            "topology_claims_leases_outstanding",
+            &[("cell_id", "cell-a")],
+        ) == Some(0.0)
+    });
+    assert_eq!(age(&ended), 0.0);
+    drop(client);
+    server.stop_with("TERM");
+}
+
+/// Starts a sidecar with `--metrics-listen 127.0.0.1:0` and reads its `metrics on` line.
+fn sidecar(dir: &Path, args: &[&str]) -> (Child, SocketAddr) {
+    let mut args = args.to_vec();
+    args.extend(["--metrics-listen", "127.0.0.1:0"]);
+    let mut child = command(dir, &args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next().expect("a first line").unwrap();
+    std::thread::spawn(move || for _ in lines {});
+    let addr = line
+        .strip_prefix("metrics on ")
+        .unwrap_or_else(|| panic!("expected `metrics on`, got {line:?}"))
+        .parse()
+        .unwrap();
+    (child, addr)
+}
+
+#[tokio::test]
+async fn sidecar_metrics_report_passes_and_runs() {
+    let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cell.db");
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        topology_claims_sqlite::ensure_local_schema(&conn).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT NOT NULL, created_at INTEGER NOT NULL);
+             INSERT INTO users VALUES (1, 'u1', 1000), (2, 'u2', 1000), (3, 'u3', 1000);",
+        )
+        .unwrap();
+    }
+    let source = dir.path().join("verify.toml");
+    std::fs::write(
+        &source,
+        r#"
+[tables.users]
+query = "SELECT id, 'username', name, 'user', CAST(id AS TEXT), created_at FROM users WHERE id >= ?1 AND id < ?2"
+"#,
+    )
+    .unwrap();
+    let endpoint = server.endpoint();
+    let local_db = format!("sqlite://{}", db.display());
+    let common_args = [
+        "--server",
+        &endpoint,
+        "--cell-id",
+        "cell-a",
+        "--local-db",
+        &local_db,
+    ];
+
+    let dir_path = dir.path().to_owned();
+    let reconcile_args: Vec<String> = ["reconcile", "--interval", "200ms"]
+        .iter()
+        .chain(common_args.iter())
+        .map(|s| s.to_string())
+        .collect();
+    let (text, mut child) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = reconcile_args.iter().map(String::as_str).collect();
+        let (child, addr) = sidecar(&dir_path, &args);
+        let text = scrape_until(addr, "two reconcile passes", |t| {
+            value(
+                t,
+                "topology_claims_reconcile_passes_total",
+                &[("cell_id", "cell-a"), ("result", "ok")],
+            )
+            .is_some_and(|n| n >= 2.0)
+        });
+        (text, child)
+    })
+    .await
+    .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let last = value(
+        &text,
+        "topology_claims_reconcile_last_success_timestamp_seconds",
+        &[("cell_id", "cell-a")],
+    )
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!((now - 60.0..=now + 1.0).contains(&last), "{last} vs {now}");
+    assert_eq!(
+        value(
+            &text,
+            "topology_claims_reconcile_passes_total",
+            &[("result", "error")]
+        ),
+        Some(0.0)
+    );
+    promtool_accepts(&text);
+
+    let dir_path = dir.path().to_owned();
+    let verify_args: Vec<String> = [
+        "verify",
+        "--every",
+        "1h",
+        "--recent",
+        "0s",
+        "--source",
+        source.to_str().unwrap(),
+        "--cursor-file",
+        dir.path().join("cursor").to_str().unwrap(),
+    ]
+    .iter()
+    .chain(common_args.iter())
+    .map(|s| s.to_string())
+    .collect();
+    let (text, mut child) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = verify_args.iter().map(String::as_str).collect();
+        let (child, addr) = sidecar(&dir_path, &args);
+        let text = scrape_until(addr, "a complete verify run", |t| {
+            value(
+                t,
+                "topology_claims_verify_runs_total",
+                &[("result", "complete")],
+            ) == Some(1.0)
+        });
+        (text, child)
+    })
+    .await
+    .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let cell = ("cell_id", "cell-a");
+    assert_eq!(
+        value(
+            &text,
+            "topology_claims_verify_records_checked_total",
+            &[cell]
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "topology_claims_verify_discrepancies_total",
+            &[cell, ("kind", "missing")]
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "topology_claims_verify_corrections_total",
+            &[cell, ("result", "applied")]
+        ),
+        Some(3.0)
+    );
+    assert!(value(
+        &text,
+        "topology_claims_verify_last_completed_timestamp_seconds",
+        &[cell]
+    )
+    .is_some_and(|t| t > 0.0));
+    promtool_accepts(&text);
+    server.shutdown().await;
+}
