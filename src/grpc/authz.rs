@@ -5,8 +5,15 @@
 //! PERMISSION_DENIED with ErrorInfo reason `CELL_ID_MISMATCH` / `ROLE_NOT_ALLOWED`); a cell's
 //! empty `cell_id` is filled in with its own, so the handler acts as that cell.
 //!
-//! Owns applying the table; the table itself is `crate::auth`'s. Runs inside the request guard,
-//! so the body it reads is already within the byte budgets.
+//! After the table allowed a request, the per-cell limits (`grpc::cell_limits`) are applied here
+//! too, since this is where the cell a request acts for is known: the verified cell's own name,
+//! or on a plaintext server the request's `cell_id`. Health checks, the AdminService and the
+//! admin role are never limited. A refusal is RESOURCE_EXHAUSTED with ErrorInfo `RATE_LIMITED`
+//! and a RetryInfo delay.
+//!
+//! Owns applying the table and the limits; the table itself is `crate::auth`'s, the limits'
+//! state `grpc::cell_limits`'s. Runs inside the request guard, so the body it reads is already
+//! within the byte budgets.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,18 +30,21 @@ use tonic_types::StatusExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::auth::{authorize, Caller, Decision, Method};
+use crate::auth::{authorize, Caller, Decision, Method, Role};
 use crate::domain::ClaimType;
 use crate::error::ClaimsError;
 use crate::grpc::audit::{AuditLog, AuditRecord, AuditedClaim};
+use crate::grpc::cell_limits::{CellLimiter, Holding, InFlight};
 use crate::grpc::listener::ConnInfo;
 use crate::grpc::pb;
 use crate::grpc::status::to_status;
 
-/// Builds [`Authorize`] services, writing to the audit log when there is one.
+/// Builds [`Authorize`] services, writing to the audit log when there is one and applying the
+/// per-cell limits when there are some.
 #[derive(Clone, Debug, Default)]
 pub struct AuthorizeLayer {
     pub audit: Option<Arc<AuditLog>>,
+    pub limiter: Option<Arc<CellLimiter>>,
 }
 
 impl<S> Layer<S> for AuthorizeLayer {
@@ -44,6 +54,7 @@ impl<S> Layer<S> for AuthorizeLayer {
         Authorize {
             inner,
             audit: self.audit.clone(),
+            limiter: self.limiter.clone(),
         }
     }
 }
@@ -52,6 +63,7 @@ impl<S> Layer<S> for AuthorizeLayer {
 pub struct Authorize<S> {
     inner: S,
     audit: Option<Arc<AuditLog>>,
+    limiter: Option<Arc<CellLimiter>>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -78,18 +90,23 @@ where
             .as_ref()
             .map_or(Caller::Anonymous { loopback: false }, |i| i.caller.clone());
         let audit = self.audit.clone();
+        let limiter = self.limiter.clone();
         // The ready service goes with this request; a clone waits for the next one.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let mut record = Audit::start(audit, info.as_ref(), &caller, method, started);
+            let anonymous = matches!(caller, Caller::Anonymous { .. });
+            // An anonymous caller's cell is the request's `cell_id`: read it for the limits too.
             let needs_body = method.has_cell_id()
-                && (!matches!(caller, Caller::Anonymous { .. })
-                    || (record.is_some() && method.mutates()));
+                && (!anonymous || (record.is_some() && method.mutates()) || limiter.is_some());
             if !needs_body {
                 return match authorize(&caller, method, "") {
-                    Decision::Allow { .. } => inner.call(request).await,
-                    refusal => Ok(refuse(refusal, record.as_mut())),
+                    Decision::Allow { .. } => match admit(limiter.as_ref(), &caller, method, "") {
+                        Ok(slot) => hold(inner.call(request).await, slot),
+                        Err(error) => Ok(refuse(error, record.as_mut())),
+                    },
+                    refusal => Ok(refuse(refused(refusal), record.as_mut())),
                 };
             }
             let (parts, body) = request.into_parts();
@@ -109,6 +126,14 @@ where
                     if let Some(record) = record.as_mut() {
                         record.request(method, &bytes);
                     }
+                    let slot = match admit(limiter.as_ref(), &caller, method, &cell_id) {
+                        Ok(slot) => slot,
+                        // Audited like the call it stands for: mutating RPCs only.
+                        Err(error) => {
+                            let record = record.as_mut().filter(|_| method.mutates());
+                            return Ok(refuse(error, record));
+                        }
+                    };
                     let request = http::Request::from_parts(
                         parts,
                         Body::new(http_body_util::Full::new(bytes)),
@@ -119,16 +144,56 @@ where
                             record.finish_with(response.headers());
                         }
                     }
-                    response
+                    hold(response, slot)
                 }
                 refusal => {
                     if let Some(record) = record.as_mut() {
                         record.request(method, &bytes);
                     }
-                    Ok(refuse(refusal, record.as_mut()))
+                    Ok(refuse(refused(refusal), record.as_mut()))
                 }
             }
         })
+    }
+}
+
+/// The cell whose limits a request allowed by the table counts against, if any: a verified
+/// cell's own name; on a plaintext server the request's `cell_id` (for the RPCs that carry one).
+/// Never for health checks, the AdminService or callers that are not cells (admins, routers).
+fn limited_cell<'a>(caller: &'a Caller, method: Method, cell_id: &'a str) -> Option<&'a str> {
+    if method == Method::Health || method.is_admin() {
+        return None;
+    }
+    match caller {
+        Caller::Verified(principal) if principal.role == Role::Cell => Some(&principal.name),
+        Caller::Anonymous { .. } if method.has_cell_id() => Some(cell_id),
+        _ => None,
+    }
+}
+
+/// Applies the per-cell limits to an allowed request: its in-flight slot, or the refusal.
+fn admit(
+    limiter: Option<&Arc<CellLimiter>>,
+    caller: &Caller,
+    method: Method,
+    cell_id: &str,
+) -> Result<Option<InFlight>, ClaimsError> {
+    match (limiter, limited_cell(caller, method, cell_id)) {
+        (Some(limiter), Some(cell)) => limiter.admit(cell, method.mutates()),
+        _ => Ok(None),
+    }
+}
+
+/// Keeps a request's in-flight slot until its response body is done (or dropped). For unary
+/// RPCs the handler has finished by then; holding on to the end of the body also covers
+/// responses still being written. A request dropped before it answered frees the slot with it.
+fn hold<E>(
+    response: Result<http::Response<Body>, E>,
+    slot: Option<InFlight>,
+) -> Result<http::Response<Body>, E> {
+    match slot {
+        None => response,
+        Some(slot) => response.map(|r| r.map(|body| Body::new(Holding::new(body, slot)))),
     }
 }
 
@@ -252,16 +317,25 @@ fn code_name(code: tonic::Code) -> &'static str {
     }
 }
 
-fn refuse(decision: Decision, audit: Option<&mut Audit>) -> http::Response<Body> {
-    let error = match decision {
+/// The error a refusal of the table stands for.
+fn refused(decision: Decision) -> ClaimsError {
+    match decision {
         Decision::Unauthenticated { message } => ClaimsError::Unauthenticated { message },
         Decision::Denied { reason, message } => ClaimsError::PermissionDenied {
             reason: reason.to_owned(),
             message,
         },
         Decision::Allow { .. } => unreachable!("only refusals are answered here"),
-    };
-    tracing::info!(%error, "request refused");
+    }
+}
+
+fn refuse(error: ClaimsError, audit: Option<&mut Audit>) -> http::Response<Body> {
+    if matches!(error, ClaimsError::RateLimited { .. }) {
+        // A flooding cell would flood the log: the refusals are counted per cell instead.
+        tracing::debug!(%error, "request refused");
+    } else {
+        tracing::info!(%error, "request refused");
+    }
     if let Some(audit) = audit {
         audit.record.code = code_name(crate::grpc::status::code_of(&error)).to_owned();
         audit.record.reason = error.reason().to_owned();

@@ -1,6 +1,7 @@
 //! Runs the gRPC server on a bound listener: the `ClaimsService`, the `AdminService`, `grpc.health.v1` (the service's
 //! status following the store, `health`) and server reflection (v1), under the transport bounds
-//! of `limits` (`listener` for connections, `guard` for requests), a graceful drain on shutdown,
+//! of `limits` (`listener` for connections, `guard` for requests) and the per-cell limits of
+//! `cell_limits` (applied by `authz`), a graceful drain on shutdown,
 //! and the background collection of old lease outcomes.
 //!
 //! Owns process-level wiring only. Must not decide protocol questions or pick status codes;
@@ -19,6 +20,7 @@ use crate::error::ClaimsError;
 use crate::grpc::admin::AdminServiceImpl;
 use crate::grpc::audit::AuditLog;
 use crate::grpc::authz::AuthorizeLayer;
+use crate::grpc::cell_limits::{CellLimiter, CellLimits};
 use crate::grpc::guard::RequestGuardLayer;
 use crate::grpc::health::{watch_store, HealthConfig};
 use crate::grpc::limits::ServerLimits;
@@ -60,6 +62,9 @@ pub struct ServerConfig {
     pub tls: Option<Arc<ServerTls>>,
     /// The audit log (`--audit-log`).
     pub audit: Option<Arc<AuditLog>>,
+    /// Per-cell rate and concurrency limits (`--cell-rate`, `--cell-max-in-flight`); off by
+    /// default.
+    pub cell_limits: CellLimits,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +79,7 @@ impl Default for ServerConfig {
             health: HealthConfig::default(),
             tls: None,
             audit: None,
+            cell_limits: CellLimits::default(),
         }
     }
 }
@@ -95,6 +101,7 @@ pub async fn serve(
         });
     }
     config.limits.validate()?;
+    let limiter = CellLimiter::new(&config.cell_limits)?;
     if config.health.interval.is_zero() || config.health.timeout.is_zero() {
         return Err(ClaimsError::Configuration {
             message: "--health-interval and --health-timeout must not be zero".to_owned(),
@@ -171,6 +178,7 @@ pub async fn serve(
         .layer(RequestGuardLayer::new(limits, MAX_REQUEST_BYTES, stats))
         .layer(AuthorizeLayer {
             audit: config.audit.clone(),
+            limiter,
         })
         .add_service(health_service)
         .add_service(reflection)
