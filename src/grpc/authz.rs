@@ -11,6 +11,11 @@
 //! admin role are never limited. A refusal is RESOURCE_EXHAUSTED with ErrorInfo `RATE_LIMITED`
 //! and a RetryInfo delay.
 //!
+//! Every request runs inside a tracing span `request` (fields `request_id`, `method`,
+//! `identity`, `peer`), so each log line emitted while handling it says which request it is
+//! about; the request id is the client's `x-request-id` when sane, else a fresh one, and is
+//! echoed in the response's `x-request-id` header. A `request done` line (debug) ends it.
+//!
 //! Owns applying the table and the limits; the table itself is `crate::auth`'s, the limits'
 //! state `grpc::cell_limits`'s. Runs inside the request guard, so the body it reads is already
 //! within the byte budgets.
@@ -29,6 +34,7 @@ use tonic::body::Body;
 use tonic_types::StatusExt;
 use tower_layer::Layer;
 use tower_service::Service;
+use tracing::Instrument;
 
 use crate::auth::{authorize, Caller, Decision, Method, Role};
 use crate::domain::ClaimType;
@@ -91,10 +97,18 @@ where
             .map_or(Caller::Anonymous { loopback: false }, |i| i.caller.clone());
         let audit = self.audit.clone();
         let limiter = self.limiter.clone();
+        let request_id = request_id(request.headers());
+        let span = tracing::info_span!(
+            "request",
+            request_id = %request_id,
+            method = method.name(),
+            identity = identity_of(&caller).0,
+            peer = %info.as_ref().and_then(|i| i.remote_addr).map(|a| a.to_string()).unwrap_or_default(),
+        );
         // The ready service goes with this request; a clone waits for the next one.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
+        let handled = async move {
             let mut record = Audit::start(audit, info.as_ref(), &caller, method, started);
             let anonymous = matches!(caller, Caller::Anonymous { .. });
             // An anonymous caller's cell is the request's `cell_id`: read it for the limits too.
@@ -153,7 +167,65 @@ where
                     Ok(refuse(refused(refusal), record.as_mut()))
                 }
             }
-        })
+        };
+        Box::pin(
+            async move {
+                let mut response = handled.await;
+                if let Ok(response) = &mut response {
+                    tracing::debug!(
+                        code = status_in(response.headers()).0,
+                        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+                        "request done"
+                    );
+                    if let Ok(value) = http::HeaderValue::from_str(&request_id) {
+                        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+                    }
+                }
+                response
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// The header a request id comes in and goes back in.
+const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The client's `x-request-id` when it is sane (1–64 printable ASCII characters, no spaces: it
+/// goes into log lines as it is), else a fresh random one (32 hex digits).
+fn request_id(headers: &http::HeaderMap) -> String {
+    headers
+        .get(REQUEST_ID_HEADER)
+        .map(http::HeaderValue::as_bytes)
+        .filter(|id| !id.is_empty() && id.len() <= 64 && id.iter().all(u8::is_ascii_graphic))
+        .and_then(|id| std::str::from_utf8(id).ok())
+        .map_or_else(|| uuid::Uuid::new_v4().simple().to_string(), str::to_owned)
+}
+
+/// How a caller appears in logs and the audit log: its identity and role.
+fn identity_of(caller: &Caller) -> (&str, &'static str) {
+    match caller {
+        Caller::Verified(principal) => (&principal.id, principal.role.name()),
+        Caller::Anonymous { .. } => ("anonymous", ""),
+        Caller::NoCertificate => ("no-certificate", ""),
+        Caller::Unidentified { .. } => ("unidentified", ""),
+    }
+}
+
+/// The gRPC code name and ErrorInfo reason of an answer whose status is in `headers` (a
+/// trailers-only error), or OK when it is not there (the status then comes in trailers, and a
+/// unary handler that answered with headers has succeeded).
+fn status_in(headers: &http::HeaderMap) -> (&'static str, String) {
+    match tonic::Status::from_header_map(headers) {
+        Some(status) if status.code() != tonic::Code::Ok => (
+            code_name(status.code()),
+            status
+                .get_error_details()
+                .error_info()
+                .map(|info| info.reason.clone())
+                .unwrap_or_default(),
+        ),
+        _ => ("OK", String::new()),
     }
 }
 
@@ -213,12 +285,7 @@ impl Audit {
         started: Instant,
     ) -> Option<Audit> {
         let log = log?;
-        let (identity, role) = match caller {
-            Caller::Verified(principal) => (principal.id.clone(), principal.role.name().to_owned()),
-            Caller::Anonymous { .. } => ("anonymous".to_owned(), String::new()),
-            Caller::NoCertificate => ("no-certificate".to_owned(), String::new()),
-            Caller::Unidentified { .. } => ("unidentified".to_owned(), String::new()),
-        };
+        let (identity, role) = identity_of(caller);
         Some(Audit {
             log,
             record: AuditRecord {
@@ -226,8 +293,8 @@ impl Audit {
                     .and_then(|i| i.remote_addr)
                     .map(|a| a.to_string())
                     .unwrap_or_default(),
-                identity,
-                role,
+                identity: identity.to_owned(),
+                role: role.to_owned(),
                 method: format!("{method:?}"),
                 ..AuditRecord::default()
             },
@@ -273,17 +340,9 @@ impl Audit {
     /// Writes the line for an answer whose status is in `headers` (a trailers-only error), or
     /// OK when it is not there.
     fn finish_with(mut self, headers: &http::HeaderMap) {
-        match tonic::Status::from_header_map(headers) {
-            Some(status) if status.code() != tonic::Code::Ok => {
-                self.record.code = code_name(status.code()).to_owned();
-                self.record.reason = status
-                    .get_error_details()
-                    .error_info()
-                    .map(|info| info.reason.clone())
-                    .unwrap_or_default();
-            }
-            _ => self.record.code = "OK".to_owned(),
-        }
+        let (code, reason) = status_in(headers);
+        self.record.code = code.to_owned();
+        self.record.reason = reason;
         self.write();
     }
 
@@ -468,5 +527,52 @@ mod tests {
         let decoded = pb::RenewLeaseRequest::decode(first_message(&body).unwrap()).unwrap();
         assert_eq!(decoded.cell_id, "cell-a");
         assert_eq!(decoded.lease_id, request.lease_id);
+    }
+
+    #[test]
+    fn a_sane_request_id_is_kept_and_anything_else_replaced() {
+        let mut headers = http::HeaderMap::new();
+        let fresh = request_id(&headers);
+        assert_eq!(fresh.len(), 32);
+        assert_ne!(fresh, request_id(&headers), "fresh ids differ");
+        headers.insert(REQUEST_ID_HEADER, "abc-123_X".parse().unwrap());
+        assert_eq!(request_id(&headers), "abc-123_X");
+        for bad in ["", "has space", &"x".repeat(65)] {
+            headers.insert(REQUEST_ID_HEADER, bad.parse().unwrap());
+            assert_ne!(request_id(&headers), bad, "{bad:?}");
+        }
+        headers.insert(REQUEST_ID_HEADER, "x".repeat(64).parse().unwrap());
+        assert_eq!(request_id(&headers), "x".repeat(64));
+    }
+
+    #[test]
+    fn limits_count_against_the_cell_never_admins_health_or_routers() {
+        let verified = |role, name: &str| {
+            Caller::Verified(crate::auth::Principal {
+                role,
+                name: name.to_owned(),
+                id: format!("spiffe://topology-claims/{}/{name}", role.name()),
+            })
+        };
+        let cell = verified(Role::Cell, "cell-a");
+        let anonymous = Caller::Anonymous { loopback: true };
+        assert_eq!(
+            limited_cell(&cell, Method::BeginUpdate, "cell-a"),
+            Some("cell-a")
+        );
+        assert_eq!(limited_cell(&cell, Method::LookupClaim, ""), Some("cell-a"));
+        assert_eq!(
+            limited_cell(&anonymous, Method::ListClaims, "cell-b"),
+            Some("cell-b")
+        );
+        assert_eq!(limited_cell(&anonymous, Method::LookupClaim, ""), None);
+        for method in [Method::Health, Method::ListLeases, Method::ForceRollback] {
+            assert_eq!(limited_cell(&cell, method, "cell-a"), None, "{method:?}");
+            assert_eq!(limited_cell(&anonymous, method, "cell-a"), None);
+        }
+        let admin = verified(Role::Admin, "ops");
+        assert_eq!(limited_cell(&admin, Method::ListClaims, "cell-a"), None);
+        let router = verified(Role::Router, "edge");
+        assert_eq!(limited_cell(&router, Method::LookupClaim, ""), None);
     }
 }
