@@ -133,7 +133,11 @@ impl CellLimiter {
             _ => None,
         };
         if let Some(limiter) = &self.rate {
-            if self.checks.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY_CHECKS == 0 {
+            if self
+                .checks
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(SWEEP_EVERY_CHECKS)
+            {
                 // Cells whose bucket is full again are indistinguishable from new ones.
                 limiter.retain_recent();
                 limiter.shrink_to_fit();
