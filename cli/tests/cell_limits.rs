@@ -2,7 +2,8 @@
 //! `cell_id`): `--cell-rate` / `--cell-burst` refuse a flooding cell with RESOURCE_EXHAUSTED,
 //! ErrorInfo `RATE_LIMITED` and a RetryInfo delay while other cells and health checks are
 //! served; `--cell-max-in-flight` refuses the excess concurrent mutations; a cell at its limit
-//! does not slow the others down; `ClaimsClient` waits as RetryInfo asks and succeeds.
+//! does not slow the others down; `ClaimsClient` waits as RetryInfo asks and succeeds. Under
+//! mTLS the limit is the verified cell's, and an admin is never limited.
 //!
 //! Bounded in count and time; the latency figures are printed (`--nocapture`).
 
@@ -20,6 +21,7 @@ use topology_claims::error::ClaimsError;
 use topology_claims::grpc::pb;
 use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims::grpc::status::from_status;
+use topology_claims_harness::pki::DevPki;
 
 fn serve(dir: &tempfile::TempDir, store: &str, limits: &[&str]) -> Server {
     let args = [&["--listen", "127.0.0.1:0", "--store", store], limits].concat();
@@ -176,10 +178,14 @@ async fn cell_max_in_flight_refuses_the_excess_concurrent_mutations() {
     server.stop_with("TERM");
 }
 
-/// The p99 of `samples`.
-fn p99(mut samples: Vec<Duration>) -> Duration {
+/// The `p`th percentile of `samples`.
+fn percentile(samples: &mut [Duration], p: usize) -> Duration {
     samples.sort();
-    samples[(samples.len() * 99).div_ceil(100) - 1]
+    samples[(samples.len() * p).div_ceil(100) - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 /// `n` BeginUpdate + RollbackUpdate pairs of `cell`, one every `pace`; each pair's latency.
@@ -215,7 +221,8 @@ async fn paced_pairs(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_cell_at_its_limit_does_not_slow_the_others() {
-    const SAMPLES: usize = 300;
+    const ROUNDS: usize = 3;
+    const SAMPLES_PER_ROUND: usize = 100;
     const FLOODERS: usize = 4;
     let dir = tempfile::tempdir().unwrap();
     let server = serve(
@@ -223,62 +230,78 @@ async fn one_cell_at_its_limit_does_not_slow_the_others() {
         "memory:",
         &["--cell-rate", "200/s", "--cell-burst", "50"],
     );
-    // cell-b stays under the rate (2 requests per 12 ms ≈ 167/s); cell-a offers 4 × 500/s,
-    // ten times its rate, each flooder on its own connection like a cell of its own. The flood
-    // is paced rather than unbounded so that it measures the limiter, not a 2-core machine
-    // with every core busy.
+    // cell-b stays under the rate (2 requests per 12 ms ≈ 167/s); cell-a offers 4 × 333/s,
+    // about seven times its rate, each flooder on its own connection like a cell of its own.
+    // The flood is paced rather than unbounded so that it measures the limiter, not a 2-core
+    // machine with every core busy. Quiet and flooded stretches alternate, so load from
+    // elsewhere on a shared machine falls on both alike.
     let pace = Duration::from_millis(12);
     let mut cell_b = ClaimsServiceClient::new(channel(&server).await);
-    paced_pairs(&mut cell_b, "cell-b", "warm", 20, pace).await;
-    let unloaded = p99(paced_pairs(&mut cell_b, "cell-b", "quiet", SAMPLES, pace).await);
-
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut flooders = Vec::new();
+    let mut flood_channels = Vec::new();
     for _ in 0..FLOODERS {
-        let mut client = ClaimsServiceClient::new(channel(&server).await);
-        let stop = stop.clone();
-        flooders.push(tokio::spawn(async move {
-            let (mut ok, mut refused) = (0u64, 0u64);
-            let mut ticker = tokio::time::interval(Duration::from_millis(2));
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                ticker.tick().await;
-                match client.list_outstanding_leases(list("cell-a")).await {
-                    Ok(_) => ok += 1,
-                    Err(status) if rate_limited(&status).is_some() => refused += 1,
-                    Err(status) => panic!("cell-a: {status:?}"),
-                }
-            }
-            (ok, refused)
-        }));
+        flood_channels.push(channel(&server).await);
     }
-    let flood_started = Instant::now();
-    let loaded = p99(paced_pairs(&mut cell_b, "cell-b", "loaded", SAMPLES, pace).await);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let flood_time = flood_started.elapsed().as_secs_f64();
-    let (mut ok, mut refused) = (0, 0);
-    for flooder in flooders {
-        let (o, r) = flooder.await.unwrap();
-        ok += o;
-        refused += r;
+    paced_pairs(&mut cell_b, "cell-b", "warm", 20, pace).await;
+    let (mut quiet, mut busy) = (Vec::new(), Vec::new());
+    let (mut ok, mut refused, mut flood_time) = (0, 0, 0.0);
+    for round in 0..ROUNDS {
+        let tag = format!("quiet{round}");
+        quiet.extend(paced_pairs(&mut cell_b, "cell-b", &tag, SAMPLES_PER_ROUND, pace).await);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flooders: Vec<_> = flood_channels
+            .iter()
+            .map(|channel| {
+                let mut client = ClaimsServiceClient::new(channel.clone());
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let (mut ok, mut refused) = (0u64, 0u64);
+                    let mut ticker = tokio::time::interval(Duration::from_millis(3));
+                    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        ticker.tick().await;
+                        match client.list_outstanding_leases(list("cell-a")).await {
+                            Ok(_) => ok += 1,
+                            Err(status) if rate_limited(&status).is_some() => refused += 1,
+                            Err(status) => panic!("cell-a: {status:?}"),
+                        }
+                    }
+                    (ok, refused)
+                })
+            })
+            .collect();
+        let flood_started = Instant::now();
+        let tag = format!("busy{round}");
+        busy.extend(paced_pairs(&mut cell_b, "cell-b", &tag, SAMPLES_PER_ROUND, pace).await);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        flood_time += flood_started.elapsed().as_secs_f64();
+        for flooder in flooders {
+            let (o, r) = flooder.await.unwrap();
+            ok += o;
+            refused += r;
+        }
     }
+    let (unloaded, unloaded_p50) = (percentile(&mut quiet, 99), percentile(&mut quiet, 50));
+    let (loaded, loaded_p50) = (percentile(&mut busy, 99), percentile(&mut busy, 50));
     eprintln!(
-        "cell-b p99 of {SAMPLES} BeginUpdate+RollbackUpdate: unloaded {:.2} ms, while cell-a \
-         floods {:.2} ms; cell-a offered {:.0}/s over {flood_time:.1} s against --cell-rate 200/s: \
-         {ok} served, {refused} refused",
-        unloaded.as_secs_f64() * 1e3,
-        loaded.as_secs_f64() * 1e3,
+        "cell-b p99 (p50) of {} BeginUpdate+RollbackUpdate pairs: unloaded {:.2} ms ({:.2} ms), \
+         while cell-a floods {:.2} ms ({:.2} ms); cell-a offered {:.0}/s over {flood_time:.1} s \
+         against --cell-rate 200/s: {ok} served, {refused} refused",
+        quiet.len(),
+        ms(unloaded),
+        ms(unloaded_p50),
+        ms(loaded),
+        ms(loaded_p50),
         (ok + refused) as f64 / flood_time,
     );
     assert!(
-        refused > ok,
+        refused > 2 * ok,
         "cell-a was far over its rate: {ok} served, {refused} refused"
     );
     // 2 ms of slack absorbs timer and scheduler noise on a shared 2-core machine, where a
     // sub-millisecond unloaded p99 doubled is below what one preempted thread costs.
     assert!(
         loaded <= unloaded * 2 + Duration::from_millis(2),
-        "cell-b slowed down: p99 {loaded:?} while cell-a floods, {unloaded:?} before"
+        "cell-b slowed down: p99 {loaded:?} while cell-a floods, {unloaded:?} without"
     );
     server.stop_with("TERM");
 }
@@ -321,5 +344,67 @@ async fn claims_client_waits_as_retry_info_says_and_every_call_succeeds() {
     eprintln!("30 calls at --cell-rate 20/s --cell-burst 5 took {elapsed:?}");
     // 25 calls past the burst at 20/s take 1.25 s: the client waited instead of failing.
     assert!(elapsed >= Duration::from_secs(1), "{elapsed:?}");
+    server.stop_with("TERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_mtls_the_limit_is_the_verified_cells_and_never_an_admins() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = DevPki::create(&dir.path().join("pki")).unwrap();
+    let args = [
+        pki.serve_args(),
+        ["--cell-rate", "2/s", "--cell-burst", "2"]
+            .map(String::from)
+            .to_vec(),
+    ]
+    .concat();
+    let server = serve(
+        &dir,
+        "memory:",
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let endpoint = format!("https://{}", server.addr);
+    let client = |role: &str, name: &str| {
+        let config = ClientConfig {
+            max_attempts: 1,
+            tls: Some(pki.client_tls(role, name).unwrap()),
+            ..ClientConfig::default()
+        };
+        ClaimsClient::connect_lazy(&endpoint, config).unwrap()
+    };
+    let query = |cell: &str| LeasesQuery {
+        cell_id: CellId::parse(cell).unwrap(),
+        after: None,
+        limit: 10,
+        max_bytes: 0,
+    };
+    let cell_a = client("cell", "cell-a");
+    let mut refused = 0;
+    for _ in 0..10 {
+        match cell_a.list_outstanding_leases(&query("cell-a")).await {
+            Ok(_) => {}
+            Err(ClaimsError::RateLimited { limit, cell_id, .. }) => {
+                assert_eq!((limit, cell_id.as_str()), ("cell-rate", "cell-a"));
+                refused += 1;
+            }
+            Err(other) => panic!("cell-a: {other}"),
+        }
+    }
+    assert!(
+        refused >= 5,
+        "cell-a over 2/s with a burst of 2: {refused} of 10 refused"
+    );
+    // An admin reading cell-a's leases counts against nothing; cell-b has its own bucket.
+    let admin = client("admin", "ops");
+    for _ in 0..10 {
+        admin
+            .list_outstanding_leases(&query("cell-a"))
+            .await
+            .expect("the admin role is never limited");
+    }
+    client("cell", "cell-b")
+        .list_outstanding_leases(&query("cell-b"))
+        .await
+        .expect("cell-b is served");
     server.stop_with("TERM");
 }
