@@ -126,6 +126,10 @@ async fn json_logs_are_one_object_per_line_and_request_lines_carry_id_method_ide
             .unwrap_or_else(|| panic!("no `request done` line for {id}:\n{text}"))
     };
     assert_eq!(done("client-chosen-42")["code"], "OK");
+    let raw = text
+        .lines()
+        .find(|l| l.contains("request done") && l.contains(&generated));
+    eprintln!("a request's last line: {}", raw.unwrap_or_default());
     assert_eq!(done(&generated)["code"], "RESOURCE_EXHAUSTED");
     assert!(done(&generated)["duration_ms"].is_number());
     assert!(
