@@ -129,7 +129,17 @@ async fn cell_max_in_flight_refuses_the_excess_concurrent_mutations() {
     let dir = tempfile::tempdir().unwrap();
     // SQLite on a file: each BeginUpdate is a durable write, so 32 sent at once overlap.
     let store = format!("sqlite://{}", dir.path().join("claims.db").display());
-    let server = serve(&dir, &store, &["--cell-max-in-flight", "2"]);
+    let audit = dir.path().join("audit.jsonl");
+    let server = serve(
+        &dir,
+        &store,
+        &[
+            "--cell-max-in-flight",
+            "2",
+            "--audit-log",
+            audit.to_str().unwrap(),
+        ],
+    );
     let client = ClaimsServiceClient::new(channel(&server).await);
     // Concurrency is the machine's to schedule: a round in which no more than two happened to
     // overlap refuses nothing, so up to five rounds are sent; every round must be clean.
@@ -176,6 +186,13 @@ async fn cell_max_in_flight_refuses_the_excess_concurrent_mutations() {
         .unwrap();
     client.begin_update(begin("cell-b", "b-1")).await.unwrap();
     server.stop_with("TERM");
+    // Refused mutations are audited like any other answer.
+    let audited = std::fs::read_to_string(&audit).unwrap();
+    let limited = audited
+        .lines()
+        .filter(|l| l.contains(r#""code":"RESOURCE_EXHAUSTED""#) && l.contains("RATE_LIMITED"))
+        .count();
+    assert_eq!(limited, refused_in_all_rounds, "{audited}");
 }
 
 /// The `p`th percentile of `samples`.

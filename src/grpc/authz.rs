@@ -118,7 +118,7 @@ where
                 return match authorize(&caller, method, "") {
                     Decision::Allow { .. } => match admit(limiter.as_ref(), &caller, method, "") {
                         Ok(slot) => hold(inner.call(request).await, slot),
-                        Err(error) => Ok(refuse(error, record.as_mut())),
+                        Err(error) => Ok(refuse(error, limited(record.as_mut(), method))),
                     },
                     refusal => Ok(refuse(refused(refusal), record.as_mut())),
                 };
@@ -142,11 +142,7 @@ where
                     }
                     let slot = match admit(limiter.as_ref(), &caller, method, &cell_id) {
                         Ok(slot) => slot,
-                        // Audited like the call it stands for: mutating RPCs only.
-                        Err(error) => {
-                            let record = record.as_mut().filter(|_| method.mutates());
-                            return Ok(refuse(error, record));
-                        }
+                        Err(error) => return Ok(refuse(error, limited(record.as_mut(), method))),
                     };
                     let request = http::Request::from_parts(
                         parts,
@@ -254,6 +250,12 @@ fn admit(
         (Some(limiter), Some(cell)) => limiter.admit(cell, method.mutates()),
         _ => Ok(None),
     }
+}
+
+/// The audit line of a request a per-cell limit refused: written like that of the call it
+/// stands for, for mutating RPCs only (other refusals are counted per cell, not audited).
+fn limited(audit: Option<&mut Audit>, method: Method) -> Option<&mut Audit> {
+    audit.filter(|_| method.mutates())
 }
 
 /// Keeps a request's in-flight slot until its response body is done (or dropped). For unary
