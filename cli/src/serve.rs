@@ -288,8 +288,8 @@ struct CellLimitArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_RATE", value_parser = parse_rate)]
     cell_rate: Option<f64>,
 
-    /// Requests one cell may send at once above --cell-rate before it is held to the rate.
-    /// Default: the rate rounded up, at least 1.
+    /// The size of each cell's token bucket: how many requests a cell that was quiet may send
+    /// at once before it is held to --cell-rate. Default: the rate rounded up, at least 1.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_BURST", requires = "cell_rate",
           value_parser = clap::value_parser!(u32).range(1..))]
     cell_burst: Option<u32>,

@@ -363,4 +363,29 @@ mod tests {
         assert_eq!(counts.len(), MAX_COUNTED_CELLS + 1);
         assert!(counts.contains(&(OTHER_CELLS.to_owned(), 5)));
     }
+
+    #[tokio::test]
+    async fn a_slot_is_held_until_the_response_body_has_been_read() {
+        use http_body_util::BodyExt;
+        let limits = limiter(CellLimits {
+            max_in_flight: Some(1),
+            rate: None,
+        });
+        let slot = limits.admit("cell-a", true).unwrap().unwrap();
+        let body = Holding::new(
+            http_body_util::Full::new(bytes::Bytes::from("answer")),
+            slot,
+        );
+        assert_eq!(limits.in_flight("cell-a"), 1, "answered, body not yet sent");
+        let bytes = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&bytes[..], b"answer");
+        assert_eq!(limits.in_flight("cell-a"), 0);
+
+        let slot = limits.admit("cell-a", true).unwrap().unwrap();
+        drop(Holding::new(
+            http_body_util::Full::new(bytes::Bytes::new()),
+            slot,
+        ));
+        assert_eq!(limits.in_flight("cell-a"), 0, "a dropped body frees it too");
+    }
 }
