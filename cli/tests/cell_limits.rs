@@ -23,6 +23,10 @@ use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims::grpc::status::from_status;
 use topology_claims_harness::pki::DevPki;
 
+/// The tests of this file run one at a time: one of them measures latencies, which the others'
+/// floods would disturb on a 2-core machine.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn serve(dir: &tempfile::TempDir, store: &str, limits: &[&str]) -> Server {
     let args = [&["--listen", "127.0.0.1:0", "--store", store], limits].concat();
     Server::start(dir.path(), &args)
@@ -74,6 +78,7 @@ fn rate_limited(status: &tonic::Status) -> Option<(String, Duration)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_cell_is_rate_limited_with_retry_info() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let server = serve(
         &dir,
@@ -126,6 +131,7 @@ async fn a_flooding_cell_is_rate_limited_with_retry_info() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cell_max_in_flight_refuses_the_excess_concurrent_mutations() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     // SQLite on a file: each BeginUpdate is a durable write, so 32 sent at once overlap.
     let store = format!("sqlite://{}", dir.path().join("claims.db").display());
@@ -238,6 +244,7 @@ async fn paced_pairs(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_cell_at_its_limit_does_not_slow_the_others() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     const ROUNDS: usize = 3;
     const SAMPLES_PER_ROUND: usize = 100;
     const FLOODERS: usize = 4;
@@ -325,6 +332,7 @@ async fn one_cell_at_its_limit_does_not_slow_the_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_client_waits_as_retry_info_says_and_every_call_succeeds() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let server = serve(
         &dir,
@@ -366,6 +374,7 @@ async fn claims_client_waits_as_retry_info_says_and_every_call_succeeds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_mtls_the_limit_is_the_verified_cells_and_never_an_admins() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let pki = DevPki::create(&dir.path().join("pki")).unwrap();
     let args = [
