@@ -29,6 +29,12 @@ use crate::store::StoreUrl;
 #[derive(Parser, Debug)]
 #[command(name = "topology-claims", version)]
 struct Cli {
+    /// Log line format on stderr: text (for people) or json (one JSON object per line, for log
+    /// pipelines; docs/operations.md, "Log format").
+    #[arg(long, global = true, env = "TOPOLOGY_CLAIMS_LOG_FORMAT", default_value = "text",
+          value_parser = ["text", "json"])]
+    log_format: String,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -40,7 +46,8 @@ enum Command {
     /// Prints one line `listening on HOST:PORT` to stdout once it accepts connections; logs go to
     /// stderr (filter with RUST_LOG, default info). SIGINT/SIGTERM drain in-flight requests and
     /// exit 0.
-    Serve(serve::ServeArgs),
+    // Boxed: its flags make it several times the size of the other commands.
+    Serve(Box<serve::ServeArgs>),
     /// Apply the store's pending schema migrations and exit.
     Migrate(MigrateArgs),
     /// Show which cell holds a claim. Exit status: 0 found, 1 not found, 2 error.
@@ -92,7 +99,7 @@ struct MigrateArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    init_logging(cli.log_format == "json");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -105,7 +112,7 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => serve::run(*args).await,
             Command::Migrate(args) => migrate(args).await,
             Command::Lookup(args) => ops::lookup(args).await,
             Command::Leases(args) => ops::leases(args).await,
@@ -117,14 +124,24 @@ fn main() -> ExitCode {
     })
 }
 
-/// Logs to stderr (stdout is for results and the `listening on` line), filtered by RUST_LOG.
-fn init_logging() {
+/// Logs to stderr (stdout is for results and the `listening on` line), filtered by RUST_LOG;
+/// with `json`, one JSON object per line: the event's fields at the top level, and the fields
+/// of the span it happened in (a request's id, method, identity and peer) under `span`.
+fn init_logging(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    if json {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init();
+    } else {
+        builder.with_ansi(std::io::stderr().is_terminal()).init();
+    }
 }
 
 async fn migrate(args: MigrateArgs) -> ExitCode {

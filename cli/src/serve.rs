@@ -5,6 +5,7 @@
 //! Owns process wiring only; the server itself is the core's.
 
 use std::io::Write;
+use std::num::NonZeroU32;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use std::sync::Arc;
 
 use topology_claims::auth::{IdentityFrom, DEFAULT_TRUST_DOMAIN};
 use topology_claims::grpc::audit::AuditLog;
+use topology_claims::grpc::cell_limits::{CellLimits, CellRate};
 use topology_claims::grpc::health::HealthConfig;
 use topology_claims::grpc::limits::ServerLimits;
 use topology_claims::grpc::server::{serve, ServerConfig};
@@ -86,6 +88,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     limits: LimitArgs,
+
+    #[command(flatten)]
+    cell_limits: CellLimitArgs,
 
     #[command(flatten)]
     tls: TlsArgs,
@@ -281,6 +286,60 @@ impl LimitArgs {
     }
 }
 
+/// Per-cell limits (docs/reliability.md, "Per-cell limits"). A cell over one gets
+/// RESOURCE_EXHAUSTED with ErrorInfo RATE_LIMITED and a RetryInfo delay. Never applied to
+/// health checks, the AdminService or the admin role.
+#[derive(Args, Debug)]
+struct CellLimitArgs {
+    /// Most mutating RPCs (BeginUpdate, CommitUpdate, RollbackUpdate, RenewLease) of one cell in
+    /// flight at once. 0: no limit.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_MAX_IN_FLIGHT", default_value_t = 0)]
+    cell_max_in_flight: u32,
+
+    /// Requests per second of one cell, on average: `100` or `100/s` (fractions allowed:
+    /// `0.5/s`). Default: no limit.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_RATE", value_parser = parse_rate)]
+    cell_rate: Option<f64>,
+
+    /// The size of each cell's token bucket: how many requests a cell that was quiet may send
+    /// at once before it is held to --cell-rate. Default: the rate rounded up, at least 1.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_BURST", requires = "cell_rate",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    cell_burst: Option<u32>,
+}
+
+impl CellLimitArgs {
+    fn cell_limits(&self) -> CellLimits {
+        CellLimits {
+            max_in_flight: (self.cell_max_in_flight > 0)
+                .then_some(self.cell_max_in_flight as usize),
+            rate: self.cell_rate.map(|per_second| CellRate {
+                per_second,
+                burst: NonZeroU32::new(
+                    self.cell_burst.unwrap_or_else(|| default_burst(per_second)),
+                )
+                .unwrap_or(NonZeroU32::MIN),
+            }),
+        }
+    }
+}
+
+/// The burst when none is given: one second's worth of requests, at least one.
+fn default_burst(per_second: f64) -> u32 {
+    per_second.ceil().clamp(1.0, f64::from(u32::MAX)) as u32
+}
+
+/// `--cell-rate`: `R` or `R/s`, a positive number of requests per second.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    let number = text.trim().strip_suffix("/s").unwrap_or(text.trim());
+    match number.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate >= 1e-6 => Ok(rate),
+        _ => Err(format!(
+            "{text:?} is not a rate: give requests per second as a positive number, `100` or `100/s`"
+        )),
+    }
+}
+
 pub async fn run(args: ServeArgs) -> ExitCode {
     match run_inner(args).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -298,6 +357,8 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let store_url: StoreUrl = args.store.parse()?;
     let limits = args.limits.limits();
     limits.validate().map_err(|e| e.to_string())?;
+    let cell_limits = args.cell_limits.cell_limits();
+    cell_limits.validate().map_err(|e| e.to_string())?;
     let tls = args.tls.server_tls(&args.listen)?;
     let audit = args.tls.audit()?;
     raise_open_file_limit(limits.max_connections);
@@ -358,6 +419,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         audit: audit.clone(),
         metrics: metrics.clone(),
         metrics_refresh: args.metrics_refresh_interval,
+        cell_limits,
     };
     reload_on_sighup(tls, audit)?;
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,
@@ -488,4 +550,26 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()> + Send + 's
             tracing::error!("cannot wait for Ctrl-C: {e}; stopping");
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_is_a_number_with_or_without_per_second() {
+        assert_eq!(parse_rate("100"), Ok(100.0));
+        assert_eq!(parse_rate("100/s"), Ok(100.0));
+        assert_eq!(parse_rate("0.5/s"), Ok(0.5));
+        for bad in ["", "/s", "0", "-1", "fast", "100/m", "inf", "NaN"] {
+            assert!(parse_rate(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_default_burst_is_a_second_of_the_rate_and_at_least_one() {
+        assert_eq!(default_burst(100.0), 100);
+        assert_eq!(default_burst(2.5), 3);
+        assert_eq!(default_burst(0.1), 1);
+    }
 }

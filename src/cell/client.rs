@@ -1,6 +1,7 @@
 //! `ClaimsClient`: the cell's gRPC client of the service, with per-call deadlines, connection
 //! reuse (one HTTP/2 channel, cheap to clone) and retries with jittered backoff on UNAVAILABLE and
-//! DEADLINE_EXCEEDED. BeginUpdate is retried too: the lease id is chosen on the client before the
+//! DEADLINE_EXCEEDED, and on a per-cell limit's RESOURCE_EXHAUSTED `RATE_LIMITED` after at least
+//! the delay its RetryInfo asks for. BeginUpdate is retried too: the lease id is chosen on the client before the
 //! first attempt, so a retry after a lost response returns the same lease instead of a second one.
 //!
 //! Errors are the domain's [`ClaimsError`] decoded from the status details, so an app can say
@@ -65,9 +66,30 @@ pub struct ClaimsClient {
 
 /// Whether a failure may be retried: the service or the network was unavailable, or the attempt
 /// ran out of time (the request may or may not have been applied; every call we retry is
-/// idempotent).
+/// idempotent), or a per-cell limit refused it (not applied at all).
 fn retryable(error: &ClaimsError) -> bool {
-    matches!(error, ClaimsError::Unavailable { .. })
+    matches!(
+        error,
+        ClaimsError::Unavailable { .. } | ClaimsError::RateLimited { .. }
+    )
+}
+
+/// How long to wait before attempt `attempt + 1` after `error`: the jittered backoff, but at
+/// least the delay a per-cell limit asked for (its RetryInfo), since an earlier retry would only
+/// be refused again. `None`: that delay is longer than `longest_wait`, so waiting is pointless
+/// and the error is returned instead.
+fn retry_delay(
+    backoff: &Backoff,
+    attempt: u32,
+    error: &ClaimsError,
+    longest_wait: Duration,
+) -> Option<Duration> {
+    let backoff = backoff.delay(attempt);
+    match error {
+        ClaimsError::RateLimited { retry_after, .. } if *retry_after > longest_wait => None,
+        ClaimsError::RateLimited { retry_after, .. } => Some(backoff.max(*retry_after)),
+        _ => Some(backoff),
+    }
 }
 
 impl ClaimsClient {
@@ -135,8 +157,16 @@ impl ClaimsClient {
             if !retryable(&outcome) || attempt >= self.config.max_attempts {
                 return Err(outcome);
             }
-            tracing::debug!(attempt, error = %outcome, "retrying claims call");
-            tokio::time::sleep(self.config.backoff.delay(attempt - 1)).await;
+            // A server asking for a longer pause than the longest an attempt may take (or a
+            // backoff wait) is told apart from a brief refusal: the caller hears about it.
+            let longest_wait = self.config.call_timeout.max(self.config.backoff.max);
+            let Some(delay) =
+                retry_delay(&self.config.backoff, attempt - 1, &outcome, longest_wait)
+            else {
+                return Err(outcome);
+            };
+            tracing::debug!(attempt, error = %outcome, ?delay, "retrying claims call");
+            tokio::time::sleep(delay).await;
         }
     }
 
@@ -267,5 +297,63 @@ impl ClaimsClient {
             })
             .await?;
         decode::lookup_from_pb(response.get_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limited(retry_after: Duration) -> ClaimsError {
+        ClaimsError::RateLimited {
+            limit: "cell-rate",
+            cell_id: "cell-a".into(),
+            retry_after,
+        }
+    }
+
+    const BACKOFF: Backoff = Backoff {
+        initial: Duration::from_millis(10),
+        max: Duration::from_millis(40),
+    };
+
+    #[test]
+    fn a_rate_limited_call_is_retried_no_sooner_than_its_retry_info_says() {
+        assert!(retryable(&limited(Duration::from_millis(1))));
+        for attempt in 0..6 {
+            let delay = retry_delay(
+                &BACKOFF,
+                attempt,
+                &limited(Duration::from_millis(300)),
+                Duration::from_secs(1),
+            );
+            assert_eq!(delay, Some(Duration::from_millis(300)), "above any backoff");
+            let short = retry_delay(
+                &BACKOFF,
+                attempt,
+                &limited(Duration::from_micros(1)),
+                Duration::from_secs(1),
+            )
+            .unwrap();
+            assert!(short >= Duration::from_micros(1) && short <= BACKOFF.max);
+        }
+    }
+
+    #[test]
+    fn a_retry_info_longer_than_the_longest_wait_is_not_waited_for() {
+        let error = limited(Duration::from_secs(10));
+        assert_eq!(
+            retry_delay(&BACKOFF, 0, &error, Duration::from_secs(5)),
+            None
+        );
+    }
+
+    #[test]
+    fn other_failures_wait_the_backoff_alone() {
+        let error = ClaimsError::unavailable("down");
+        for attempt in 0..6 {
+            let delay = retry_delay(&BACKOFF, attempt, &error, Duration::from_secs(1)).unwrap();
+            assert!(delay <= BACKOFF.max);
+        }
     }
 }

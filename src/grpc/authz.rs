@@ -5,8 +5,20 @@
 //! PERMISSION_DENIED with ErrorInfo reason `CELL_ID_MISMATCH` / `ROLE_NOT_ALLOWED`); a cell's
 //! empty `cell_id` is filled in with its own, so the handler acts as that cell.
 //!
-//! Owns applying the table; the table itself is `crate::auth`'s. Runs inside the request guard,
-//! so the body it reads is already within the byte budgets.
+//! After the table allowed a request, the per-cell limits (`grpc::cell_limits`) are applied here
+//! too, since this is where the cell a request acts for is known: the verified cell's own name,
+//! or on a plaintext server the request's `cell_id`. Health checks, the AdminService and the
+//! admin role are never limited. A refusal is RESOURCE_EXHAUSTED with ErrorInfo `RATE_LIMITED`
+//! and a RetryInfo delay.
+//!
+//! Every request runs inside a tracing span `request` (fields `request_id`, `method`,
+//! `identity`, `peer`), so each log line emitted while handling it says which request it is
+//! about; the request id is the client's `x-request-id` when sane, else a fresh one, and is
+//! echoed in the response's `x-request-id` header. A `request done` line (debug) ends it.
+//!
+//! Owns applying the table and the limits; the table itself is `crate::auth`'s, the limits'
+//! state `grpc::cell_limits`'s. Runs inside the request guard, so the body it reads is already
+//! within the byte budgets.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,20 +34,24 @@ use tonic::body::Body;
 use tonic_types::StatusExt;
 use tower_layer::Layer;
 use tower_service::Service;
+use tracing::Instrument;
 
-use crate::auth::{authorize, Caller, Decision, Method};
+use crate::auth::{authorize, Caller, Decision, Method, Role};
 use crate::domain::ClaimType;
 use crate::error::ClaimsError;
 use crate::grpc::audit::{AdminAudit, AuditLog, AuditRecord, AuditedClaim};
+use crate::grpc::cell_limits::{CellLimiter, Holding, InFlight};
 use crate::grpc::listener::ConnInfo;
 use crate::grpc::pb;
 use crate::grpc::pb::admin as apb;
 use crate::grpc::status::{code_name, to_status};
 
-/// Builds [`Authorize`] services, writing to the audit log when there is one.
+/// Builds [`Authorize`] services, writing to the audit log when there is one and applying the
+/// per-cell limits when there are some.
 #[derive(Clone, Debug, Default)]
 pub struct AuthorizeLayer {
     pub audit: Option<Arc<AuditLog>>,
+    pub limiter: Option<Arc<CellLimiter>>,
 }
 
 impl<S> Layer<S> for AuthorizeLayer {
@@ -45,6 +61,7 @@ impl<S> Layer<S> for AuthorizeLayer {
         Authorize {
             inner,
             audit: self.audit.clone(),
+            limiter: self.limiter.clone(),
         }
     }
 }
@@ -53,6 +70,7 @@ impl<S> Layer<S> for AuthorizeLayer {
 pub struct Authorize<S> {
     inner: S,
     audit: Option<Arc<AuditLog>>,
+    limiter: Option<Arc<CellLimiter>>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -79,19 +97,33 @@ where
             .as_ref()
             .map_or(Caller::Anonymous { loopback: false }, |i| i.caller.clone());
         let audit = self.audit.clone();
+        let limiter = self.limiter.clone();
+        let request_id = request_id(request.headers());
+        let span = tracing::info_span!(
+            "request",
+            request_id = %request_id,
+            method = method.name(),
+            identity = identity_of(&caller).0,
+            peer = %info.as_ref().and_then(|i| i.remote_addr).map(|a| a.to_string()).unwrap_or_default(),
+        );
         // The ready service goes with this request; a clone waits for the next one.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
+        let handled = async move {
             let mut record = Audit::start(audit, info.as_ref(), &caller, method, started);
+            let anonymous = matches!(caller, Caller::Anonymous { .. });
+            // An anonymous caller's cell is the request's `cell_id`: read it for the limits too.
+            // An audited admin call is read to write what it asks for before it acts.
             let needs_body = (method.has_cell_id()
-                && (!matches!(caller, Caller::Anonymous { .. })
-                    || (record.is_some() && method.mutates())))
+                && (!anonymous || (record.is_some() && method.mutates()) || limiter.is_some()))
                 || (method.is_admin() && record.is_some());
             if !needs_body {
                 return match authorize(&caller, method, "") {
-                    Decision::Allow { .. } => inner.call(request).await,
-                    refusal => Ok(refuse(refusal, record.as_mut())),
+                    Decision::Allow { .. } => match admit(limiter.as_ref(), &caller, method, "") {
+                        Ok(slot) => hold(inner.call(request).await, slot),
+                        Err(error) => Ok(refuse(error, limited(record.as_mut(), method))),
+                    },
+                    refusal => Ok(refuse(refused(refusal), record.as_mut())),
                 };
             }
             let (parts, body) = request.into_parts();
@@ -119,6 +151,10 @@ where
                             }
                         }
                     }
+                    let slot = match admit(limiter.as_ref(), &caller, method, &cell_id) {
+                        Ok(slot) => slot,
+                        Err(error) => return Ok(refuse(error, limited(record.as_mut(), method))),
+                    };
                     let request = http::Request::from_parts(
                         parts,
                         Body::new(http_body_util::Full::new(bytes)),
@@ -129,16 +165,120 @@ where
                             record.finish_with(response.headers());
                         }
                     }
-                    response
+                    hold(response, slot)
                 }
                 refusal => {
                     if let Some(record) = record.as_mut() {
                         record.request(method, &bytes);
                     }
-                    Ok(refuse(refusal, record.as_mut()))
+                    Ok(refuse(refused(refusal), record.as_mut()))
                 }
             }
-        })
+        };
+        Box::pin(
+            async move {
+                let mut response = handled.await;
+                if let Ok(response) = &mut response {
+                    tracing::debug!(
+                        code = status_in(response.headers()).0,
+                        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+                        "request done"
+                    );
+                    if let Ok(value) = http::HeaderValue::from_str(&request_id) {
+                        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+                    }
+                }
+                response
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// The header a request id comes in and goes back in.
+const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The client's `x-request-id` when it is sane (1–64 printable ASCII characters, no spaces: it
+/// goes into log lines as it is), else a fresh random one (32 hex digits).
+fn request_id(headers: &http::HeaderMap) -> String {
+    headers
+        .get(REQUEST_ID_HEADER)
+        .map(http::HeaderValue::as_bytes)
+        .filter(|id| !id.is_empty() && id.len() <= 64 && id.iter().all(u8::is_ascii_graphic))
+        .and_then(|id| std::str::from_utf8(id).ok())
+        .map_or_else(|| uuid::Uuid::new_v4().simple().to_string(), str::to_owned)
+}
+
+/// How a caller appears in logs and the audit log: its identity and role.
+fn identity_of(caller: &Caller) -> (&str, &'static str) {
+    match caller {
+        Caller::Verified(principal) => (&principal.id, principal.role.name()),
+        Caller::Anonymous { .. } => ("anonymous", ""),
+        Caller::NoCertificate => ("no-certificate", ""),
+        Caller::Unidentified { .. } => ("unidentified", ""),
+    }
+}
+
+/// The gRPC code name and ErrorInfo reason of an answer whose status is in `headers` (a
+/// trailers-only error), or OK when it is not there (the status then comes in trailers, and a
+/// unary handler that answered with headers has succeeded).
+fn status_in(headers: &http::HeaderMap) -> (&'static str, String) {
+    match tonic::Status::from_header_map(headers) {
+        Some(status) if status.code() != tonic::Code::Ok => (
+            code_name(status.code()),
+            status
+                .get_error_details()
+                .error_info()
+                .map(|info| info.reason.clone())
+                .unwrap_or_default(),
+        ),
+        _ => ("OK", String::new()),
+    }
+}
+
+/// The cell whose limits a request allowed by the table counts against, if any: a verified
+/// cell's own name; on a plaintext server the request's `cell_id` (for the RPCs that carry one).
+/// Never for health checks, the AdminService or callers that are not cells (admins, routers).
+fn limited_cell<'a>(caller: &'a Caller, method: Method, cell_id: &'a str) -> Option<&'a str> {
+    if method == Method::Health || method.is_admin() {
+        return None;
+    }
+    match caller {
+        Caller::Verified(principal) if principal.role == Role::Cell => Some(&principal.name),
+        Caller::Anonymous { .. } if method.has_cell_id() => Some(cell_id),
+        _ => None,
+    }
+}
+
+/// Applies the per-cell limits to an allowed request: its in-flight slot, or the refusal.
+fn admit(
+    limiter: Option<&Arc<CellLimiter>>,
+    caller: &Caller,
+    method: Method,
+    cell_id: &str,
+) -> Result<Option<InFlight>, ClaimsError> {
+    match (limiter, limited_cell(caller, method, cell_id)) {
+        (Some(limiter), Some(cell)) => limiter.admit(cell, method.mutates()),
+        _ => Ok(None),
+    }
+}
+
+/// The audit line of a request a per-cell limit refused: written like that of the call it
+/// stands for, for mutating RPCs only (other refusals are counted per cell, not audited).
+fn limited(audit: Option<&mut Audit>, method: Method) -> Option<&mut Audit> {
+    audit.filter(|_| method.mutates())
+}
+
+/// Keeps a request's in-flight slot until its response body is done (or dropped). For unary
+/// RPCs the handler has finished by then; holding on to the end of the body also covers
+/// responses still being written. A request dropped before it answered frees the slot with it.
+fn hold<E>(
+    response: Result<http::Response<Body>, E>,
+    slot: Option<InFlight>,
+) -> Result<http::Response<Body>, E> {
+    match slot {
+        None => response,
+        Some(slot) => response.map(|r| r.map(|body| Body::new(Holding::new(body, slot)))),
     }
 }
 
@@ -158,12 +298,7 @@ impl Audit {
         started: Instant,
     ) -> Option<Audit> {
         let log = log?;
-        let (identity, role) = match caller {
-            Caller::Verified(principal) => (principal.id.clone(), principal.role.name().to_owned()),
-            Caller::Anonymous { .. } => ("anonymous".to_owned(), String::new()),
-            Caller::NoCertificate => ("no-certificate".to_owned(), String::new()),
-            Caller::Unidentified { .. } => ("unidentified".to_owned(), String::new()),
-        };
+        let (identity, role) = identity_of(caller);
         Some(Audit {
             log,
             record: AuditRecord {
@@ -171,8 +306,8 @@ impl Audit {
                     .and_then(|i| i.remote_addr)
                     .map(|a| a.to_string())
                     .unwrap_or_default(),
-                identity,
-                role,
+                identity: identity.to_owned(),
+                role: role.to_owned(),
                 method: format!("{method:?}"),
                 ..AuditRecord::default()
             },
@@ -266,17 +401,9 @@ impl Audit {
     /// Writes the line for an answer whose status is in `headers` (a trailers-only error), or
     /// OK when it is not there.
     fn finish_with(mut self, headers: &http::HeaderMap) {
-        match tonic::Status::from_header_map(headers) {
-            Some(status) if status.code() != tonic::Code::Ok => {
-                self.record.code = code_name(status.code()).to_owned();
-                self.record.reason = status
-                    .get_error_details()
-                    .error_info()
-                    .map(|info| info.reason.clone())
-                    .unwrap_or_default();
-            }
-            _ => self.record.code = "OK".to_owned(),
-        }
+        let (code, reason) = status_in(headers);
+        self.record.code = code.to_owned();
+        self.record.reason = reason;
         self.write();
     }
 
@@ -291,16 +418,25 @@ fn seconds(duration: Option<&prost_types::Duration>) -> u64 {
     duration.map_or(0, |d| u64::try_from(d.seconds).unwrap_or(0))
 }
 
-fn refuse(decision: Decision, audit: Option<&mut Audit>) -> http::Response<Body> {
-    let error = match decision {
+/// The error a refusal of the table stands for.
+fn refused(decision: Decision) -> ClaimsError {
+    match decision {
         Decision::Unauthenticated { message } => ClaimsError::Unauthenticated { message },
         Decision::Denied { reason, message } => ClaimsError::PermissionDenied {
             reason: reason.to_owned(),
             message,
         },
         Decision::Allow { .. } => unreachable!("only refusals are answered here"),
-    };
-    tracing::info!(%error, "request refused");
+    }
+}
+
+fn refuse(error: ClaimsError, audit: Option<&mut Audit>) -> http::Response<Body> {
+    if matches!(error, ClaimsError::RateLimited { .. }) {
+        // A flooding cell would flood the log: the refusals are counted per cell instead.
+        tracing::debug!(%error, "request refused");
+    } else {
+        tracing::info!(%error, "request refused");
+    }
     if let Some(audit) = audit {
         audit.record.code = code_name(crate::grpc::status::code_of(&error)).to_owned();
         audit.record.reason = error.reason().to_owned();
@@ -433,5 +569,52 @@ mod tests {
         let decoded = pb::RenewLeaseRequest::decode(first_message(&body).unwrap()).unwrap();
         assert_eq!(decoded.cell_id, "cell-a");
         assert_eq!(decoded.lease_id, request.lease_id);
+    }
+
+    #[test]
+    fn a_sane_request_id_is_kept_and_anything_else_replaced() {
+        let mut headers = http::HeaderMap::new();
+        let fresh = request_id(&headers);
+        assert_eq!(fresh.len(), 32);
+        assert_ne!(fresh, request_id(&headers), "fresh ids differ");
+        headers.insert(REQUEST_ID_HEADER, "abc-123_X".parse().unwrap());
+        assert_eq!(request_id(&headers), "abc-123_X");
+        for bad in ["", "has space", &"x".repeat(65)] {
+            headers.insert(REQUEST_ID_HEADER, bad.parse().unwrap());
+            assert_ne!(request_id(&headers), bad, "{bad:?}");
+        }
+        headers.insert(REQUEST_ID_HEADER, "x".repeat(64).parse().unwrap());
+        assert_eq!(request_id(&headers), "x".repeat(64));
+    }
+
+    #[test]
+    fn limits_count_against_the_cell_never_admins_health_or_routers() {
+        let verified = |role, name: &str| {
+            Caller::Verified(crate::auth::Principal {
+                role,
+                name: name.to_owned(),
+                id: format!("spiffe://topology-claims/{}/{name}", role.name()),
+            })
+        };
+        let cell = verified(Role::Cell, "cell-a");
+        let anonymous = Caller::Anonymous { loopback: true };
+        assert_eq!(
+            limited_cell(&cell, Method::BeginUpdate, "cell-a"),
+            Some("cell-a")
+        );
+        assert_eq!(limited_cell(&cell, Method::LookupClaim, ""), Some("cell-a"));
+        assert_eq!(
+            limited_cell(&anonymous, Method::ListClaims, "cell-b"),
+            Some("cell-b")
+        );
+        assert_eq!(limited_cell(&anonymous, Method::LookupClaim, ""), None);
+        for method in [Method::Health, Method::ListLeases, Method::ForceRollback] {
+            assert_eq!(limited_cell(&cell, method, "cell-a"), None, "{method:?}");
+            assert_eq!(limited_cell(&anonymous, method, "cell-a"), None);
+        }
+        let admin = verified(Role::Admin, "ops");
+        assert_eq!(limited_cell(&admin, Method::ListClaims, "cell-a"), None);
+        let router = verified(Role::Router, "edge");
+        assert_eq!(limited_cell(&router, Method::LookupClaim, ""), None);
     }
 }

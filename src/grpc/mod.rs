@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod audit;
 pub mod authz;
+pub mod cell_limits;
 pub mod convert;
 pub mod decode;
 pub mod guard;

@@ -1,6 +1,7 @@
 //! Runs the gRPC server on a bound listener: the `ClaimsService`, the `AdminService`, `grpc.health.v1` (the service's
 //! status following the store, `health`) and server reflection (v1), under the transport bounds
-//! of `limits` (`listener` for connections, `guard` for requests), a graceful drain on shutdown,
+//! of `limits` (`listener` for connections, `guard` for requests) and the per-cell limits of
+//! `cell_limits` (applied by `authz`), a graceful drain on shutdown,
 //! and the background collection of old lease outcomes.
 //!
 //! Owns process-level wiring only. Must not decide protocol questions or pick status codes;
@@ -19,6 +20,7 @@ use crate::error::ClaimsError;
 use crate::grpc::admin::AdminServiceImpl;
 use crate::grpc::audit::AuditLog;
 use crate::grpc::authz::AuthorizeLayer;
+use crate::grpc::cell_limits::{CellLimiter, CellLimits};
 use crate::grpc::guard::RequestGuardLayer;
 use crate::grpc::health::{watch_store, HealthConfig};
 use crate::grpc::limits::ServerLimits;
@@ -67,6 +69,9 @@ pub struct ServerConfig {
     pub metrics: Option<Arc<ServerMetrics>>,
     /// How often the lease gauges are refreshed from the store (`--metrics-refresh-interval`).
     pub metrics_refresh: Duration,
+    /// Per-cell rate and concurrency limits (`--cell-rate`, `--cell-max-in-flight`); off by
+    /// default.
+    pub cell_limits: CellLimits,
 }
 
 impl Default for ServerConfig {
@@ -83,6 +88,7 @@ impl Default for ServerConfig {
             audit: None,
             metrics: None,
             metrics_refresh: crate::metrics::DEFAULT_REFRESH_INTERVAL,
+            cell_limits: CellLimits::default(),
         }
     }
 }
@@ -109,6 +115,7 @@ pub async fn serve(
             message: "--metrics-refresh-interval must not be zero".to_owned(),
         });
     }
+    let limiter = CellLimiter::new(&config.cell_limits)?;
     if config.health.interval.is_zero() || config.health.timeout.is_zero() {
         return Err(ClaimsError::Configuration {
             message: "--health-interval and --health-timeout must not be zero".to_owned(),
@@ -196,6 +203,7 @@ pub async fn serve(
         .layer(RequestGuardLayer::new(limits, MAX_REQUEST_BYTES, stats))
         .layer(AuthorizeLayer {
             audit: config.audit.clone(),
+            limiter,
         })
         .add_service(health_service)
         .add_service(reflection)
