@@ -397,3 +397,74 @@ query = "SELECT id, 'username', name, 'user', CAST(id AS TEXT), created_at FROM 
     promtool_accepts(&text);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn rate_limited_requests_and_failed_audit_writes_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir_path = dir.path().to_owned();
+    let server = tokio::task::spawn_blocking(move || {
+        Server::start(
+            &dir_path,
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--store",
+                "memory:",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--cell-rate",
+                "1/s",
+                "--cell-burst",
+                "1",
+                // Every write to /dev/full fails (ENOSPC).
+                "--audit-log",
+                "/dev/full",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let metrics = server.child.metrics_addr(PATIENCE).unwrap();
+    let mut raw = topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient::connect(
+        server.endpoint(),
+    )
+    .await
+    .unwrap();
+    let mut limited = 0;
+    for n in 0..5 {
+        let request = topology_claims::grpc::pb::RollbackUpdateRequest {
+            cell_id: "cell-a".into(),
+            lease_id: format!("00000000-0000-4000-8000-00000000000{n}"),
+        };
+        if let Err(status) = raw.rollback_update(request).await {
+            assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+            limited += 1;
+        }
+    }
+    assert!(limited >= 3, "{limited} of 5 limited");
+    let text = scrape(metrics);
+    assert_eq!(
+        value(
+            &text,
+            "topology_claims_rate_limited_total",
+            &[("cell_id", "cell-a")]
+        ),
+        Some(f64::from(limited))
+    );
+    assert_eq!(
+        value(
+            &text,
+            "topology_claims_requests_total",
+            &[("method", "RollbackUpdate"), ("code", "RESOURCE_EXHAUSTED")]
+        ),
+        Some(f64::from(limited))
+    );
+    // Each answered rollback was audited, and each audit line failed.
+    assert!(
+        value(&text, "topology_claims_audit_write_failures_total", &[]).is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    promtool_accepts(&text);
+    drop(raw);
+    server.stop_with("TERM");
+}
