@@ -11,6 +11,7 @@ use topology_claims::cell::{
     ClaimSource, ClaimsClient, ClientConfig, LocalClaim, LocalEnd, PendingUpdate, TransactionError,
     UpdateConfig, Verifier, VerifierConfig,
 };
+use topology_claims::domain::{DecommissionStep, LeaseSummary};
 use topology_claims::memory::{MemoryClaimStore, MemoryLocalLeaseStore};
 use topology_claims::testing::cell::LocalDb;
 use topology_claims::testing::fixtures::{cell, creates, record_in, username};
@@ -106,6 +107,20 @@ impl ClaimStore for SlowFirstBegin {
     }
     async fn collect_outcomes(&self, r: Duration) -> Result<u64, ClaimsError> {
         self.inner.collect_outcomes(r).await
+    }
+    async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
+        self.inner.lease_summary().await
+    }
+    async fn decommission_step(
+        &self,
+        c: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<DecommissionStep, ClaimsError> {
+        self.inner.decommission_step(c, batch, dry_run).await
+    }
+    fn retries(&self) -> u64 {
+        self.inner.retries()
     }
 }
 
