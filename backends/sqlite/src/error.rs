@@ -141,3 +141,33 @@ pub(crate) fn retry_counted<T>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rerun_is_counted_and_a_refusal_is_not() {
+        let retries = AtomicU64::new(0);
+        let mut failures = 2;
+        let value = retry_counted(&retries, || {
+            if failures > 0 {
+                failures -= 1;
+                return Err(StoreError::Conflict("a concurrent writer".into()));
+            }
+            Ok(7)
+        });
+        assert_eq!(value.unwrap(), 7);
+        assert_eq!(retries.load(Ordering::Relaxed), 2);
+
+        let refused: Result<(), _> = retry_counted(&retries, || {
+            Err(StoreError::Claims(ClaimsError::internal("not retryable")))
+        });
+        assert!(refused.is_err());
+        assert_eq!(
+            retries.load(Ordering::Relaxed),
+            2,
+            "a refusal is not re-run"
+        );
+    }
+}
