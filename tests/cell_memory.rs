@@ -11,6 +11,7 @@ use topology_claims::cell::{
     ClaimSource, ClaimsClient, ClientConfig, LocalClaim, LocalEnd, PendingUpdate, TransactionError,
     UpdateConfig, Verifier, VerifierConfig,
 };
+use topology_claims::domain::{DecommissionStep, LeaseSummary};
 use topology_claims::memory::{MemoryClaimStore, MemoryLocalLeaseStore};
 use topology_claims::testing::cell::LocalDb;
 use topology_claims::testing::fixtures::{cell, creates, record_in, username};
@@ -107,7 +108,7 @@ impl ClaimStore for SlowFirstBegin {
     async fn collect_outcomes(&self, r: Duration) -> Result<u64, ClaimsError> {
         self.inner.collect_outcomes(r).await
     }
-    async fn lease_summary(&self) -> Result<topology_claims::domain::LeaseSummary, ClaimsError> {
+    async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
         self.inner.lease_summary().await
     }
     async fn decommission_step(
@@ -115,7 +116,7 @@ impl ClaimStore for SlowFirstBegin {
         c: &CellId,
         batch: usize,
         dry_run: bool,
-    ) -> Result<topology_claims::domain::DecommissionStep, ClaimsError> {
+    ) -> Result<DecommissionStep, ClaimsError> {
         self.inner.decommission_step(c, batch, dry_run).await
     }
     fn retries(&self) -> u64 {

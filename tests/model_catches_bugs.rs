@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use topology_claims::domain::{DecommissionStep, LeaseSummary};
 use topology_claims::memory::MemoryClaimStore;
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -49,7 +50,7 @@ impl ClaimStore for ForgivingCommits {
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         self.0.collect_outcomes(retention).await
     }
-    async fn lease_summary(&self) -> Result<topology_claims::domain::LeaseSummary, ClaimsError> {
+    async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
         self.0.lease_summary().await
     }
     async fn decommission_step(
@@ -57,7 +58,7 @@ impl ClaimStore for ForgivingCommits {
         cell_id: &CellId,
         batch: usize,
         dry_run: bool,
-    ) -> Result<topology_claims::domain::DecommissionStep, ClaimsError> {
+    ) -> Result<DecommissionStep, ClaimsError> {
         self.0.decommission_step(cell_id, batch, dry_run).await
     }
     fn retries(&self) -> u64 {

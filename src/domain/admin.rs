@@ -43,6 +43,13 @@ pub struct LeaseSummary {
 }
 
 impl LeaseSummary {
+    /// Builds a summary from one row per cell (a store's `GROUP BY cell_id`), in any order: the
+    /// cells are sorted here, so no store depends on its collation for the order.
+    pub fn from_cells(server_time: Timestamp, mut cells: Vec<CellLeases>) -> Self {
+        cells.sort_by(|a, b| a.cell_id.cmp(&b.cell_id));
+        Self { server_time, cells }
+    }
+
     /// Builds a summary from one row per lease `(cell, created_at)`, in any order.
     pub fn from_leases<'a>(
         server_time: Timestamp,

@@ -99,6 +99,12 @@ macro_rules! claim_store_conformance {
                 lookup_of_absent_claim_is_not_found,
                 outcomes_are_forgotten_after_retention,
                 many_claims_in_one_batch_are_all_or_nothing,
+                lease_summary_counts_each_cells_outstanding_leases_and_its_oldest,
+                decommission_is_refused_while_the_cell_has_outstanding_leases,
+                decommission_dry_run_counts_and_changes_nothing,
+                decommission_deletes_in_bounded_steps_and_leaves_other_cells_untouched,
+                decommission_resumes_after_a_step_that_was_cut_short,
+                a_decommissioned_cell_may_begin_nothing,
             );
             #[test]
             fn model_based_property_test() {

@@ -1,5 +1,5 @@
-//! Model-based property test: random sequences of begin / commit / rollback / renew / lookup from
-//! three cells over six keys (so conflicts are frequent), run against the pure model
+//! Model-based property test: random sequences of begin / commit / rollback / renew / lookup /
+//! decommission steps from three cells over six keys (so conflicts are frequent), run against the pure model
 //! ([`Tables`]) and the adapter side by side. Every outcome must match the model's, the
 //! protocol invariants must hold after every step, and the final state must equal the model's.
 
@@ -11,8 +11,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 
 use crate::domain::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimType, ClaimsCursor, ClaimsQuery, Lease,
-    LeaseId, LeasesQuery, TableName, Tables, Timestamp,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimType, ClaimsCursor, ClaimsQuery,
+    DecommissionStep, Lease, LeaseId, LeasesQuery, TableName, Tables, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::ClaimStore;
@@ -47,6 +47,12 @@ pub enum Command {
     Lookup {
         key: usize,
     },
+    /// One decommission step of `cell` deleting up to `batch` claims (or counting them).
+    Decommission {
+        cell: usize,
+        batch: usize,
+        dry_run: bool,
+    },
 }
 
 fn cell_of(n: usize) -> CellId {
@@ -74,6 +80,9 @@ fn command() -> impl Strategy<Value = Command> {
         2 => (cell.clone(), lease.clone()).prop_map(|(cell, lease)| Command::Rollback { cell, lease }),
         1 => (cell, lease).prop_map(|(cell, lease)| Command::Renew { cell, lease }),
         1 => (0..KEYS).prop_map(|key| Command::Lookup { key }),
+        // Rare: a decommissioned cell begins nothing for the rest of the history.
+        1 => (0..CELLS, 1..4usize, proptest::bool::weighted(0.3))
+            .prop_map(|(cell, batch, dry_run)| Command::Decommission { cell, batch, dry_run }),
     ]
 }
 
@@ -82,6 +91,7 @@ fn command() -> impl Strategy<Value = Command> {
 enum Observed {
     Lease(Lease),
     Claim(Claim),
+    Step(DecommissionStep),
     Done,
     Error(ClaimsError),
 }
@@ -97,6 +107,7 @@ impl fmt::Debug for Observed {
                 c.cell_id,
                 c.lease
             ),
+            Observed::Step(s) => write!(f, "Ok({s:?})"),
             Observed::Done => write!(f, "Ok(())"),
             Observed::Error(e) => write!(f, "Err({e:?})"),
         }
@@ -251,6 +262,19 @@ async fn apply<S: ClaimStore>(
             (
                 observe(actual, |c| Observed::Claim(blank_claim(c))),
                 observe(expected, |c| Observed::Claim(blank_claim(c))),
+            )
+        }
+        Command::Decommission {
+            cell,
+            batch,
+            dry_run,
+        } => {
+            let c = cell_of(*cell);
+            let actual = store.decommission_step(&c, *batch, *dry_run).await;
+            let expected = model.decommission_step(&c, *batch, *dry_run, ZERO);
+            (
+                observe(actual, Observed::Step),
+                observe(expected, Observed::Step),
             )
         }
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::Row;
 use topology_claims::codec::decode_request;
-use topology_claims::domain::{LeaseRecord, Outcome};
+use topology_claims::domain::{CellLeases, LeaseRecord, LeaseSummary, Outcome};
 use topology_claims::{
     CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease, LeaseId,
     LeaseOp, LeaseOutcome, OwnerType, TableName, Timestamp,
@@ -112,6 +112,34 @@ pub(crate) fn lease(row: &Row) -> Result<Lease, ClaimsError> {
         created_at: timestamp(get(row, 3, W)?),
         last_renewed_at: timestamp(get(row, 4, W)?),
     })
+}
+
+/// The rows of `sql::LEASE_SUMMARY`.
+pub(crate) fn lease_summary(rows: &[Row]) -> Result<LeaseSummary, ClaimsError> {
+    const W: &str = "lease summary";
+    let Some(first) = rows.first() else {
+        return Err(corrupt(W, "no row (the statement always returns one)"));
+    };
+    let server_time = timestamp(get(first, 0, W)?);
+    let mut cells = Vec::with_capacity(rows.len());
+    for row in rows {
+        let Some(cell) = get::<Option<&str>>(row, 1, W)? else {
+            continue; // no leases at all
+        };
+        let outstanding: i64 = get(row, 2, W)?;
+        cells.push(CellLeases {
+            cell_id: CellId::parse(cell).map_err(|e| corrupt(W, e))?,
+            outstanding: u64::try_from(outstanding).map_err(|e| corrupt(W, e))?,
+            oldest_created_at: timestamp(get(row, 3, W)?),
+        });
+    }
+    Ok(LeaseSummary::from_cells(server_time, cells))
+}
+
+/// A `count(*)` row.
+pub(crate) fn count(row: &Row) -> Result<u64, ClaimsError> {
+    let n: i64 = get(row, 0, "count")?;
+    u64::try_from(n).map_err(|e| corrupt("count", e))
 }
 
 /// A row of `lease_outcomes`.

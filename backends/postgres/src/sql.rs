@@ -17,11 +17,18 @@ pub struct Migration {
 }
 
 /// All migrations, oldest first. Append only: a released migration never changes.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_initial",
-    sql: include_str!("../migrations/0001_initial.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_initial",
+        sql: include_str!("../migrations/0001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_decommissioned_cells",
+        sql: include_str!("../migrations/0002_decommissioned_cells.sql"),
+    },
+];
 
 /// Advisory lock class (first key of the two-key form) of schema migrations; the second key is
 /// `hashtext(schema)`, so parallel servers on one schema serialise and different schemas don't.
@@ -29,6 +36,10 @@ pub const MIGRATION_LOCK_CLASS: i32 = 0x7C1A_0000;
 /// Advisory lock class of lease ids: every transaction that reads or writes a lease takes
 /// `(LEASE_LOCK_CLASS, hash(lease_id))` first (see `store.rs`, "why an advisory lock").
 pub const LEASE_LOCK_CLASS: i32 = 0x7C1A_0001;
+/// Advisory lock class of cells, second key `hashtext(cell_id)`: BeginUpdate holds it shared,
+/// a decommission step exclusive, so a step's lease count and mark cannot interleave with a
+/// BeginUpdate of the cell (see `store.rs`, "why a cell lock").
+pub const CELL_LOCK_CLASS: i32 = 0x7C1A_0002;
 
 /// The bookkeeping table of applied migrations (named so it cannot clash with an application's
 /// own `schema_migrations`).
@@ -89,6 +100,16 @@ pub const ROLLBACK: &str = "ROLLBACK";
 
 /// `$1` [`LEASE_LOCK_CLASS`], `$2` the lease id's 32-bit hash.
 pub const LOCK_LEASE_ID: &str = "SELECT pg_advisory_xact_lock($1::int4, $2::int4)";
+
+/// `$1` [`CELL_LOCK_CLASS`], `$2` the cell id: BeginUpdate's side of the cell lock.
+pub const LOCK_CELL_SHARED: &str =
+    "SELECT pg_advisory_xact_lock_shared($1::int4, hashtext($2::text))";
+/// `$1` [`CELL_LOCK_CLASS`], `$2` the cell id: a decommission step's side of the cell lock.
+pub const LOCK_CELL: &str = "SELECT pg_advisory_xact_lock($1::int4, hashtext($2::text))";
+
+/// Whether cell `$1` is recorded as decommissioned.
+pub const CELL_DECOMMISSIONED: &str =
+    "SELECT EXISTS (SELECT 1 FROM decommissioned_cells WHERE cell_id = $1::text)";
 
 /// The columns of a claim row, in the order `rows::claim` reads them.
 macro_rules! claim_columns {
@@ -182,6 +203,24 @@ pub const INSERT_OUTCOME: &str = "\
 INSERT INTO lease_outcomes (lease_id, cell_id, outcome, decided_at)
 VALUES ($1::uuid, $2::text, $3::smallint, now())";
 
+/// Outstanding leases of cell `$1` (a range of `leases_by_cell_lease`).
+pub const COUNT_LEASES_OF_CELL: &str = "SELECT count(*) FROM leases WHERE cell_id = $1::text";
+
+/// Claims of cell `$1`: a range of `claims_by_cell_table_record`, whose leading column is the cell.
+pub const COUNT_CLAIMS_OF_CELL: &str = "SELECT count(*) FROM claims WHERE cell_id = $1::text";
+
+/// A decommission step's first write: the mark, stamped with the store's clock.
+pub const MARK_DECOMMISSIONED: &str = "\
+INSERT INTO decommissioned_cells (cell_id, decommissioned_at) VALUES ($1::text, now())";
+
+/// Deletes the first `$2` claims of cell `$1` in `claims_by_cell_table_record` order (one range
+/// of the index, never a scan of other cells' claims).
+pub const DELETE_CLAIMS_OF_CELL: &str = "\
+DELETE FROM claims WHERE (claim_type, claim_value) IN (
+    SELECT claim_type, claim_value FROM claims WHERE cell_id = $1::text
+    ORDER BY table_name, table_record_id, claim_type, claim_value
+    LIMIT $2::bigint)";
+
 pub const RENEW_LEASE: &str =
     "UPDATE leases SET last_renewed_at = now() WHERE lease_id = $1::uuid RETURNING last_renewed_at";
 
@@ -198,6 +237,15 @@ pub const LIST_LEASES_AFTER: &str = concat!(
     lease_columns!(),
     " FROM leases WHERE cell_id = $1::text AND lease_id > $3::uuid ORDER BY lease_id LIMIT $2::bigint"
 );
+/// Every cell with outstanding leases: `(now(), cell_id, count, oldest created_at)`, one row
+/// per cell, or one row of `(now(), NULL, NULL, NULL)` when there are none, so the store's
+/// clock comes with the same statement.
+pub const LEASE_SUMMARY: &str = "\
+SELECT t.now, l.cell_id, l.outstanding, l.oldest
+FROM (SELECT now() AS now) AS t
+LEFT JOIN (SELECT cell_id, count(*) AS outstanding, min(created_at) AS oldest
+           FROM leases GROUP BY cell_id) AS l ON true";
+
 /// The store's clock, read after a page so no lease on it is newer than the answer.
 pub const SERVER_TIME: &str = "SELECT now()";
 

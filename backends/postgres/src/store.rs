@@ -13,16 +13,27 @@
 //! that touches a lease therefore first takes `pg_advisory_xact_lock(LEASE_LOCK_CLASS,
 //! hash(lease_id))`, pipelined with its first reads (no extra round trip).
 //!
+//! ## Why a cell lock
+//! READ COMMITTED lets a decommission step count a cell's leases (none) while a BeginUpdate of
+//! the cell, which read "not decommissioned" a moment earlier, is about to commit a new lease:
+//! its claims would then be deleted under it. BeginUpdate therefore takes
+//! `pg_advisory_xact_lock_shared(CELL_LOCK_CLASS, hashtext(cell_id))` before it reads the
+//! decommission mark, and a decommission step takes the exclusive form before it counts leases:
+//! BeginUpdates of one cell still run in parallel, but a step sees either their committed leases
+//! or, once it has marked the cell, they see the mark. Both are in their first flight.
+//!
 //! ## Lock order (no deadlocks between batches)
-//! Advisory lease lock → lease / outcome rows → claim rows in (claim_type, claim_value) order
-//! (`ORDER BY … FOR UPDATE`) → inserts of absent claims, also in key order. Commit/Rollback lock
-//! the lease's claims in key order before rewriting them. Deadlocks the planner could still
-//! produce are retried like any contention.
+//! Advisory lease lock → advisory cell lock → lease / outcome rows → claim rows in
+//! (claim_type, claim_value) order (`ORDER BY … FOR UPDATE`) → inserts of absent claims, also in
+//! key order. Commit/Rollback lock the lease's claims in key order before rewriting them. A
+//! decommission step takes only the cell lock, then deletes claim rows; it never waits for a
+//! lease lock, and BeginUpdate never waits for a cell lock while holding rows. Deadlocks the
+//! planner could still produce are retried like any contention.
 //!
 //! ## Round trips (statements already prepared on the connection)
 //! | operation | round trips | flights |
 //! |---|---|---|
-//! | BeginUpdate | 2 | `BEGIN`, lease lock, lease + outcome rows, claim rows `FOR UPDATE` · inserts, marks, lease insert, `COMMIT` |
+//! | BeginUpdate | 2 | `BEGIN`, lease lock, cell lock (shared), decommission mark, lease + outcome rows, claim rows `FOR UPDATE` · inserts, marks, lease insert, `COMMIT` |
 //! | BeginUpdate refused / replayed | 1 | the first flight; `ROLLBACK` is sent without waiting |
 //! | CommitUpdate / RollbackUpdate | 2 | `BEGIN`, lease lock, lease + outcome rows, lease's claims `FOR UPDATE` · deletes, releases, lease delete, outcome insert, `COMMIT` |
 //! | CommitUpdate already done / refused | 1 | |
@@ -30,6 +41,9 @@
 //! | ListOutstandingLeases | 1 | page + server time |
 //! | ListClaims | 1 | one range of the record index from the cursor (inside a record when it has a key) |
 //! | LookupClaim | 1 | |
+//! | lease_summary | 1 | one `GROUP BY cell_id` with `now()` |
+//! | decommission_step | 2 | `BEGIN`, cell lock (exclusive), lease count, mark · (count of claims) or (mark insert, bounded delete), `COMMIT` |
+//! | decommission_step refused | 1 | |
 //!
 //! A connection's first use of an operation adds one round trip that prepares all of its
 //! statements at once. [`PostgresClaimStore::round_trips`] counts flights, for tests and the
@@ -41,7 +55,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use topology_claims::codec::encode_request;
-use topology_claims::domain::{self, BeginPlan, EndPlan, LeaseRecord};
+use topology_claims::domain::{
+    self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, LeaseRecord,
+    LeaseSummary,
+};
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
     LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy,
@@ -129,10 +146,12 @@ impl PostgresClaimStore {
         payload: &[u8],
     ) -> Result<Lease, Failure> {
         let mut session = self.shared.session().await?;
-        let [lock, select_lease, select_outcome, select_claims, insert_claims, mark_destroys, insert_lease] =
+        let [lock, lock_cell, decommissioned, select_lease, select_outcome, select_claims, insert_claims, mark_destroys, insert_lease] =
             session
                 .prepare([
                     sql::LOCK_LEASE_ID,
+                    sql::LOCK_CELL_SHARED,
+                    sql::CELL_DECOMMISSIONED,
                     sql::SELECT_LEASE_FOR_UPDATE,
                     sql::SELECT_OUTCOME_FOR_UPDATE,
                     sql::SELECT_CLAIMS_FOR_UPDATE,
@@ -146,16 +165,24 @@ impl PostgresClaimStore {
         let keys = KeyArrays::sorted(request.operations().map(|(_, record)| &record.key));
         let begin = session.begin_transaction();
         let client = session.client()?;
-        // Flight 1: open the transaction and lock + read everything the decision needs.
-        let (_, _, lease_row, outcome_row, claim_rows) = tokio::try_join!(
+        let cell = request.cell_id.as_str();
+        // Flight 1: open the transaction and lock + read everything the decision needs. The
+        // shared cell lock comes before the mark is read (see "why a cell lock").
+        let (_, _, _, decommissioned_row, lease_row, outcome_row, claim_rows) = tokio::try_join!(
             biased;
             client.batch_execute(begin),
             async { client.execute(&lock, &[&sql::LEASE_LOCK_CLASS, &lock_key]).await },
+            async { client.execute(&lock_cell, &[&sql::CELL_LOCK_CLASS, &cell]).await },
+            async { client.query_one(&decommissioned, &[&cell]).await },
             async { client.query_opt(&select_lease, &[id]).await },
             async { client.query_opt(&select_outcome, &[id]).await },
             async { client.query(&select_claims, &[&keys.types, &keys.values]).await },
         )?;
         session.round_trip();
+        domain::check_not_decommissioned(
+            &request.cell_id,
+            decommissioned_row.try_get(0).map_err(internal)?,
+        )?;
         let known = rows::lease_record(lease_row, outcome_row)?;
         let current = rows::claims_by_key(&claim_rows)?;
         let writes = match domain::decide_begin(request, lease_id, known.as_ref(), &current)? {
@@ -165,7 +192,6 @@ impl PostgresClaimStore {
         };
         let inserts = RecordArrays::sorted(&writes.inserts);
         let marks = KeyArrays::sorted(&writes.marks);
-        let cell = request.cell_id.as_str();
         let (create, destroy) = (
             small(LeaseOp::Create.number()),
             small(LeaseOp::Destroy.number()),
@@ -394,6 +420,82 @@ impl PostgresClaimStore {
         }
     }
 
+    async fn lease_summary_attempt(&self) -> Result<LeaseSummary, Failure> {
+        let session = self.shared.session().await?;
+        let [summary] = session.prepare([sql::LEASE_SUMMARY]).await?;
+        let client = session.client()?;
+        let summary_rows = client.query(&summary, &[]).await?;
+        session.round_trip();
+        Ok(rows::lease_summary(&summary_rows)?)
+    }
+
+    /// One decommission step (the twin of `Tables::decommission_step`).
+    async fn decommission_attempt(
+        &self,
+        cell_id: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<DecommissionStep, Failure> {
+        let mut session = self.shared.session().await?;
+        let [lock_cell, count_leases, decommissioned, count_claims, mark_cell, delete_claims] =
+            session
+                .prepare([
+                    sql::LOCK_CELL,
+                    sql::COUNT_LEASES_OF_CELL,
+                    sql::CELL_DECOMMISSIONED,
+                    sql::COUNT_CLAIMS_OF_CELL,
+                    sql::MARK_DECOMMISSIONED,
+                    sql::DELETE_CLAIMS_OF_CELL,
+                ])
+                .await?;
+        let cell = cell_id.as_str();
+        let begin = session.begin_transaction();
+        let client = session.client()?;
+        // Flight 1: the exclusive cell lock before the lease count (see "why a cell lock").
+        let (_, _, leases_row, decommissioned_row) = tokio::try_join!(
+            biased;
+            client.batch_execute(begin),
+            async { client.execute(&lock_cell, &[&sql::CELL_LOCK_CLASS, &cell]).await },
+            async { client.query_one(&count_leases, &[&cell]).await },
+            async { client.query_one(&decommissioned, &[&cell]).await },
+        )?;
+        session.round_trip();
+        let state = DecommissionState {
+            outstanding_leases: rows::count(&leases_row)?,
+            decommissioned: decommissioned_row.try_get(0).map_err(internal)?,
+        };
+        let plan = domain::decide_decommission(cell_id, state, dry_run, batch)?;
+        // Flight 2: what the plan says, and COMMIT.
+        let claims = match plan {
+            DecommissionPlan::Count => {
+                let (count_row, _) = tokio::try_join!(
+                    biased;
+                    async { client.query_one(&count_claims, &[&cell]).await },
+                    client.batch_execute(sql::COMMIT),
+                )?;
+                rows::count(&count_row)?
+            }
+            DecommissionPlan::Delete { mark, limit } => {
+                let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+                let (_, deleted, _) = tokio::try_join!(
+                    biased;
+                    async {
+                        if !mark {
+                            return Ok(0);
+                        }
+                        client.execute(&mark_cell, &[&cell]).await
+                    },
+                    async { client.execute(&delete_claims, &[&cell, &limit]).await },
+                    client.batch_execute(sql::COMMIT),
+                )?;
+                deleted
+            }
+        };
+        session.round_trip();
+        session.committed();
+        Ok(DecommissionStep::after(cell_id, state, plan, claims))
+    }
+
     async fn collect_attempt(&self, retention_micros: i64) -> Result<u64, Failure> {
         let session = self.shared.session().await?;
         let [collect] = session.prepare([sql::COLLECT_OUTCOMES]).await?;
@@ -489,29 +591,35 @@ impl ClaimStore for PostgresClaimStore {
             .await
     }
 
-    // TEMPORARY (replaced by the backends branch before landing).
-    async fn lease_summary(&self) -> Result<topology_claims::domain::LeaseSummary, ClaimsError> {
-        Err(ClaimsError::internal("lease_summary: not yet"))
-    }
-
-    async fn decommission_step(
-        &self,
-        _cell_id: &CellId,
-        _batch: usize,
-        _dry_run: bool,
-    ) -> Result<topology_claims::domain::DecommissionStep, ClaimsError> {
-        Err(ClaimsError::internal("decommission_step: not yet"))
-    }
-
-    fn retries(&self) -> u64 {
-        0
-    }
-
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         let micros = i64::try_from(retention.min(MAX_RETENTION).as_micros()).unwrap_or(i64::MAX);
         self.shared
             .run("collect_outcomes", || self.collect_attempt(micros))
             .await
+    }
+
+    async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
+        self.shared
+            .run("lease_summary", || self.lease_summary_attempt())
+            .await
+    }
+
+    async fn decommission_step(
+        &self,
+        cell_id: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<DecommissionStep, ClaimsError> {
+        self.shared
+            .run("decommission_step", || {
+                self.decommission_attempt(cell_id, batch, dry_run)
+            })
+            .await
+    }
+
+    fn retries(&self) -> u64 {
+        let stats = self.shared.stats();
+        stats.contention_retries + stats.reconnects
     }
 }
 

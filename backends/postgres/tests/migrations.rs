@@ -8,6 +8,8 @@ use topology_claims::testing::migrations::MigrationFixture;
 use topology_claims::{ClaimStore, ClaimsError, MigrationPolicy};
 use topology_claims_postgres::{migrate_with, PostgresClaimStore};
 
+const ALL_MIGRATIONS: &[&str] = &["0001_initial", "0002_decommissioned_cells"];
+
 /// A migrated schema of its own, for the shared migration-rule cases (dropped at the end).
 struct MigratedSchema {
     admin: tokio_postgres::Client,
@@ -84,14 +86,14 @@ async fn refuse_reports_pending_migrations_until_migrate_applies_them() {
     .await;
     match refused {
         Err(ClaimsError::MigrationsPending { pending }) => {
-            assert_eq!(pending, vec!["0001_initial"])
+            assert_eq!(pending, ALL_MIGRATIONS)
         }
         other => panic!("expected MigrationsPending, got {other:?}"),
     }
     let applied = migrate_with(&common::url(), &common::options(&schema))
         .await
         .expect("migrate");
-    assert_eq!(applied, vec!["0001_initial"]);
+    assert_eq!(applied, ALL_MIGRATIONS);
     let again = migrate_with(&common::url(), &common::options(&schema))
         .await
         .expect("migrate again");
@@ -130,7 +132,7 @@ async fn servers_migrating_the_same_fresh_schema_at_once_all_succeed() {
                 .expect("every concurrent migration succeeds"),
         );
     }
-    assert_eq!(applied, vec!["0001_initial"], "applied exactly once");
+    assert_eq!(applied, ALL_MIGRATIONS, "applied exactly once");
     // And stores opening concurrently on a migrated schema.
     let opens = (0..2).map(|_| {
         let (url, options) = (url.clone(), common::options(&schema));

@@ -1,6 +1,7 @@
 //! 32 concurrent clients race BeginUpdate over overlapping claim sets through the real gRPC
 //! server backed by PostgreSQL: exactly one owner per claim, only protocol refusals (never an
-//! internal or unavailable error), and no deadlock.
+//! internal or unavailable error), and no deadlock. And BeginUpdates racing a decommission step
+//! of their cell: the cell advisory lock lets exactly one side win.
 
 mod common;
 
@@ -213,6 +214,90 @@ async fn racing_begin_updates_through_grpc_leave_exactly_one_owner_per_claim() {
         "lock order prevents deadlocks: {stats:?}"
     );
     server.shutdown().await;
+    if let Some(admin) = common::admin().await {
+        common::drop_schema(&admin, &schema).await;
+    }
+}
+
+/// BeginUpdates of one cell racing its first decommission step (READ COMMITTED): the cell lock
+/// lets exactly one side win. Either the step is refused for the leases that got in first, or
+/// it marks the cell and every BeginUpdate after it is refused; never a lease outstanding in a
+/// decommissioned cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_decommission_step_racing_begin_updates_never_leaves_a_lease_in_a_decommissioned_cell() {
+    const ROUNDS: usize = 12;
+    const BEGINS: usize = 6;
+    let Some((store, schema)) =
+        common::fresh_store_with(|o| PostgresOptions { pool_size: 8, ..o }).await
+    else {
+        return;
+    };
+    let store = Arc::new(store);
+    let mut stepped = 0;
+    for round in 0..ROUNDS {
+        let doomed = cell(&format!("doomed-{round}"));
+        let barrier = Arc::new(Barrier::new(BEGINS + 1));
+        let mut begins = JoinSet::new();
+        for b in 0..BEGINS {
+            let (store, barrier, doomed) =
+                (Arc::clone(&store), Arc::clone(&barrier), doomed.clone());
+            begins.spawn(async move {
+                let request = BeginUpdate {
+                    cell_id: doomed,
+                    lease_id: None,
+                    creates: vec![claim(&format!("dc{round}"), b)],
+                    destroys: vec![],
+                };
+                barrier.wait().await;
+                store.begin_update(request).await
+            });
+        }
+        let step = {
+            let (store, doomed) = (Arc::clone(&store), doomed.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.decommission_step(&doomed, 100, false).await
+            })
+        };
+        let mut leased = 0u64;
+        while let Some(begun) = begins.join_next().await {
+            match begun.expect("task") {
+                Ok(_) => leased += 1,
+                Err(ClaimsError::CellDecommissioned { .. }) => {}
+                Err(other) => panic!("round {round}: BeginUpdate failed: {other}"),
+            }
+        }
+        let outstanding = store
+            .lease_summary()
+            .await
+            .unwrap()
+            .cells
+            .into_iter()
+            .find(|c| c.cell_id == doomed)
+            .map_or(0, |c| c.outstanding);
+        assert_eq!(
+            outstanding, leased,
+            "round {round}: every lease that began is outstanding"
+        );
+        match step.await.expect("task") {
+            Ok(step) => {
+                stepped += 1;
+                assert!(!step.already_decommissioned);
+                assert_eq!(
+                    leased, 0,
+                    "round {round}: a lease began in a decommissioned cell"
+                );
+            }
+            Err(ClaimsError::CellHasOutstandingLeases { outstanding, .. }) => {
+                assert!(
+                    outstanding >= 1 && outstanding <= leased,
+                    "round {round}: refused for {outstanding} of {leased}"
+                );
+            }
+            Err(other) => panic!("round {round}: decommission step failed: {other}"),
+        }
+    }
+    tracing::info!(stepped, "decommission steps that won their race");
     if let Some(admin) = common::admin().await {
         common::drop_schema(&admin, &schema).await;
     }

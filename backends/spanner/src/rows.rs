@@ -10,7 +10,7 @@ use gcloud_spanner::mutation::{delete, insert, update};
 use gcloud_spanner::row::Row;
 use gcloud_spanner::value::CommitTimestamp;
 use topology_claims::codec::{decode_request, encode_request, timestamp_from_pb};
-use topology_claims::domain::{LeaseOutcome, Outcome};
+use topology_claims::domain::{CellLeases, LeaseOutcome, Outcome};
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease,
     LeaseId, LeaseOp, OwnerType, TableName, Timestamp,
@@ -19,6 +19,7 @@ use topology_claims::{
 pub(crate) const CLAIMS: &str = "claims";
 pub(crate) const LEASES: &str = "leases_outstanding";
 pub(crate) const OUTCOMES: &str = "lease_outcomes";
+pub(crate) const DECOMMISSIONED: &str = "decommissioned_cells";
 
 /// `claims.lease_op` of a claim under no lease (the design's "no-op").
 const NO_LEASE_OP: i64 = 0;
@@ -144,6 +145,43 @@ pub(crate) fn outcome_from_row(row: &Row) -> Result<Outcome, ClaimsError> {
         )?,
         decided_at: timestamp(row, "decided_at")?,
     })
+}
+
+/// A row of the lease summary query: `cell_id`, `outstanding`, `oldest`.
+pub(crate) fn cell_leases_from_row(row: &Row) -> Result<CellLeases, ClaimsError> {
+    let outstanding: i64 = column(row, "outstanding")?;
+    Ok(CellLeases {
+        cell_id: cell_id(&column::<String>(row, "cell_id")?)?,
+        outstanding: u64::try_from(outstanding).map_err(|e| corrupt("lease count", e))?,
+        oldest_created_at: timestamp(row, "oldest")?,
+    })
+}
+
+/// The `n` of a `SELECT COUNT(*) AS n` row.
+pub(crate) fn count_from_row(row: &Row) -> Result<u64, ClaimsError> {
+    let n: i64 = column(row, "n")?;
+    u64::try_from(n).map_err(|e| corrupt("count", e))
+}
+
+/// The primary key of a claim read as `claim_type`, `claim_value`.
+pub(crate) fn claim_key_from_row(row: &Row) -> Result<Key, ClaimsError> {
+    let claim_type: i64 = column(row, "claim_type")?;
+    let claim_value: String = column(row, "claim_value")?;
+    Ok(Key::composite(&[&claim_type, &claim_value]))
+}
+
+/// The primary key of a decommission mark.
+pub(crate) fn decommissioned_key(cell: &CellId) -> Key {
+    Key::new(&cell.as_str())
+}
+
+/// The decommission mark of a cell, stamped with the commit timestamp.
+pub(crate) fn insert_decommissioned(cell: &CellId) -> Mutation {
+    insert(
+        DECOMMISSIONED,
+        &["cell_id", "decommissioned_at"],
+        &[&cell.as_str(), &CommitTimestamp::new()],
+    )
 }
 
 /// The primary key of a claim.

@@ -41,7 +41,8 @@ pub(crate) const MIGRATIONS_TABLE: &str = "schema_migrations";
 
 /// Every migration, in order. The design's Spanner schema (docs/backends/spanner.md explains
 /// each table and index, and why none of them is a write hotspot).
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
     version: 1,
     name: "0001_initial",
     statements: &[
@@ -91,7 +92,18 @@ pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
         "CREATE INDEX IF NOT EXISTS leases_by_cell ON leases_outstanding (cell_id, lease_id)",
         "CREATE INDEX IF NOT EXISTS lease_outcomes_by_decided_at ON lease_outcomes (decided_shard, decided_at)",
     ],
-}];
+},
+    // Cells an administrator decommissioned: written by the first real decommission step, read
+    // by every BeginUpdate of the cell (a point read by primary key).
+    Migration {
+        version: 2,
+        name: "0002_decommissioned_cells",
+        statements: &["CREATE TABLE IF NOT EXISTS decommissioned_cells (
+            cell_id STRING(100) NOT NULL,
+            decommissioned_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
+        ) PRIMARY KEY (cell_id)"],
+    },
+];
 
 /// How many values `lease_outcomes.decided_shard` takes (`0..OUTCOME_SHARDS`).
 pub(crate) const OUTCOME_SHARDS: i64 = 16;

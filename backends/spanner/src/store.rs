@@ -7,6 +7,7 @@
 //! questions (that is `domain`) nor classify errors (that is `error.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,7 +18,10 @@ use gcloud_spanner::statement::Statement;
 use gcloud_spanner::transaction::{QueryOptions, ReadOptions, Transaction};
 use gcloud_spanner::transaction_rw::ReadWriteTransaction;
 use gcloud_spanner::value::TimestampBound;
-use topology_claims::domain::{self, BeginPlan, EndPlan, EndWrites, LeaseOutcome, LeaseRecord};
+use topology_claims::domain::{
+    self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, EndWrites,
+    LeaseOutcome, LeaseRecord, LeaseSummary,
+};
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
     LeaseId, LeasesPage, LeasesQuery, MigrationPolicy, Timestamp,
@@ -25,7 +29,9 @@ use topology_claims::{
 
 use crate::config::{DatabaseName, SpannerOptions};
 use crate::error::{client_error, status_error, TxError};
-use crate::rows::{self, CLAIMS, CLAIM_COLUMNS, LEASES, LEASE_COLUMNS, OUTCOMES, OUTCOME_COLUMNS};
+use crate::rows::{
+    self, CLAIMS, CLAIM_COLUMNS, DECOMMISSIONED, LEASES, LEASE_COLUMNS, OUTCOMES, OUTCOME_COLUMNS,
+};
 use crate::schema::{self, OUTCOME_SHARDS};
 use crate::transaction::Attempts;
 
@@ -40,6 +46,8 @@ pub struct SpannerClaimStore {
     client: Client,
     options: SpannerOptions,
     name: DatabaseName,
+    /// Transactions re-run by [`Attempts`] (aborts, lost sessions), for `ClaimStore::retries`.
+    retries: AtomicU64,
 }
 
 impl std::fmt::Debug for SpannerClaimStore {
@@ -111,6 +119,7 @@ impl SpannerClaimStore {
             client,
             options,
             name,
+            retries: AtomicU64::new(0),
         })
     }
 
@@ -123,6 +132,11 @@ impl SpannerClaimStore {
     /// expire on the server (about an hour).
     pub async fn close(self) {
         self.client.close().await;
+    }
+
+    /// The attempts of one write operation, counted in `retries`.
+    fn attempts(&self, what: &'static str) -> Attempts<'_> {
+        Attempts::new(&self.options, what).counted(&self.retries)
     }
 
     fn read_options(&self) -> ReadOptions {
@@ -230,13 +244,120 @@ impl SpannerClaimStore {
         Ok(current)
     }
 
-    /// One attempt of BeginUpdate: read, decide, buffer the writes.
+    /// Runs a query inside a read-write transaction: a failed RPC stays a `TxError::Status`, so
+    /// an abort re-runs the attempt.
+    async fn query_in<T>(
+        &self,
+        tx: &mut Transaction,
+        stmt: Statement,
+        decode: impl Fn(&Row) -> Result<T, ClaimsError>,
+    ) -> Result<Vec<T>, TxError> {
+        let mut found = tx.query_with_option(stmt, self.query_options()).await?;
+        let mut decoded = Vec::new();
+        while let Some(row) = found.next().await? {
+            decoded.push(decode(&row)?);
+        }
+        Ok(decoded)
+    }
+
+    /// Whether `cell_id` is recorded in `decommissioned_cells` (a locking point read).
+    async fn is_decommissioned(
+        &self,
+        tx: &mut Transaction,
+        cell_id: &CellId,
+    ) -> Result<bool, TxError> {
+        let row = tx
+            .read_row_with_option(
+                DECOMMISSIONED,
+                &["cell_id"],
+                rows::decommissioned_key(cell_id),
+                self.read_options(),
+            )
+            .await?;
+        Ok(row.is_some())
+    }
+
+    /// `SELECT COUNT(*) AS n` of the rows of `cell_id` through `table@index`.
+    async fn count_of_cell(
+        &self,
+        tx: &mut Transaction,
+        table_and_index: &str,
+        cell_id: &CellId,
+    ) -> Result<u64, TxError> {
+        let mut stmt = Statement::new(format!(
+            "SELECT COUNT(*) AS n FROM {table_and_index} WHERE cell_id = @cell_id"
+        ));
+        stmt.add_param("cell_id", &cell_id.as_str());
+        let counts = self.query_in(tx, stmt, rows::count_from_row).await?;
+        Ok(counts.first().copied().unwrap_or(0))
+    }
+
+    /// One attempt of a decommission step (the twin of `Tables::decommission_step`). No locking
+    /// of its own: read-write transactions are serializable, so a BeginUpdate of the cell that
+    /// read no mark and a step that counted no lease cannot both commit.
+    async fn decommission_attempt(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        cell_id: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<Result<DecommissionStep, ClaimsError>, TxError> {
+        let state = DecommissionState {
+            outstanding_leases: self
+                .count_of_cell(
+                    tx,
+                    "leases_outstanding@{FORCE_INDEX=leases_by_cell}",
+                    cell_id,
+                )
+                .await?,
+            decommissioned: self.is_decommissioned(tx, cell_id).await?,
+        };
+        let plan = match domain::decide_decommission(cell_id, state, dry_run, batch) {
+            Ok(plan) => plan,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let claims = match plan {
+            DecommissionPlan::Count => {
+                self.count_of_cell(tx, "claims@{FORCE_INDEX=claims_by_table_record}", cell_id)
+                    .await?
+            }
+            DecommissionPlan::Delete { mark, limit } => {
+                // One range of claims_by_table_record (leading column cell_id), in its order.
+                let mut stmt = Statement::new(
+                    "SELECT claim_type, claim_value FROM claims@{FORCE_INDEX=claims_by_table_record}
+                     WHERE cell_id = @cell_id
+                     ORDER BY table_name, table_record_id, claim_type, claim_value LIMIT @limit",
+                );
+                stmt.add_param("cell_id", &cell_id.as_str());
+                stmt.add_param("limit", &i64::try_from(limit).unwrap_or(i64::MAX));
+                let doomed = self.query_in(tx, stmt, rows::claim_key_from_row).await?;
+                let deleted = doomed.len() as u64;
+                let mut mutations = Vec::with_capacity(2);
+                if mark {
+                    mutations.push(rows::insert_decommissioned(cell_id));
+                }
+                if !doomed.is_empty() {
+                    mutations.push(rows::delete_claims(doomed));
+                }
+                tx.buffer_write(mutations);
+                deleted
+            }
+        };
+        Ok(Ok(DecommissionStep::after(cell_id, state, plan, claims)))
+    }
+
+    /// One attempt of BeginUpdate: read, decide, buffer the writes. The decommission mark is
+    /// read first (serializable: a step that marks the cell meanwhile aborts one of the two).
     async fn begin_attempt(
         &self,
         tx: &mut ReadWriteTransaction,
         request: &BeginUpdate,
         lease_id: LeaseId,
     ) -> Result<Result<BeginPlan, ClaimsError>, TxError> {
+        let decommissioned = self.is_decommissioned(tx, &request.cell_id).await?;
+        if let Err(refusal) = domain::check_not_decommissioned(&request.cell_id, decommissioned) {
+            return Ok(Err(refusal));
+        }
         let known = self.lease_record(tx, lease_id).await?;
         // A known lease id is answered from the lease alone (see decide_begin): skip the claims.
         let current = if known.is_some() {
@@ -331,7 +452,7 @@ impl SpannerClaimStore {
             LeaseOutcome::Committed => "CommitUpdate",
             LeaseOutcome::RolledBack => "RollbackUpdate",
         };
-        let mut attempts = Attempts::new(&self.options, what);
+        let mut attempts = self.attempts(what);
         let (answer, _) = loop {
             let Some(mut tx) = attempts.begin(&self.client).await? else {
                 continue;
@@ -462,7 +583,7 @@ impl ClaimStore for SpannerClaimStore {
         // The batch-size policy is the front end's (`--max-batch`); stores accept any size.
         domain::check_batch(&request, usize::MAX)?;
         let lease_id = request.lease_id.unwrap_or_else(LeaseId::generate);
-        let mut attempts = Attempts::new(&self.options, "BeginUpdate");
+        let mut attempts = self.attempts("BeginUpdate");
         let (answer, committed_at) = loop {
             let Some(mut tx) = attempts.begin(&self.client).await? else {
                 continue;
@@ -499,7 +620,7 @@ impl ClaimStore for SpannerClaimStore {
     }
 
     async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {
-        let mut attempts = Attempts::new(&self.options, "RenewLease");
+        let mut attempts = self.attempts("RenewLease");
         let (answer, committed_at) = loop {
             let Some(mut tx) = attempts.begin(&self.client).await? else {
                 continue;
@@ -571,24 +692,6 @@ impl ClaimStore for SpannerClaimStore {
         }
     }
 
-    // TEMPORARY (replaced by the backends branch before landing).
-    async fn lease_summary(&self) -> Result<topology_claims::domain::LeaseSummary, ClaimsError> {
-        Err(ClaimsError::internal("lease_summary: not yet"))
-    }
-
-    async fn decommission_step(
-        &self,
-        _cell_id: &CellId,
-        _batch: usize,
-        _dry_run: bool,
-    ) -> Result<topology_claims::domain::DecommissionStep, ClaimsError> {
-        Err(ClaimsError::internal("decommission_step: not yet"))
-    }
-
-    fn retries(&self) -> u64 {
-        0
-    }
-
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         let mut total = 0;
         loop {
@@ -596,7 +699,7 @@ impl ClaimStore for SpannerClaimStore {
             if candidates.is_empty() {
                 return Ok(total);
             }
-            let mut attempts = Attempts::new(&self.options, "collecting lease outcomes");
+            let mut attempts = self.attempts("collecting lease outcomes");
             let (deleted, _) = loop {
                 let Some(mut tx) = attempts.begin(&self.client).await? else {
                     continue;
@@ -614,5 +717,44 @@ impl ClaimStore for SpannerClaimStore {
                 return Ok(total);
             }
         }
+    }
+
+    async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
+        let context = "lease summary";
+        // The snapshot's read timestamp is the store's clock: no lease it sees is newer.
+        let (mut tx, server_time) = self.snapshot(context).await?;
+        let stmt = Statement::new(
+            "SELECT cell_id, COUNT(*) AS outstanding, MIN(created_at) AS oldest
+             FROM leases_outstanding GROUP BY cell_id",
+        );
+        let cells = self
+            .query_all(&mut tx, stmt, context, rows::cell_leases_from_row)
+            .await?;
+        Ok(LeaseSummary::from_cells(server_time, cells))
+    }
+
+    async fn decommission_step(
+        &self,
+        cell_id: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<DecommissionStep, ClaimsError> {
+        let mut attempts = self.attempts("decommission step");
+        let (answer, _) = loop {
+            let Some(mut tx) = attempts.begin(&self.client).await? else {
+                continue;
+            };
+            let result = self
+                .decommission_attempt(&mut tx, cell_id, batch, dry_run)
+                .await;
+            if let Some(done) = attempts.end(&mut tx, result).await? {
+                break done;
+            }
+        };
+        answer
+    }
+
+    fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
     }
 }

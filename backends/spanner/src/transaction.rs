@@ -6,6 +6,7 @@
 //! at a time, exhaust routinely. Owns attempt counting, backoff and the commit timestamp; must not
 //! look at rows or decide anything about claims.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gcloud_spanner::client::Client;
@@ -42,6 +43,8 @@ pub(crate) struct Attempts<'a> {
     attempts: u32,
     constraint_retries: u32,
     backoff: Duration,
+    /// Where re-runs are counted (the store's `ClaimStore::retries`), if anywhere.
+    retries: Option<&'a AtomicU64>,
 }
 
 impl<'a> Attempts<'a> {
@@ -53,6 +56,20 @@ impl<'a> Attempts<'a> {
             attempts: 0,
             constraint_retries: 0,
             backoff: FIRST_BACKOFF,
+            retries: None,
+        }
+    }
+
+    /// Counts every re-run of a transaction (aborts, lost sessions, constraint re-runs) in
+    /// `retries`.
+    pub(crate) fn counted(mut self, retries: &'a AtomicU64) -> Self {
+        self.retries = Some(retries);
+        self
+    }
+
+    fn count_retry(&self) {
+        if let Some(retries) = self.retries {
+            retries.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -130,10 +147,12 @@ impl<'a> Attempts<'a> {
                     "transaction aborted; retrying"
                 );
                 tokio::time::sleep(pause).await;
+                self.count_retry();
                 Ok(())
             }
             Failure::Constraint if self.constraint_retries < MAX_CONSTRAINT_RETRIES => {
                 self.constraint_retries += 1;
+                self.count_retry();
                 tracing::warn!(what = self.what, status = %status.message(), "a write's own check fired; re-running the transaction");
                 Ok(())
             }

@@ -61,3 +61,28 @@ fn the_emulator_really_aborts_commits() {
         client.close().await;
     });
 }
+
+/// Every transaction the adapter re-ran after an injected abort is counted by
+/// `ClaimStore::retries` (read by the metrics), without a store query.
+#[test]
+fn aborted_transactions_are_counted_as_retries() {
+    use topology_claims::testing::fixtures::{cell, creates, username};
+    use topology_claims::ClaimStore;
+
+    topology_claims::testing::run_async(async {
+        let store = common::fresh_store(common::Mode::FaultInjection).await;
+        assert_eq!(store.retries(), 0, "a fresh store has retried nothing");
+        let a = cell("cell-a");
+        for n in 0..40 {
+            let lease = store
+                .begin_update(creates(&a, &[username(&format!("retried-{n}"))]))
+                .await
+                .unwrap();
+            store.commit_update(&a, lease.lease_id).await.unwrap();
+        }
+        assert!(
+            store.retries() > 0,
+            "80 transactions under fault injection, none retried"
+        );
+    });
+}

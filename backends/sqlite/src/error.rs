@@ -5,6 +5,7 @@
 //! Must not decide protocol questions: a domain refusal passes through unchanged.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rusqlite::ErrorCode;
@@ -117,7 +118,13 @@ pub(crate) fn open_error(path: &Path, error: &rusqlite::Error) -> ClaimsError {
 
 /// Runs `attempt` until it succeeds, fails for good, or [`MAX_ATTEMPTS`] are used up. Called on
 /// a blocking thread, so the short back-off sleeps that thread, never an async worker.
-pub(crate) fn retry<T>(
+pub(crate) fn retry<T>(attempt: impl FnMut() -> Result<T, StoreError>) -> Result<T, ClaimsError> {
+    retry_counted(&AtomicU64::new(0), attempt)
+}
+
+/// [`retry`], adding each re-run to `retries` (the store's `ClaimStore::retries`).
+pub(crate) fn retry_counted<T>(
+    retries: &AtomicU64,
     mut attempt: impl FnMut() -> Result<T, StoreError>,
 ) -> Result<T, ClaimsError> {
     let mut tries = 0;
@@ -127,9 +134,40 @@ pub(crate) fn retry<T>(
             Ok(value) => return Ok(value),
             Err(error) if tries < MAX_ATTEMPTS && error.is_retryable() => {
                 tracing::debug!(?error, tries, "retrying SQLite transaction");
+                retries.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(5 << tries));
             }
             Err(error) => return Err(error.into_claims()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rerun_is_counted_and_a_refusal_is_not() {
+        let retries = AtomicU64::new(0);
+        let mut failures = 2;
+        let value = retry_counted(&retries, || {
+            if failures > 0 {
+                failures -= 1;
+                return Err(StoreError::Conflict("a concurrent writer".into()));
+            }
+            Ok(7)
+        });
+        assert_eq!(value.unwrap(), 7);
+        assert_eq!(retries.load(Ordering::Relaxed), 2);
+
+        let refused: Result<(), _> = retry_counted(&retries, || {
+            Err(StoreError::Claims(ClaimsError::internal("not retryable")))
+        });
+        assert!(refused.is_err());
+        assert_eq!(
+            retries.load(Ordering::Relaxed),
+            2,
+            "a refusal is not re-run"
+        );
     }
 }

@@ -11,13 +11,14 @@
 //! reads the rows a request touches, asks the domain, and writes exactly what it decided (the
 //! twin of `topology_claims::domain::Tables`, statement for statement).
 //!
-//! ## Schema (`migrations/0001_initial.sql`)
+//! ## Schema (`migrations/0001_initial.sql`, `0002_decommissioned_cells.sql`)
 //!
 //! | table | key | columns |
 //! |---|---|---|
 //! | `claims` | `(claim_type, claim_value)` | `cell_id`, `owner_type`, `owner_value`, `table_name`, `table_record_id`, `lease_id` (NULL when committed), `lease_op` (0 none, 1 create, 2 destroy), `created_at`, `updated_at` |
 //! | `leases_outstanding` | `lease_id` | `cell_id`, `request` (protobuf `BeginUpdateRequest` bytes), `created_at`, `last_renewed_at` |
 //! | `lease_outcomes` | `lease_id` | `cell_id`, `outcome` (1 committed, 2 rolled back), `decided_at` |
+//! | `decommissioned_cells` | `cell_id` | `decommissioned_at` (BeginUpdate of a listed cell is refused) |
 //!
 //! Timestamps are INTEGER unix microseconds from the store's [`Clock`](topology_claims::Clock),
 //! lease ids lowercase hyphenated TEXT (TEXT order is then UUID order, the order of
@@ -25,7 +26,8 @@
 //! (`claims.lease_id` → `leases_outstanding`) and a `CHECK` tying `lease_op` to `lease_id` are
 //! the database's own check of the invariants. Indexes: `claims(lease_id)` (partial, leased rows
 //! only), `claims(cell_id, table_name, table_record_id, claim_type, claim_value)` (a ListClaims
-//! page is one range scan of it), `leases_outstanding(cell_id, lease_id)`,
+//! page is one range scan of it, and so is a decommission step's count or bounded delete),
+//! `leases_outstanding(cell_id, lease_id)`,
 //! `lease_outcomes(decided_at)`.
 //!
 //! ## Transaction shape

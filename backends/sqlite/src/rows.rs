@@ -31,7 +31,7 @@ fn enum_value<T>(
     from_number(number).ok_or_else(|| corrupt(table, format!("{column} = {number}")))
 }
 
-fn cell_id(table: &str, value: &str) -> Result<CellId, ClaimsError> {
+pub(crate) fn cell_id(table: &str, value: &str) -> Result<CellId, ClaimsError> {
     CellId::parse(value).map_err(|e| corrupt(table, e))
 }
 

@@ -9,20 +9,25 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rusqlite::OptionalExtension;
 use rusqlite::{Connection, TransactionBehavior};
 use topology_claims::codec::encode_request;
-use topology_claims::domain::{self, BeginPlan, EndPlan, EndWrites};
+use topology_claims::domain::{
+    self, BeginPlan, CellLeases, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan,
+    EndWrites, LeaseSummary,
+};
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Clock,
     Lease, LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy, SystemClock, Timestamp,
 };
 
 use crate::connection::{open_service_connection, SharedConnection};
-use crate::error::{retry, StoreError};
+use crate::error::{retry, retry_counted, StoreError};
 use crate::migrations;
 use crate::rows::{self, lease_id_text, LeaseRow, LEASE_COLUMNS};
 
@@ -33,6 +38,8 @@ use crate::rows::{self, lease_id_text, LeaseRow, LEASE_COLUMNS};
 pub struct SqliteClaimStore {
     conn: SharedConnection,
     clock: Arc<dyn Clock>,
+    /// Transactions re-run by [`retry_counted`], shared by the clones.
+    retries: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for SqliteClaimStore {
@@ -65,6 +72,7 @@ impl SqliteClaimStore {
         Ok(Self {
             conn: SharedConnection::new(conn, path),
             clock,
+            retries: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -80,8 +88,9 @@ impl SqliteClaimStore {
         F: FnMut(&Connection, Timestamp) -> Result<T, StoreError> + Send + 'static,
     {
         let clock = Arc::clone(&self.clock);
+        let retries = Arc::clone(&self.retries);
         self.conn
-            .run(move |conn| write_transaction(conn, &*clock, op))
+            .run(move |conn| write_transaction(conn, &*clock, &retries, op))
             .await
     }
 
@@ -92,8 +101,9 @@ impl SqliteClaimStore {
         F: FnMut(&Connection, Timestamp) -> Result<T, StoreError> + Send + 'static,
     {
         let clock = Arc::clone(&self.clock);
+        let retries = Arc::clone(&self.retries);
         self.conn
-            .run(move |conn| read_transaction(conn, &*clock, op))
+            .run(move |conn| read_transaction(conn, &*clock, &retries, op))
             .await
     }
 }
@@ -127,9 +137,10 @@ pub(crate) async fn open_migrated(
 fn write_transaction<T>(
     conn: &mut Connection,
     clock: &dyn Clock,
+    retries: &AtomicU64,
     mut op: impl FnMut(&Connection, Timestamp) -> Result<T, StoreError>,
 ) -> Result<T, ClaimsError> {
-    retry(|| {
+    retry_counted(retries, || {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         // Read under the write lock, so timestamps follow the order transactions commit in.
         let now = clock.now();
@@ -143,9 +154,10 @@ fn write_transaction<T>(
 fn read_transaction<T>(
     conn: &mut Connection,
     clock: &dyn Clock,
+    retries: &AtomicU64,
     mut op: impl FnMut(&Connection, Timestamp) -> Result<T, StoreError>,
 ) -> Result<T, ClaimsError> {
-    retry(|| {
+    retry_counted(retries, || {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
         let value = op(&tx, clock.now())?;
         tx.commit()?;
@@ -165,6 +177,9 @@ fn begin(
     fresh_id: LeaseId,
     now: Timestamp,
 ) -> Result<Lease, StoreError> {
+    // BEGIN IMMEDIATE serializes this with every decommission step, so the mark read here
+    // cannot appear before the claims below are written.
+    domain::check_not_decommissioned(&request.cell_id, is_decommissioned(tx, &request.cell_id)?)?;
     let lease_id = request.lease_id.unwrap_or(fresh_id);
     let known = rows::lease_record(tx, lease_id)?;
     let mut current = BTreeMap::new();
@@ -297,6 +312,90 @@ fn renew(
     Ok(lease)
 }
 
+/// Whether `cell_id` is recorded in `decommissioned_cells`.
+fn is_decommissioned(tx: &Connection, cell_id: &CellId) -> Result<bool, StoreError> {
+    let found = tx
+        .prepare_cached("SELECT 1 FROM decommissioned_cells WHERE cell_id = ?1")?
+        .query_row([cell_id.as_str()], |_| Ok(()))
+        .optional()?;
+    Ok(found.is_some())
+}
+
+/// Every cell's outstanding-lease count and oldest `created_at`: one aggregate over the
+/// `leases_outstanding_by_cell` index plus the table.
+fn lease_summary(conn: &Connection, now: Timestamp) -> Result<LeaseSummary, StoreError> {
+    let mut statement = conn.prepare_cached(
+        "SELECT cell_id, count(*), min(created_at) FROM leases_outstanding GROUP BY cell_id",
+    )?;
+    let rows = statement
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, i64>(2)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let cells = rows
+        .into_iter()
+        .map(|(cell, outstanding, oldest)| {
+            Ok(CellLeases {
+                cell_id: rows::cell_id("leases_outstanding", &cell)?,
+                outstanding: outstanding as u64,
+                oldest_created_at: Timestamp::from_unix_micros(oldest),
+            })
+        })
+        .collect::<Result<Vec<_>, ClaimsError>>()?;
+    Ok(LeaseSummary::from_cells(now, cells))
+}
+
+/// One decommission step (the twin of `Tables::decommission_step`). The claims of the cell are
+/// a range of `claims_by_cell_table_record`, deleted in its order. No locking beyond
+/// `BEGIN IMMEDIATE`: SQLite runs one writer at a time, so no BeginUpdate of the cell can
+/// interleave between the lease count and the mark.
+fn decommission_step(
+    tx: &Connection,
+    cell_id: &CellId,
+    batch: usize,
+    dry_run: bool,
+    now: Timestamp,
+) -> Result<DecommissionStep, StoreError> {
+    let outstanding: i64 = tx
+        .prepare_cached("SELECT count(*) FROM leases_outstanding WHERE cell_id = ?1")?
+        .query_row([cell_id.as_str()], |row| row.get(0))?;
+    let state = DecommissionState {
+        outstanding_leases: outstanding as u64,
+        decommissioned: is_decommissioned(tx, cell_id)?,
+    };
+    let plan = domain::decide_decommission(cell_id, state, dry_run, batch)?;
+    let claims = match plan {
+        DecommissionPlan::Count => {
+            let count: i64 = tx
+                .prepare_cached("SELECT count(*) FROM claims WHERE cell_id = ?1")?
+                .query_row([cell_id.as_str()], |row| row.get(0))?;
+            count as u64
+        }
+        DecommissionPlan::Delete { mark, limit } => {
+            if mark {
+                tx.prepare_cached(
+                    "INSERT INTO decommissioned_cells (cell_id, decommissioned_at) VALUES (?1, ?2)",
+                )?
+                .execute((cell_id.as_str(), now.as_unix_micros()))?;
+            }
+            let deleted = tx
+                .prepare_cached(
+                    "DELETE FROM claims WHERE (claim_type, claim_value) IN ( \
+                     SELECT claim_type, claim_value FROM claims \
+                     INDEXED BY claims_by_cell_table_record WHERE cell_id = ?1 \
+                     ORDER BY table_name, table_record_id, claim_type, claim_value LIMIT ?2)",
+                )?
+                .execute((cell_id.as_str(), sql_limit(limit)))?;
+            deleted as u64
+        }
+    };
+    Ok(DecommissionStep::after(cell_id, state, plan, claims))
+}
+
 fn outstanding_leases(
     conn: &Connection,
     query: &LeasesQuery,
@@ -416,24 +515,6 @@ impl ClaimStore for SqliteClaimStore {
         .await
     }
 
-    // TEMPORARY (replaced by the backends branch before landing).
-    async fn lease_summary(&self) -> Result<topology_claims::domain::LeaseSummary, ClaimsError> {
-        Err(ClaimsError::internal("lease_summary: not yet"))
-    }
-
-    async fn decommission_step(
-        &self,
-        _cell_id: &CellId,
-        _batch: usize,
-        _dry_run: bool,
-    ) -> Result<topology_claims::domain::DecommissionStep, ClaimsError> {
-        Err(ClaimsError::internal("decommission_step: not yet"))
-    }
-
-    fn retries(&self) -> u64 {
-        0
-    }
-
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         self.write(move |tx, now| {
             // `domain::outcome_expired` as a range over the decided_at index.
@@ -444,5 +525,24 @@ impl ClaimStore for SqliteClaimStore {
             Ok(deleted as u64)
         })
         .await
+    }
+
+    async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
+        self.read(lease_summary).await
+    }
+
+    async fn decommission_step(
+        &self,
+        cell_id: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<DecommissionStep, ClaimsError> {
+        let cell_id = cell_id.clone();
+        self.write(move |tx, now| decommission_step(tx, &cell_id, batch, dry_run, now))
+            .await
+    }
+
+    fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
     }
 }

@@ -8,7 +8,7 @@ use topology_claims::testing::migrations::MigrationFixture;
 use topology_claims::{ClaimState, ClaimStore, ClaimsError, LeasesQuery, MigrationPolicy};
 use topology_claims_sqlite::{migrate, SqliteClaimStore, SqliteLocalLeaseStore};
 
-const ALL_MIGRATIONS: &[&str] = &["0001_initial"];
+const ALL_MIGRATIONS: &[&str] = &["0001_initial", "0002_decommissioned_cells"];
 
 fn temp_dir() -> TempDir {
     TempDir::new().expect("a temporary directory")
@@ -25,7 +25,7 @@ async fn refuse_on_a_fresh_file_reports_pending_migrations_until_migrate_runs() 
     assert_eq!(
         refused,
         ClaimsError::MigrationsPending {
-            pending: vec!["0001_initial".into()]
+            pending: ALL_MIGRATIONS.iter().map(|name| name.to_string()).collect()
         }
     );
 

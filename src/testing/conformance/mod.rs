@@ -9,6 +9,7 @@ use crate::domain::{BeginUpdate, CellId, ClaimKey, ClaimState, LeasesPage, Lease
 use crate::error::ClaimsError;
 use crate::ports::ClaimStore;
 
+mod admin;
 mod begin;
 mod end;
 mod lease_ids;
@@ -17,6 +18,7 @@ mod lookup;
 mod outcomes;
 mod renew;
 
+pub use admin::*;
 pub use begin::*;
 pub use end::*;
 pub use lease_ids::*;
