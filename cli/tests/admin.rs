@@ -30,7 +30,12 @@ const KEPT_CLAIMS: usize = 2_000;
 const BATCH: usize = 1_000;
 
 fn client(server: &Server) -> ClaimsClient {
-    ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap()
+    // A 1,000-claim batch takes seconds on the Spanner emulator (one transaction at a time).
+    let config = ClientConfig {
+        call_timeout: Duration::from_secs(60),
+        ..ClientConfig::default()
+    };
+    ClaimsClient::connect_lazy(&server.endpoint(), config).unwrap()
 }
 
 async fn start(dir: &Path, args: Vec<String>) -> Server {
@@ -69,9 +74,15 @@ async fn admin(dir: &Path, server: &Server, args: &[&str]) -> std::process::Outp
         .unwrap()
 }
 
-/// Commits `count` username claims `{prefix}-{i}` for `cell_id`, `BATCH` per lease, four
-/// leases at a time.
-async fn seed(client: &ClaimsClient, cell_id: &CellId, prefix: &str, count: usize) {
+/// Commits `count` username claims `{prefix}-{i}` for `cell_id`, `BATCH` per lease,
+/// `parallel` leases at a time.
+async fn seed(
+    client: &ClaimsClient,
+    cell_id: &CellId,
+    prefix: &str,
+    count: usize,
+    parallel: usize,
+) {
     let batches: Vec<Vec<_>> = (0..count)
         .collect::<Vec<_>>()
         .chunks(BATCH)
@@ -93,7 +104,7 @@ async fn seed(client: &ClaimsClient, cell_id: &CellId, prefix: &str, count: usiz
                 .await
                 .expect("seed commit");
         })
-        .buffer_unordered(4)
+        .buffer_unordered(parallel)
         .collect::<Vec<()>>()
         .await;
 }
@@ -122,6 +133,8 @@ async fn existing(client: &ClaimsClient, prefix: &str, count: usize) -> usize {
 struct Backend {
     store: String,
     durable: bool,
+    /// Seeding leases at a time (the Spanner emulator runs one transaction at a time).
+    parallel: usize,
 }
 
 async fn runbooks(backend: Backend) {
@@ -217,8 +230,8 @@ async fn runbooks(backend: Backend) {
 
     // --- Cell decommissioned: 100k claims, a kill in the middle, a resume.
     let seeding = Instant::now();
-    seed(&claims, &doomed, "old", DOOMED_CLAIMS).await;
-    seed(&claims, &keep, "keep", KEPT_CLAIMS).await;
+    seed(&claims, &doomed, "old", DOOMED_CLAIMS, backend.parallel).await;
+    seed(&claims, &keep, "keep", KEPT_CLAIMS, backend.parallel).await;
     eprintln!(
         "seeded {DOOMED_CLAIMS} + {KEPT_CLAIMS} claims in {:?}",
         seeding.elapsed()
@@ -360,6 +373,7 @@ async fn admin_runbooks_on_memory() {
     runbooks(Backend {
         store: "memory:".into(),
         durable: false,
+        parallel: 4,
     })
     .await;
 }
@@ -370,6 +384,7 @@ async fn admin_runbooks_on_sqlite() {
     runbooks(Backend {
         store: format!("sqlite://{}", dir.path().join("claims.db").display()),
         durable: true,
+        parallel: 4,
     })
     .await;
 }
@@ -389,6 +404,7 @@ async fn admin_runbooks_on_postgres() {
     runbooks(Backend {
         store: schema.url("tc-admin").unwrap(),
         durable: true,
+        parallel: 4,
     })
     .await;
     schema.drop().await.unwrap();
@@ -411,6 +427,7 @@ async fn admin_runbooks_on_spanner() {
     runbooks(Backend {
         store: url.into(),
         durable: true,
+        parallel: 1,
     })
     .await;
 }
