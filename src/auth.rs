@@ -11,7 +11,7 @@
 //! |---|---|
 //! | cell | every ClaimsService RPC for its own `cell_id` (an empty one means its own; another is PERMISSION_DENIED `CELL_ID_MISMATCH`); LookupClaim of any claim |
 //! | router | LookupClaim only |
-//! | admin | ListOutstandingLeases, ListClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell) |
+//! | admin | ListOutstandingLeases, ListClaims, StreamClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell) |
 //!
 //! Anything else is PERMISSION_DENIED `ROLE_NOT_ALLOWED`. A plaintext server's anonymous callers
 //! may call the AdminService only from loopback. Under TLS, a connection without a
@@ -166,6 +166,7 @@ pub enum Method {
     RenewLease,
     ListOutstandingLeases,
     ListClaims,
+    StreamClaims,
     LookupClaim,
     /// `topology.claims.admin.v1.AdminService`.
     ListLeases,
@@ -194,6 +195,7 @@ impl Method {
                 Method::ListOutstandingLeases
             }
             ("topology.claims.v1.ClaimsService", "ListClaims") => Method::ListClaims,
+            ("topology.claims.v1.ClaimsService", "StreamClaims") => Method::StreamClaims,
             ("topology.claims.v1.ClaimsService", "LookupClaim") => Method::LookupClaim,
             ("topology.claims.admin.v1.AdminService", "ListLeases") => Method::ListLeases,
             ("topology.claims.admin.v1.AdminService", "ForceRollback") => Method::ForceRollback,
@@ -237,6 +239,7 @@ impl Method {
             Self::RenewLease => "RenewLease",
             Self::ListOutstandingLeases => "ListOutstandingLeases",
             Self::ListClaims => "ListClaims",
+            Self::StreamClaims => "StreamClaims",
             Self::LookupClaim => "LookupClaim",
             Self::ListLeases => "ListLeases",
             Self::ForceRollback => "ForceRollback",
@@ -257,6 +260,7 @@ impl Method {
                 | Self::RenewLease
                 | Self::ListOutstandingLeases
                 | Self::ListClaims
+                | Self::StreamClaims
         )
     }
 }
@@ -340,7 +344,10 @@ pub fn authorize(caller: &Caller, method: Method, cell_id: &str) -> Decision {
                 }
             }
         }
-        (Role::Admin, Method::ListOutstandingLeases | Method::ListClaims) => allow,
+        (
+            Role::Admin,
+            Method::ListOutstandingLeases | Method::ListClaims | Method::StreamClaims,
+        ) => allow,
         (Role::Admin, m) if m.is_admin() => allow,
         _ => denied(),
     }
@@ -358,13 +365,14 @@ mod tests {
         })
     }
 
-    const CLAIMS_METHODS: [Method; 7] = [
+    const CLAIMS_METHODS: [Method; 8] = [
         Method::BeginUpdate,
         Method::CommitUpdate,
         Method::RollbackUpdate,
         Method::RenewLease,
         Method::ListOutstandingLeases,
         Method::ListClaims,
+        Method::StreamClaims,
         Method::LookupClaim,
     ];
 
@@ -510,7 +518,10 @@ mod tests {
             let d = authorize(&admin, method, "cell-a");
             let reads = matches!(
                 method,
-                Method::ListOutstandingLeases | Method::ListClaims | Method::LookupClaim
+                Method::ListOutstandingLeases
+                    | Method::ListClaims
+                    | Method::StreamClaims
+                    | Method::LookupClaim
             );
             if reads {
                 assert_eq!(d, Decision::Allow { fill_cell_id: None }, "{method:?}");
@@ -648,6 +659,42 @@ mod tests {
     }
 
     #[test]
+    fn stream_claims_has_the_rights_of_list_claims() {
+        assert!(Method::StreamClaims.has_cell_id() && !Method::StreamClaims.mutates());
+        assert!(!Method::StreamClaims.is_admin());
+        let callers = [
+            verified(Role::Cell, "cell-a"),
+            verified(Role::Router, "edge-1"),
+            verified(Role::Admin, "ops"),
+            Caller::Anonymous { loopback: false },
+            Caller::NoCertificate,
+        ];
+        for caller in &callers {
+            for cell_id in ["", "cell-a", "cell-b"] {
+                assert_eq!(
+                    authorize(caller, Method::StreamClaims, cell_id),
+                    authorize(caller, Method::ListClaims, cell_id)
+                        .renamed("ListClaims", "StreamClaims"),
+                    "{caller:?} {cell_id:?}"
+                );
+            }
+        }
+    }
+
+    impl Decision {
+        /// The same decision with `from` in its message said as `to`.
+        fn renamed(self, from: &str, to: &str) -> Decision {
+            match self {
+                Decision::Denied { reason, message } => Decision::Denied {
+                    reason,
+                    message: message.replace(from, to),
+                },
+                other => other,
+            }
+        }
+    }
+
+    #[test]
     fn paths_name_their_methods() {
         assert_eq!(
             Method::from_path("/topology.claims.v1.ClaimsService/BeginUpdate"),
@@ -661,6 +708,15 @@ mod tests {
             Method::from_path("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
             Method::Reflection
         );
+        for method in CLAIMS_METHODS {
+            assert_eq!(
+                Method::from_path(&format!(
+                    "/topology.claims.v1.ClaimsService/{}",
+                    method.name()
+                )),
+                method
+            );
+        }
         assert_eq!(Method::from_path("/x.Y/Z"), Method::Other);
         assert_eq!(Method::from_path("nonsense"), Method::Other);
     }

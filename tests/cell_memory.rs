@@ -584,3 +584,185 @@ async fn verifier_compares_a_record_split_over_pages_as_a_whole() {
     );
     server.shutdown().await;
 }
+
+/// A layer that hides StreamClaims from the server behind it, as a server that predates it: its
+/// path is routed as an unknown method, which tonic answers UNIMPLEMENTED.
+#[derive(Clone)]
+struct WithoutStreamClaims<S>(S);
+
+impl<S, B> tower_service::Service<http::Request<B>> for WithoutStreamClaims<S>
+where
+    S: tower_service::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> S::Future {
+        if request.uri().path() == "/topology.claims.v1.ClaimsService/StreamClaims" {
+            let mut parts = request.uri().clone().into_parts();
+            parts.path_and_query = Some(
+                "/topology.claims.v1.ClaimsService/NotYetInvented"
+                    .parse()
+                    .unwrap(),
+            );
+            *request.uri_mut() = http::Uri::from_parts(parts).unwrap();
+        }
+        self.0.call(request)
+    }
+}
+
+/// The ClaimsService over `store` without StreamClaims, on an ephemeral port: its endpoint.
+async fn server_without_stream_claims(store: Arc<dyn ClaimStore>) -> String {
+    use topology_claims::grpc::pb::claims_service_server::ClaimsServiceServer;
+    use topology_claims::grpc::{ClaimsServiceImpl, ServiceConfig};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let service = ClaimsServiceServer::new(ClaimsServiceImpl::new(store, ServiceConfig::default()));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(tower_layer::layer_fn(WithoutStreamClaims))
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    endpoint
+}
+
+fn old_users(ids: std::ops::Range<i64>) -> Records {
+    Records(Mutex::new(
+        ids.map(|i| LocalClaim {
+            record: user_record(i, &format!("u{i}")),
+            created_at: Timestamp::from_unix_micros(1),
+        })
+        .collect(),
+    ))
+}
+
+#[tokio::test]
+async fn verifier_falls_back_to_list_claims_against_a_server_without_stream_claims() {
+    let store: Arc<dyn ClaimStore> = Arc::new(MemoryClaimStore::new());
+    let endpoint = server_without_stream_claims(Arc::clone(&store)).await;
+    let client = ClaimsClient::connect_lazy(&endpoint, ClientConfig::default()).unwrap();
+    let a = cell("cell-a");
+    let query = ClaimsQuery::new(
+        a.clone(),
+        TableName::Users,
+        topology_claims::ClaimsCursor::at(0),
+        2,
+    );
+    assert!(
+        client.stream_claims(&query).await.unwrap().is_none(),
+        "the server answers UNIMPLEMENTED"
+    );
+    let records = old_users(0..7);
+    let config = VerifierConfig {
+        page_size: 2,
+        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+    };
+    let report = Verifier::new(client.clone(), &records, config.clone())
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert!(report.finished, "{report}");
+    assert_eq!(
+        (report.missing, report.corrections_applied),
+        (7, 7),
+        "{report}"
+    );
+    let again = Verifier::new(client.clone(), &records, config)
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert_eq!((again.records_checked, again.missing), (7, 0), "{again}");
+}
+
+/// Local records that never answer for a range starting at or after `.1`: a run that reaches it
+/// hangs there, mid-table, until it is killed.
+struct HangsAt<'r>(&'r Records, i64);
+
+impl ClaimSource for HangsAt<'_> {
+    async fn claims_in_range(
+        &self,
+        table: TableName,
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<LocalClaim>, ClaimsError> {
+        if start >= self.1 {
+            std::future::pending::<()>().await;
+        }
+        self.0.claims_in_range(table, start, end).await
+    }
+}
+
+#[tokio::test]
+async fn verifier_over_the_stream_resumes_from_its_saved_cursor_after_a_kill() {
+    let server = server().await;
+    let client = client(&server);
+    let a = cell("cell-a");
+    let query = ClaimsQuery::new(
+        a.clone(),
+        TableName::Users,
+        topology_claims::ClaimsCursor::at(0),
+        1,
+    );
+    assert!(
+        client.stream_claims(&query).await.unwrap().is_some(),
+        "this server streams"
+    );
+    // The service holds the even records' claims (so each range at page size 1 is two ids); the
+    // odd ones are missing.
+    let even: Vec<_> = (0..40)
+        .step_by(2)
+        .map(|i| user_record(i, &format!("u{i}")))
+        .collect();
+    let lease = client.begin_update(creates(&a, &even)).await.unwrap();
+    client.commit_update(&a, lease.lease_id).await.unwrap();
+    let records = old_users(0..40);
+    let dir = tempfile::tempdir().unwrap();
+    let cursor_file = dir.path().join("verify.cursor");
+    let config = VerifierConfig {
+        page_size: 1,
+        cursor_file: Some(cursor_file.clone()),
+        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+    };
+    let saved = || -> i64 {
+        std::fs::read_to_string(&cursor_file)
+            .ok()
+            .and_then(|text| text.trim().strip_prefix("users=")?.parse().ok())
+            .unwrap_or(0)
+    };
+    // Kill the run (drop it, and its open stream) where it hangs, at range [16, 18) mid-table.
+    let first = Verifier::new(client.clone(), HangsAt(&records, 15), config.clone());
+    let killed = tokio::time::timeout(Duration::from_secs(2), first.run(|_| {})).await;
+    assert!(killed.is_err(), "the run hangs at record 15: {killed:?}");
+    let killed_at = saved();
+    assert_eq!(killed_at, 16, "the cursor saved after the last range done");
+    let resumed = Verifier::new(client.clone(), &records, config.clone())
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert!(resumed.finished, "{resumed}");
+    assert_eq!(
+        resumed.records_checked,
+        (40 - killed_at) as u64,
+        "the resumed run starts at the saved cursor: {resumed}"
+    );
+    assert_eq!(resumed.missing, 12, "odd records 17..=39: {resumed}");
+    let full = Verifier::new(client.clone(), &records, config)
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (full.records_checked, full.missing, full.extra),
+        (40, 0, 0),
+        "everything before and after the kill was corrected: {full}"
+    );
+    server.shutdown().await;
+}

@@ -8,9 +8,11 @@
 //! "email has already been taken" from `ClaimsError::ClaimTaken { claim }`.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::Stream;
 use tonic::transport::Channel;
 
 use crate::cell::backoff::Backoff;
@@ -63,6 +65,9 @@ pub struct ClaimsClient {
     /// Who the errors of an unreachable service name: `the claims server at URL`.
     server: Arc<str>,
 }
+
+/// The ranges of [`ClaimsClient::stream_claims`], in order; it ends after the last one.
+pub type ClaimsPageStream = Pin<Box<dyn Stream<Item = Result<ClaimViewsPage, ClaimsError>> + Send>>;
 
 /// Whether a failure may be retried: the service or the network was unavailable, or the attempt
 /// ran out of time (the request may or may not have been applied; every call we retry is
@@ -123,6 +128,20 @@ impl ClaimsClient {
         &self.config
     }
 
+    /// The error a failed call's status means. A transport failure (connect, DNS, TLS, a cut
+    /// connection) carries its cause as the status's source; the status's own message only
+    /// names its kind.
+    fn status_error(&self, status: &tonic::Status) -> ClaimsError {
+        match std::error::Error::source(status) {
+            Some(cause) => ClaimsError::unavailable(format!(
+                "cannot reach {}: {}",
+                self.server,
+                error_chain(cause)
+            )),
+            None => status::from_status(status),
+        }
+    }
+
     /// Runs `call` with the per-attempt deadline, retrying retryable failures with backoff.
     async fn with_retries<T, F, Fut>(&self, mut call: F) -> Result<T, ClaimsError>
     where
@@ -138,16 +157,7 @@ impl ClaimsClient {
             .await
             {
                 Ok(Ok(value)) => return Ok(value),
-                // A transport failure (connect, DNS, TLS, a cut connection) carries its cause as
-                // the status's source; the status's own message only names its kind.
-                Ok(Err(status)) => match std::error::Error::source(&status) {
-                    Some(cause) => ClaimsError::unavailable(format!(
-                        "cannot reach {}: {}",
-                        self.server,
-                        error_chain(cause)
-                    )),
-                    None => status::from_status(&status),
-                },
+                Ok(Err(status)) => self.status_error(&status),
                 Err(_) => ClaimsError::unavailable(format!(
                     "no answer from {} within {:?} (deadline exceeded)",
                     self.server, self.config.call_timeout
@@ -283,6 +293,55 @@ impl ClaimsClient {
             })
             .await?;
         decode::claims_page_from_pb(response.get_ref(), &query.cell_id)
+    }
+
+    /// StreamClaims from `query.cursor` to the end: the ListClaims pages of `query.limit`, one
+    /// per item, decoded as [`Self::list_claims`] decodes a page. `Ok(None)`: the server has no
+    /// StreamClaims (UNIMPLEMENTED, an older server); page with [`Self::list_claims`] instead.
+    ///
+    /// Opening the stream is retried like any call. Each range must arrive within the
+    /// per-attempt deadline of being asked for; a failure ends the stream with that error, and
+    /// the caller resumes from the last cursor it got. The server reads the next range only
+    /// when this stream is polled for it, so a slow caller slows the stream.
+    pub async fn stream_claims(
+        &self,
+        query: &ClaimsQuery,
+    ) -> Result<Option<ClaimsPageStream>, ClaimsError> {
+        let message = pb::StreamClaimsRequest::from(decode::claims_query_to_pb(query));
+        let opened = self
+            .with_retries(|mut c| {
+                let message = message.clone();
+                async move {
+                    match c.stream_claims(message).await {
+                        Err(status) if status.code() == tonic::Code::Unimplemented => Ok(None),
+                        other => other.map(|response| Some(response.into_inner())),
+                    }
+                }
+            })
+            .await?;
+        let Some(ranges) = opened else {
+            return Ok(None);
+        };
+        let (cell_id, this) = (query.cell_id.clone(), self.clone());
+        let pages = futures::stream::unfold(Some(ranges), move |ranges| {
+            let (cell_id, this) = (cell_id.clone(), this.clone());
+            async move {
+                let mut ranges = ranges?;
+                let deadline = this.config.call_timeout;
+                let page = match tokio::time::timeout(deadline, ranges.message()).await {
+                    Ok(Ok(Some(range))) => decode::claims_page_from_pb(&range.into(), &cell_id),
+                    Ok(Ok(None)) => return None,
+                    Ok(Err(status)) => Err(this.status_error(&status)),
+                    Err(_) => Err(ClaimsError::unavailable(format!(
+                        "no range from {} within {deadline:?} (deadline exceeded)",
+                        this.server
+                    ))),
+                };
+                let more = page.is_ok().then_some(ranges);
+                Some((page, more))
+            }
+        });
+        Ok(Some(Box::pin(pages)))
     }
 
     pub async fn lookup_claim(&self, key: &ClaimKey) -> Result<ClaimView, ClaimsError> {

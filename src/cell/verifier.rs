@@ -1,7 +1,10 @@
 //! The verifier: compares what a cell's records imply with the claims the service holds for the
 //! cell, and corrects drift through the normal protocol (BeginUpdate + CommitUpdate).
 //!
-//! It walks ListClaims pages of each table from the saved cursor; each page covers an id range
+//! It walks the ListClaims pages of each table from the saved cursor, read as one StreamClaims
+//! stream (a server without StreamClaims answers UNIMPLEMENTED, and the verifier pages with
+//! ListClaims instead; a stream that breaks is reopened from the last page's cursor). The pages
+//! are the same either way, and so is the cursor saved after each. Each page covers an id range
 //! `[start_range, end_range)`, and the [`ClaimSource`] yields the claims the local records of
 //! exactly that range imply. A record whose claims alone fill a page is split over pages (the
 //! page's cursor points inside it): its claims are carried over and compared with the page that
@@ -19,10 +22,12 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::cell::client::ClaimsClient;
+use futures::StreamExt;
+
+use crate::cell::client::{ClaimsClient, ClaimsPageStream};
 use crate::domain::{
-    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimState, ClaimsCursor, ClaimsQuery, LeaseId,
-    TableName, Timestamp,
+    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimState, ClaimViewsPage, ClaimsCursor,
+    ClaimsQuery, LeaseId, TableName, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::{Clock, SystemClock};
@@ -93,8 +98,11 @@ pub struct VerifierConfig {
     pub tables: Vec<TableName>,
     /// Records and claims younger than this are not corrected.
     pub recent: Duration,
-    /// ListClaims page size.
+    /// ListClaims page size (the size of each StreamClaims range too).
     pub page_size: usize,
+    /// Read the pages as a StreamClaims stream (default), falling back to ListClaims paging
+    /// against a server without it; `false`: always page with ListClaims.
+    pub stream: bool,
     /// Most claims per correcting BeginUpdate.
     pub chunk: usize,
     /// Report discrepancies, change nothing (the saved cursor included: a dry run starts at the
@@ -113,6 +121,7 @@ impl VerifierConfig {
             tables,
             recent: Duration::from_secs(3600),
             page_size: 1000,
+            stream: true,
             chunk: 1000,
             dry_run: false,
             time_budget: None,
@@ -218,7 +227,11 @@ impl<S: ClaimSource> Verifier<S> {
             ..VerifyReport::default()
         };
         let mut cursors = load_cursors(self.config.cursor_file.as_ref())?;
+        let mut streaming = self.config.stream;
         'tables: for &table in &self.config.tables {
+            // This table's StreamClaims stream, once opened; dropped (closing it) when the
+            // table is done or the time budget runs out.
+            let mut stream: Option<ClaimsPageStream> = None;
             let mut cursor = ClaimsCursor::at(cursors.get(&table).copied().unwrap_or(0));
             // Claims of record `cursor.record_id` from earlier pages: a page that ended inside a
             // record leaves them to be compared together with the rest of the record.
@@ -238,7 +251,7 @@ impl<S: ClaimSource> Verifier<S> {
                     cursor.clone(),
                     self.config.page_size,
                 );
-                let page = self.client.list_claims(&query).await?;
+                let page = self.next_page(&query, &mut stream, &mut streaming).await?;
                 let split = page.split_record();
                 let mut service = std::mem::take(&mut carried);
                 service.extend(
@@ -282,6 +295,44 @@ impl<S: ClaimSource> Verifier<S> {
         }
         report.elapsed = started.elapsed();
         Ok(report)
+    }
+
+    /// The page of `query`: the next range of `stream` (opened at `query` when there is none),
+    /// or the ListClaims page when `streaming` is off. A server without StreamClaims turns it
+    /// off for the rest of the run; a stream that fails is dropped, that page read with
+    /// ListClaims (with its retries), and the stream reopened for the next one.
+    async fn next_page(
+        &self,
+        query: &ClaimsQuery,
+        stream: &mut Option<ClaimsPageStream>,
+        streaming: &mut bool,
+    ) -> Result<ClaimViewsPage, ClaimsError> {
+        if *streaming && stream.is_none() {
+            *stream = self.client.stream_claims(query).await?;
+            if stream.is_none() {
+                tracing::info!("the claims server has no StreamClaims; paging with ListClaims");
+                *streaming = false;
+            }
+        }
+        if let Some(ranges) = stream.as_mut() {
+            match ranges.next().await {
+                Some(Ok(page)) if page.start_range == query.cursor.record_id => return Ok(page),
+                Some(Ok(page)) => tracing::warn!(
+                    start_range = page.start_range,
+                    expected = query.cursor.record_id,
+                    "StreamClaims range out of order; reading that page with ListClaims"
+                ),
+                Some(Err(error)) => tracing::warn!(
+                    %error,
+                    "StreamClaims broke; reading that page with ListClaims and reopening"
+                ),
+                None => tracing::warn!(
+                    "StreamClaims ended before its last range; reading that page with ListClaims"
+                ),
+            }
+            *stream = None;
+        }
+        self.client.list_claims(query).await
     }
 
     /// Saves the cursor, except on a dry run: a dry run changes nothing, its cursor included, so

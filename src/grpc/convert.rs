@@ -176,6 +176,57 @@ pub fn claims_page_to_pb(page: &ClaimsPage) -> pb::ListClaimsResponse {
     }
 }
 
+/// A StreamClaims request is a ListClaims request (same fields, same numbers): it is validated,
+/// and each of its ranges computed, exactly as a ListClaims page.
+impl From<pb::StreamClaimsRequest> for pb::ListClaimsRequest {
+    fn from(r: pb::StreamClaimsRequest) -> Self {
+        Self {
+            cell_id: r.cell_id,
+            table_name: r.table_name,
+            cursor: r.cursor,
+            limit: r.limit,
+            cursor_key: r.cursor_key,
+        }
+    }
+}
+
+impl From<pb::ListClaimsRequest> for pb::StreamClaimsRequest {
+    fn from(r: pb::ListClaimsRequest) -> Self {
+        Self {
+            cell_id: r.cell_id,
+            table_name: r.table_name,
+            cursor: r.cursor,
+            limit: r.limit,
+            cursor_key: r.cursor_key,
+        }
+    }
+}
+
+/// A StreamClaims range is a ListClaims page, field for field.
+impl From<pb::ListClaimsResponse> for pb::ClaimsRange {
+    fn from(page: pb::ListClaimsResponse) -> Self {
+        Self {
+            claims: page.claims,
+            start_range: page.start_range,
+            end_range: page.end_range,
+            next_cursor: page.next_cursor,
+            next_cursor_key: page.next_cursor_key,
+        }
+    }
+}
+
+impl From<pb::ClaimsRange> for pb::ListClaimsResponse {
+    fn from(range: pb::ClaimsRange) -> Self {
+        Self {
+            claims: range.claims,
+            start_range: range.start_range,
+            end_range: range.end_range,
+            next_cursor: range.next_cursor,
+            next_cursor_key: range.next_cursor_key,
+        }
+    }
+}
+
 pub fn lookup_response_to_pb(claim: &Claim) -> pb::LookupClaimResponse {
     pb::LookupClaimResponse {
         claim: Some(claim_info_to_pb(claim)),
@@ -349,5 +400,36 @@ mod tests {
             len * 100 >= budget * 95,
             "claims page of {len} bytes is needlessly small"
         );
+    }
+
+    #[test]
+    fn stream_claims_messages_are_list_claims_messages_on_the_wire() {
+        let request = pb::ListClaimsRequest {
+            cell_id: "cell-a".into(),
+            table_name: 2,
+            cursor: 41,
+            limit: 7,
+            cursor_key: Some(pb::ClaimKeyCursor {
+                claim_type: 3,
+                claim_value: "v".into(),
+            }),
+        };
+        let stream = pb::StreamClaimsRequest::from(request.clone());
+        assert_eq!(stream.encode_to_vec(), request.encode_to_vec());
+        assert_eq!(pb::ListClaimsRequest::from(stream), request);
+        let claim = claim(3, 17, 41, LATE);
+        let page = claims_page_to_pb(&ClaimsPage {
+            claims: vec![claim.clone(), claim],
+            start_range: 5,
+            end_range: 41,
+            next_cursor: Some(ClaimsCursor {
+                record_id: 41,
+                after_key: Some(ClaimKey::new(ClaimType::Email, "v")),
+            }),
+        });
+        let range = pb::ClaimsRange::from(page.clone());
+        assert_eq!(range.encoded_len(), page.encoded_len(), "same byte budget");
+        assert_eq!(range.encode_to_vec(), page.encode_to_vec());
+        assert_eq!(pb::ListClaimsResponse::from(range), page);
     }
 }

@@ -1,15 +1,21 @@
 //! The tonic `ClaimsService`: each handler decodes (validating every field), applies the
 //! front end's batch policy, calls the [`ClaimStore`], and encodes the answer.
 //!
+//! StreamClaims sends the ListClaims pages from a cursor to the end, one per message, and reads
+//! the next page from the store only when the previous one has been taken (see
+//! [`claim_ranges`]): flow control is gRPC's, and a stream whose client went away stops reading.
+//!
 //! Must stay thin: no protocol rules (they are `crate::domain`'s), no storage code (the
 //! store's), no status-code choices (`super::status` is the one mapping). Malformed input is
 //! refused here, before any store access.
 
+use std::pin::Pin;
 use std::sync::Arc;
 
+use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::domain::{self, DEFAULT_MAX_BATCH};
+use crate::domain::{self, ClaimsPage, ClaimsQuery, DEFAULT_MAX_BATCH};
 use crate::error::ClaimsError;
 use crate::grpc::convert;
 use crate::grpc::pb;
@@ -59,8 +65,46 @@ fn respond<T>(result: Result<T, ClaimsError>) -> Result<Response<T>, Status> {
     result.map(Response::new).map_err(|error| to_status(&error))
 }
 
+/// The stream of StreamClaims: ranges until the last, or one error that ends it.
+pub type ClaimRangeStream = Pin<Box<dyn Stream<Item = Result<pb::ClaimsRange, Status>> + Send>>;
+
+/// The ranges of a StreamClaims stream from `first` (already read) on: each is the ListClaims
+/// page that starts at the previous one's cursor, read from the store only when the stream is
+/// polled for it. tonic polls for the next message only once the HTTP/2 stream has room for
+/// more, so a client that stops reading stops the reads, and the server holds at most the range
+/// being sent and the one being encoded. Dropping the stream (the client went away) ends them.
+pub fn claim_ranges(
+    store: Arc<dyn ClaimStore>,
+    query: ClaimsQuery,
+    first: ClaimsPage,
+) -> ClaimRangeStream {
+    // The state: the query of the next range, and that range when it is already read.
+    let start = Some((Some(first), query));
+    Box::pin(futures::stream::unfold(start, move |state| {
+        let store = Arc::clone(&store);
+        async move {
+            let (read, query) = state?;
+            let page = match read {
+                Some(page) => page,
+                None => match store.list_claims(&query).await {
+                    Ok(page) => page,
+                    Err(error) => return Some((Err(to_status(&error)), None)),
+                },
+            };
+            let next = page.next_cursor.clone().map(|cursor| {
+                let query = ClaimsQuery { cursor, ..query };
+                (None, query)
+            });
+            let range = pb::ClaimsRange::from(convert::claims_page_to_pb(&page));
+            Some((Ok(range), next))
+        }
+    }))
+}
+
 #[tonic::async_trait]
 impl ClaimsService for ClaimsServiceImpl {
+    type StreamClaimsStream = ClaimRangeStream;
+
     async fn begin_update(
         &self,
         request: Request<pb::BeginUpdateRequest>,
@@ -168,6 +212,28 @@ impl ClaimsService for ClaimsServiceImpl {
             }
             .await,
         )
+    }
+
+    /// Validated and first range read before the stream is answered: a bad request is a status,
+    /// not an empty stream, and `--request-timeout` bounds the time to the first range
+    /// (docs/decisions/066-streamclaims.md).
+    async fn stream_claims(
+        &self,
+        request: Request<pb::StreamClaimsRequest>,
+    ) -> Result<Response<Self::StreamClaimsStream>, Status> {
+        let request = pb::ListClaimsRequest::from(request.into_inner());
+        let query = convert::claims_query_from_pb(&request, self.config.max_response_bytes)
+            .map_err(|error| to_status(&error))?;
+        let first = self
+            .store
+            .list_claims(&query)
+            .await
+            .map_err(|error| to_status(&error))?;
+        Ok(Response::new(claim_ranges(
+            Arc::clone(&self.store),
+            query,
+            first,
+        )))
     }
 
     async fn lookup_claim(

@@ -16,4 +16,5 @@ mod race;
 mod renew;
 mod scenarios;
 mod server;
+mod stream;
 mod validation;

@@ -1,6 +1,7 @@
 //! Hostile and broken clients against the real server process, on loopback, each bounded in
-//! count and time: partial messages that would pin memory, a stream flood, half-open
-//! connections, more connections than allowed, descriptor exhaustion, and a store that goes away.
+//! count and time: partial messages that would pin memory, a stream flood, a StreamClaims
+//! reader that stops reading, half-open connections, more connections than allowed, descriptor
+//! exhaustion, and a store that goes away.
 //! Each test shows its bound holds (resident memory under the budget, connections closed by the
 //! timeout, SETTINGS carrying the limit, GOAWAY with a reason, an accept loop that does not spin,
 //! health following the store) while a normal client's LookupClaim keeps answering.
@@ -17,6 +18,7 @@ mod descriptors;
 mod half_open;
 mod health;
 mod partial_messages;
+mod stopped_reader;
 mod stream_flood;
 
 use std::path::PathBuf;
