@@ -85,6 +85,8 @@ pub struct CellLimiter {
     /// Only cells with a request in flight have an entry.
     in_flight: Mutex<HashMap<String, usize>>,
     rejected: Mutex<HashMap<String, u64>>,
+    /// `topology_claims_rate_limited_total`, labelled with the same bounded keys as `rejected`.
+    metric: Option<prometheus::IntCounterVec>,
 }
 
 impl std::fmt::Debug for CellLimiter {
@@ -97,8 +99,12 @@ impl std::fmt::Debug for CellLimiter {
 }
 
 impl CellLimiter {
-    /// The limiter of `limits`, or `None` when both are off.
-    pub fn new(limits: &CellLimits) -> Result<Option<Arc<CellLimiter>>, ClaimsError> {
+    /// The limiter of `limits`, or `None` when both are off; refusals are also counted in
+    /// `metric` (by cell, bounded as [`rejected`](Self::rejected) is).
+    pub fn new(
+        limits: &CellLimits,
+        metric: Option<prometheus::IntCounterVec>,
+    ) -> Result<Option<Arc<CellLimiter>>, ClaimsError> {
         limits.validate()?;
         if limits.is_off() {
             return Ok(None);
@@ -117,6 +123,7 @@ impl CellLimiter {
             checks: AtomicU64::new(0),
             in_flight: Mutex::new(HashMap::new()),
             rejected: Mutex::new(HashMap::new()),
+            metric,
         })))
     }
 
@@ -175,6 +182,9 @@ impl CellLimiter {
             OTHER_CELLS
         };
         *rejected.entry(key.to_owned()).or_default() += 1;
+        if let Some(metric) = &self.metric {
+            metric.with_label_values(&[key]).inc();
+        }
         ClaimsError::RateLimited {
             limit,
             cell_id: cell.to_owned(),
@@ -270,12 +280,14 @@ mod tests {
     use super::*;
 
     fn limiter(limits: CellLimits) -> Arc<CellLimiter> {
-        CellLimiter::new(&limits).unwrap().unwrap()
+        CellLimiter::new(&limits, None).unwrap().unwrap()
     }
 
     #[test]
     fn no_limit_configured_means_no_limiter_and_bad_values_are_refused() {
-        assert!(CellLimiter::new(&CellLimits::default()).unwrap().is_none());
+        assert!(CellLimiter::new(&CellLimits::default(), None)
+            .unwrap()
+            .is_none());
         let zero = CellLimits {
             max_in_flight: Some(0),
             rate: None,

@@ -1,5 +1,5 @@
 //! The outermost tower layer: counts every request by RPC and gRPC code, times it, and counts
-//! claim conflicts and per-cell limit refusals by the ErrorInfo reason of the answer
+//! claim conflicts by the ErrorInfo reason of the answer
 //! (`crate::metrics::ServerMetrics`). Outermost, so refusals of the inner layers (byte budgets,
 //! timeouts, authorization, per-cell limits) are counted too.
 //!
@@ -17,7 +17,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::auth::Method;
-use crate::grpc::status::{code_name, META_CELL_ID};
+use crate::grpc::status::code_name;
 use crate::metrics::{ServerMetrics, CONFLICT_REASONS};
 
 /// Builds [`RecordMetrics`] services.
@@ -98,14 +98,8 @@ fn record(metrics: &ServerMetrics, method: Method, headers: &http::HeaderMap, st
     let Some(info) = details.error_info() else {
         return;
     };
+    // RATE_LIMITED is counted by the limiter itself, under its bounded cell keys.
     if let Some(reason) = CONFLICT_REASONS.iter().find(|r| **r == info.reason) {
         metrics.claim_conflicts.with_label_values(&[reason]).inc();
-    } else if info.reason == "RATE_LIMITED" {
-        let cell = info
-            .metadata
-            .get(META_CELL_ID)
-            .map(String::as_str)
-            .unwrap_or("");
-        metrics.rate_limited.with_label_values(&[cell]).inc();
     }
 }

@@ -115,7 +115,10 @@ pub async fn serve(
             message: "--metrics-refresh-interval must not be zero".to_owned(),
         });
     }
-    let limiter = CellLimiter::new(&config.cell_limits)?;
+    let limiter = CellLimiter::new(
+        &config.cell_limits,
+        config.metrics.as_ref().map(|m| m.rate_limited.clone()),
+    )?;
     if config.health.interval.is_zero() || config.health.timeout.is_zero() {
         return Err(ClaimsError::Configuration {
             message: "--health-interval and --health-timeout must not be zero".to_owned(),
