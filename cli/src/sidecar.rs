@@ -157,6 +157,13 @@ pub struct VerifyArgs {
           value_parser = clap::value_parser!(u16).range(1..=10000))]
     page_size: u16,
 
+    /// Read the service's claims with ListClaims paging (one request per page) instead of one
+    /// StreamClaims stream per table: the same pages and cursor, for servers or proxies where
+    /// streaming misbehaves, and for comparing the two. Env: true/false, 1/0, yes/no, on/off.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_NO_STREAM",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    no_stream: bool,
+
     /// Most claims per correcting BeginUpdate (1..=1000).
     #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_CHUNK", default_value_t = 1000,
           value_parser = clap::value_parser!(u16).range(1..=1000))]
@@ -325,6 +332,7 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
         VerifierConfig {
             recent: args.recent,
             page_size: usize::from(args.page_size),
+            stream: !args.no_stream,
             chunk: usize::from(args.chunk),
             dry_run: args.dry_run,
             time_budget: args.time_budget,

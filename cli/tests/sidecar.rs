@@ -465,6 +465,30 @@ async fn sidecar_switches_have_environment_variables() {
     server.shutdown().await;
 }
 
+#[tokio::test]
+async fn verify_no_stream_pages_with_list_claims_and_repairs_the_same_drift() {
+    let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
+    let setup = VerifySetup::new(&server.endpoint(), 3);
+    let fix = setup.run(&["--no-stream"], &[]).await;
+    assert_eq!(fix.status.code(), Some(0));
+    let out = stdout(&fix);
+    assert!(
+        out.contains("records=3") && out.contains("missing=3") && out.contains("corrected=3"),
+        "{out}"
+    );
+    // The switch's variable: the second run pages too, and finds nothing left to do.
+    let again = setup
+        .run(&[], &[("TOPOLOGY_CLAIMS_VERIFY_NO_STREAM", "yes")])
+        .await;
+    assert_eq!(again.status.code(), Some(0));
+    let out = stdout(&again);
+    assert!(
+        out.contains("records=3") && out.contains("missing=0 different=0 extra=0"),
+        "{out}"
+    );
+    server.shutdown().await;
+}
+
 async fn client_lookup(
     endpoint: &str,
     name: &str,
