@@ -4,7 +4,8 @@
 //! (the adapter's SQL run directly, etcd), so the ratios hold even when the machine drifts.
 //! Reports pairs/s, claims/s, latency percentiles per RPC and per pair, outcomes by reason, CPU
 //! and memory per process, the scale checks (ListClaims / LookupClaim with many claims), JSON and
-//! a PNG plot. How to run it and the measured numbers: `docs/benchmarks.md`.
+//! a PNG plot; `--verify N` measures `topology-claims verify` instead (streaming and paging,
+//! over N records with injected drift). How to run it and the measured numbers: `docs/benchmarks.md`.
 //!
 //! Drives the real `topology-claims` binary as a child process (found beside this one, on PATH,
 //! or at `--bin` / `TOPOLOGY_CLAIMS_BIN`). Owns the benchmark only: it must not be a dependency
@@ -19,6 +20,7 @@ mod runner;
 mod scale;
 mod stats;
 mod systems;
+mod verify;
 mod workload;
 
 use std::path::PathBuf;
@@ -163,6 +165,31 @@ pub struct BenchArgs {
           default_value = "off", default_missing_value = "on")]
     tls: TlsMode,
 
+    /// Verify at scale instead of the load rounds: for each size (10k, 1m or plain numbers,
+    /// comma-separated) and each --store, that many claims and local records (a PostgreSQL
+    /// table of the cell's, in the first postgres:// --store's database), --drift of each drift
+    /// kind injected, then `topology-claims verify` streaming and with --no-stream, --rounds
+    /// times, each followed by a clean run that must find nothing.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_VERIFY", value_delimiter = ',',
+          value_parser = parse_count)]
+    verify: Vec<u64>,
+
+    /// Fraction of the records given each drift kind (missing, extra, different) before every
+    /// verify run of --verify.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_DRIFT", default_value_t = 0.01,
+          value_parser = parse_drift)]
+    drift: f64,
+
+    /// Extra arguments for every `verify` child of --verify (e.g. --verify-arg=--page-size=500);
+    /// space-separated in the env var.
+    #[arg(
+        long = "verify-arg",
+        env = "TOPOLOGY_CLAIMS_BENCH_VERIFY_ARGS",
+        value_delimiter = ' ',
+        allow_hyphen_values = true
+    )]
+    verify_args: Vec<String>,
+
     /// Write the results as JSON to this file.
     #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_JSON")]
     json: Option<PathBuf>,
@@ -199,6 +226,15 @@ fn parse_count(text: &str) -> Result<u64, String> {
         .and_then(|n| n.checked_mul(factor))
         .filter(|n| *n > 0)
         .ok_or_else(|| format!("invalid claim count {text:?}: expected e.g. 10k, 1m, 10m or 5000"))
+}
+
+/// A fraction of each drift kind: three kinds of it must fit in the records.
+fn parse_drift(text: &str) -> Result<f64, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|f| (0.0..=0.3).contains(f))
+        .ok_or_else(|| format!("invalid drift {text:?}: a fraction from 0 to 0.3, e.g. 0.01"))
 }
 
 fn parse_count_or_zero(text: &str) -> Result<u64, String> {
@@ -431,6 +467,9 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
     // PostgreSQL sessions of the run carry it as application_name.
     let tag = format!("{:08x}", fastrand::u32(..));
     let application_name = format!("tc-bench-{tag}");
+    if !args.verify.is_empty() {
+        return run_verify(&args, cleanup, &tag, &application_name).await;
+    }
 
     // The systems, services first (their order is the report's).
     if let Some(server) = &args.server {
@@ -691,6 +730,101 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
             "{} segment(s) failed (see above and \"failed\" in the JSON)",
             failed.len()
         ))
+    }
+}
+
+/// `--verify`: per size and store, a fresh server and local table, both modes in each round.
+async fn run_verify(
+    args: &BenchArgs,
+    cleanup: &mut Cleanup,
+    tag: &str,
+    application_name: &str,
+) -> Result<(), String> {
+    if args.store.is_empty() {
+        return Err("--verify needs --store URL[,URL…] (the bench starts the server)".into());
+    }
+    if args.tls != TlsMode::Off {
+        return Err("--verify runs without --tls".into());
+    }
+    let local_url = args
+        .store
+        .iter()
+        .find(|u| is_postgres(u))
+        .cloned()
+        .ok_or("--verify keeps the cell's records in PostgreSQL: give a postgres:// --store")?;
+    let spec = verify::Spec {
+        drift: args.drift,
+        rounds: args.rounds,
+        seed: args.seed,
+        verify_args: args.verify_args.clone(),
+    };
+    let mut measured = Vec::new();
+    for (size_index, &records) in args.verify.iter().enumerate() {
+        for (i, url) in args.store.iter().enumerate() {
+            let label = store_label(url).to_owned();
+            let prefix = format!("tc_bench_{tag}_v{size_index}_s{i}");
+            eprintln!("bench: verify {records}: starting the server on {label}");
+            let (store_url, postgres) = if is_postgres(url) {
+                let pg = fresh_schema(url, prefix.clone()).await?;
+                cleanup.schemas.push(pg.clone());
+                (
+                    url_with_search_path(url, &pg.schema, application_name)?,
+                    Some(pg),
+                )
+            } else {
+                (url.clone(), None)
+            };
+            let child = procs::start_server(&store_url, &args.serve_args)?;
+            let system = System::Service {
+                label,
+                endpoint: child.endpoint(),
+                child: Some(child),
+                postgres,
+                tls: None,
+            };
+            let local = PgSchema {
+                url: local_url.clone(),
+                schema: format!("{prefix}_local"),
+            };
+            {
+                let client = topology_claims_harness::postgres::connect(&local.url).await?;
+                topology_claims_harness::postgres::create_schema(&client, &local.schema).await?;
+            }
+            cleanup.schemas.push(local.clone());
+            let result = verify::run(&system, &local, application_name, records, &spec).await;
+            // The server goes now: the next size starts on an empty store.
+            drop(system);
+            measured.extend(result?);
+        }
+    }
+    println!("{}", verify::markdown(&measured));
+    if let Some(path) = &args.json {
+        let document = json!({
+            "config": {
+                "stores": args.store.iter().map(|u| if is_postgres(u) { topology_claims_postgres::redacted_url(u) } else { u.clone() }).collect::<Vec<_>>(),
+                "verify": args.verify,
+                "drift": args.drift,
+                "rounds": args.rounds,
+                "verify_args": args.verify_args,
+                "serve_args": args.serve_args,
+                "seed": args.seed,
+                "postgres_settings": postgres_settings(&local_url).await,
+            },
+            "verify": measured.iter().map(verify::Measured::to_json).collect::<Vec<_>>(),
+        });
+        let text = serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    let problems: Vec<String> = measured
+        .iter()
+        .filter_map(verify::Measured::problem)
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
     }
 }
 

@@ -7,6 +7,7 @@
 //! The same loader preloads every system before the rounds (`--preload`). Owns loading and the
 //! sequential latency probes; no reporting.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
@@ -24,6 +25,8 @@ use super::systems::{PgSchema, System};
 
 /// The cell every loaded claim belongs to: one cell with all of them is ListClaims' worst case.
 pub const SCALE_CELL: &str = "scale-cell";
+/// The owner value of every loaded claim.
+pub const SCALE_OWNER: &str = "scale-owner";
 /// Rows per bulk INSERT statement.
 const SQL_CHUNK: u64 = 500_000;
 /// Claims per BeginUpdate when loading through gRPC (the server's default --max-batch).
@@ -38,7 +41,8 @@ INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, table_name
 SELECT 2, 'scale-' || lpad(i::text, 10, '0'), 3, 'scale-owner', 1, i, 'scale-cell', NULL, NULL, now(), now()
 FROM generate_series($1::bigint, $2::bigint) AS i";
 
-fn value(i: u64) -> String {
+/// The username claim value of loaded record `i`.
+pub fn value(i: u64) -> String {
     format!("scale-{i:010}")
 }
 
@@ -49,7 +53,9 @@ pub async fn load(system: &System, from: u64, to: u64) -> Result<&'static str, S
         System::Service {
             postgres: Some(pg), ..
         } => load_sql(pg, from, to).await.map(|()| "sql"),
-        System::Service { .. } => load_grpc(system, from, to).await.map(|()| "grpc"),
+        System::Service { .. } => load_grpc(system, from, to, &AtomicU64::new(0))
+            .await
+            .map(|()| "grpc"),
         System::RawSql(target) => load_sql(&target.schema, from, to).await.map(|()| "sql"),
         System::Etcd(_) => Ok("none"),
     }
@@ -129,7 +135,15 @@ async fn load_sql(pg: &PgSchema, from: u64, to: u64) -> Result<(), String> {
         .map_err(|e| format!("ANALYZE claims: {e}"))
 }
 
-async fn load_grpc(system: &System, from: u64, to: u64) -> Result<(), String> {
+/// Loads claims `from..to` (record ids `from..to`, owner [`SCALE_OWNER`]) of [`SCALE_CELL`]
+/// through gRPC: batches of 1000 from four concurrent clients, each committed batch added to
+/// `loaded`.
+pub async fn load_grpc(
+    system: &System,
+    from: u64,
+    to: u64,
+    loaded: &AtomicU64,
+) -> Result<(), String> {
     let cell = CellId::parse(SCALE_CELL).map_err(|e| e.to_string())?;
     let loaders = (0..GRPC_LOADERS).map(|loader| {
         let cell = cell.clone();
@@ -147,7 +161,7 @@ async fn load_grpc(system: &System, from: u64, to: u64) -> Result<(), String> {
                         .map(|i| ClaimRecord {
                             key: ClaimKey::new(ClaimType::Username, value(i)),
                             owner_type: OwnerType::User,
-                            owner_value: "scale-owner".into(),
+                            owner_value: SCALE_OWNER.into(),
                             table_name: TableName::Users,
                             table_record_id: i as i64,
                         })
@@ -165,6 +179,7 @@ async fn load_grpc(system: &System, from: u64, to: u64) -> Result<(), String> {
                     })
                     .await
                     .map_err(|s| format!("loading claims: CommitUpdate failed: {s}"))?;
+                loaded.fetch_add(end - start, Ordering::Relaxed);
                 start += GRPC_BATCH * GRPC_LOADERS;
             }
             Ok::<(), String>(())

@@ -2,6 +2,8 @@
 //! seconds against the memory store (and PostgreSQL, raw SQL and etcd where present) and reports.
 //! Asserts only that it runs and reports; speed is the benchmark's business, never a test's.
 //! With CI=true PostgreSQL and etcd must be there (the bench refuses to skip them).
+//! The verify mode (`--verify 2000`) runs both read paths and must repair exactly the drift it
+//! injected, with a clean second run.
 #![cfg(unix)]
 
 use std::process::Command;
@@ -159,5 +161,63 @@ fn tls_both_measures_a_plaintext_and_a_mutual_tls_server_side_by_side() {
             .find(|line| line.contains(system))
             .unwrap_or_else(|| panic!("no {system} row in:\n{stdout}"));
         assert!(row.ends_with("| – |"), "calls failed: {row}");
+    }
+}
+
+#[test]
+fn verify_mode_repairs_the_injected_drift_streaming_and_paging_and_a_second_run_is_clean() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json_path = dir.path().join("verify.json");
+    let postgres = std::env::var("TOPOLOGY_CLAIMS_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let mut command = Command::new(BIN);
+    command
+        .args(["--store", &postgres, "--verify", "2000", "--drift", "0.01"])
+        .args(["--rounds", "1", "--json"])
+        .arg(&json_path)
+        .env("RUST_LOG", "warn");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("TOPOLOGY_CLAIMS_") {
+            command.env_remove(name);
+        }
+    }
+    let output = command.output().expect("run topology-claims-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() && !ci() && stderr.contains("cannot connect to PostgreSQL") {
+        eprintln!("skipped: no PostgreSQL at {postgres} (CI=true makes this a failure)");
+        return;
+    }
+    assert!(
+        output.status.success(),
+        "bench --verify failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    assert!(stdout.contains("| records | mode |"), "{stdout}");
+
+    let text = std::fs::read_to_string(&json_path).expect("the JSON report is written");
+    let report: Value = serde_json::from_str(&text).expect("the JSON report parses");
+    let runs = report["verify"].as_array().expect("verify is a list");
+    let modes: Vec<&str> = runs.iter().filter_map(|r| r["mode"].as_str()).collect();
+    assert_eq!(modes, ["stream", "paging (--no-stream)"], "{report:#}");
+    for run in runs {
+        // 1% of 2000 records of each kind.
+        assert_eq!(run["injected_per_kind"], 20, "{run:#}");
+        let drift = &run["drift_run"];
+        for kind in ["missing", "different", "extra"] {
+            assert_eq!(drift[kind], 20, "{kind}: {run:#}");
+        }
+        assert_eq!(drift["failed"], 0, "{run:#}");
+        // A "different" claim is one correction (an update) or two (destroy, then create).
+        let corrected = drift["corrected"].as_u64().expect("corrected");
+        assert!((60..=80).contains(&corrected), "{run:#}");
+        assert!(
+            drift["records_per_s"].as_f64().unwrap_or(0.0) > 0.0,
+            "{run:#}"
+        );
+        let clean = &run["clean_run"];
+        for kind in ["missing", "different", "extra", "corrected", "failed"] {
+            assert_eq!(clean[kind], 0, "clean run {kind}: {run:#}");
+        }
     }
 }
