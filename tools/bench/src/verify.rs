@@ -306,6 +306,20 @@ pub async fn load_claims(system: &System, records: u64) -> Result<(), String> {
     }
 }
 
+/// What autovacuum would do (it is off on the bench's PostgreSQL): fresh statistics after the
+/// load, so the store's statements are not planned for the empty table of a fresh schema, and
+/// no dead rows of one run left to the next.
+async fn vacuum(system: &System) {
+    if let System::Service {
+        postgres: Some(pg), ..
+    } = system
+    {
+        if let Err(e) = super::vacuum_schema(pg).await {
+            eprintln!("warning: VACUUM ANALYZE of {} failed: {e}", pg.schema);
+        }
+    }
+}
+
 /// Injects `k` of each drift kind on distinct records that are consistent now.
 async fn inject(
     system: &System,
@@ -511,6 +525,7 @@ pub async fn run(
         started.elapsed().as_secs_f64()
     );
     load_claims(system, records).await?;
+    vacuum(system).await;
 
     let dir = temp_dir(&local_pg.schema)?;
     std::fs::write(dir.path.join("verify.toml"), VERIFY_TOML)
@@ -526,6 +541,7 @@ pub async fn run(
         };
         for mode in modes {
             inject(system, &mut local, k, &mut rng, round, mode).await?;
+            vacuum(system).await;
             eprintln!(
                 "bench: verify {records} round {round}/{}: {} after {k} of each drift kind",
                 spec.rounds,
