@@ -110,6 +110,7 @@ macro_rules! claim_store_conformance {
                 a_released_verification_slot_is_free_again,
                 an_expired_verification_slot_is_free_again,
                 a_verification_slot_is_released_only_by_its_holder,
+                concurrent_acquires_never_exceed_the_limit,
             );
             #[test]
             fn model_based_property_test() {

@@ -153,3 +153,19 @@ pub async fn a_verification_slot_is_released_only_by_its_holder(store: &impl Cla
     let renewal = store.acquire_verification_slot(&mine, LIMIT).await.unwrap();
     assert!(renewal.renewed);
 }
+
+pub async fn concurrent_acquires_never_exceed_the_limit(store: &impl ClaimStore) {
+    let holders: Vec<SlotHolder> = (0..8).map(|i| holder(&format!("cell-{i}"), "h1")).collect();
+    let results = futures::future::join_all(
+        holders
+            .iter()
+            .map(|h| store.acquire_verification_slot(h, LIMIT)),
+    )
+    .await;
+    let granted = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(granted, SUITE_SLOTS as usize, "{results:?}");
+    assert!(results
+        .iter()
+        .filter_map(|r| r.as_ref().err())
+        .all(|e| matches!(e, ClaimsError::VerificationSlotsBusy { .. })));
+}
