@@ -57,7 +57,8 @@ pub enum SlotEvent {
     Waiting { in_use: u32, retry_in: Duration },
     /// The slot is held (until renewed or released).
     Taken { in_use: u32 },
-    /// The slot was given back.
+    /// The run is done with the slot, which is being given back (reported before the release
+    /// call, so the interval from `Taken` to `Released` lies inside the time the slot was held).
     Released,
     /// The server has no verification slots: verifying without one.
     Unsupported,

@@ -248,10 +248,12 @@ impl<S: ClaimSource> Verifier<S> {
         let slot = slot::take_slot(&self.client, &holder, settings.ttl, &*self.on_slot).await?;
         let result = self.run_pages(progress, slot.as_ref()).await;
         if let Some(slot) = slot {
-            match slot.release(&self.client).await {
-                Ok(_) => (self.on_slot)(&SlotEvent::Released),
+            // Reported before the call: the run no longer uses the slot, and until the service
+            // has deleted it nobody else holds it, so no two reported intervals overlap.
+            (self.on_slot)(&SlotEvent::Released);
+            if let Err(error) = slot.release(&self.client).await {
                 // It expires on its own after its time-to-live.
-                Err(error) => tracing::warn!(%error, "verification slot release failed"),
+                tracing::warn!(%error, "verification slot release failed");
             }
         }
         result

@@ -16,6 +16,10 @@ use crate::error::ClaimsError;
 pub const DEFAULT_MAX_CONCURRENT_VERIFICATIONS: u32 = 8;
 /// Default of `serve --verification-slot-ttl`.
 pub const DEFAULT_VERIFICATION_SLOT_TTL: Duration = Duration::from_secs(60);
+/// A refused acquire is told to retry at the earliest expiry, but no later than a sixth of the
+/// ttl: holders usually release long before their slot would expire, and a waiter that slept
+/// until the expiry would leave the slot idle meanwhile.
+pub const RETRIES_PER_TTL: u32 = 6;
 /// Longest holder name: it is part of the slot row's key.
 pub const SLOT_HOLDER_MAX_LEN: usize = 128;
 
@@ -101,7 +105,8 @@ pub fn slot_ttl(server: Duration, requested: Option<Duration>) -> Duration {
 /// Expired rows are free. The holder's own unexpired row is renewed (until `now + ttl`) whatever
 /// the limit, so a running verifier keeps its slot after the limit was lowered. Otherwise a slot
 /// is granted when fewer than `max` unexpired rows exist; when all are taken the answer is
-/// RESOURCE_EXHAUSTED `VERIFICATION_SLOTS_BUSY`, retrying when the earliest of them expires.
+/// RESOURCE_EXHAUSTED `VERIFICATION_SLOTS_BUSY`, retrying when the earliest of them expires or
+/// after a sixth of the ttl ([`RETRIES_PER_TTL`]), whichever comes first.
 pub fn decide_acquire(
     rows: &[SlotRow],
     holder: &SlotHolder,
@@ -121,7 +126,9 @@ pub fn decide_acquire(
         return Err(ClaimsError::VerificationSlotsBusy {
             in_use,
             max: limit.max,
-            retry_after: earliest.saturating_since(now),
+            retry_after: earliest
+                .saturating_since(now)
+                .min(limit.ttl / RETRIES_PER_TTL),
         });
     }
     let expired = rows
@@ -182,16 +189,24 @@ mod tests {
 
     #[test]
     fn a_full_limit_refuses_until_the_earliest_expiry() {
-        let rows = [row("a", 150), row("b", 130)];
+        let rows = [row("a", 150), row("b", 105)];
         let error = decide_acquire(&rows, &holder("c", "h"), LIMIT, at(100)).unwrap_err();
         assert_eq!(
             error,
             ClaimsError::VerificationSlotsBusy {
                 in_use: 2,
                 max: 2,
-                retry_after: Duration::from_secs(30)
+                retry_after: Duration::from_secs(5)
             }
         );
+        // No later than a sixth of the ttl: holders usually release before expiry.
+        let rows = [row("a", 150), row("b", 130)];
+        let error = decide_acquire(&rows, &holder("c", "h"), LIMIT, at(100)).unwrap_err();
+        assert!(matches!(
+            error,
+            ClaimsError::VerificationSlotsBusy { retry_after, .. }
+                if retry_after == Duration::from_secs(10)
+        ));
     }
 
     #[test]
