@@ -149,7 +149,7 @@ fn with_one_slot_three_verifiers_take_turns_and_all_finish() {
     );
     let mut runs: Vec<(Child, mpsc::Receiver<String>)> = ["cell-a", "cell-b", "cell-c"]
         .into_iter()
-        .map(|cell| spawn_verify(dir.path(), &server, cell, 150))
+        .map(|cell| spawn_verify(dir.path(), &server, cell, 400))
         .collect();
     let mut held: Vec<(u128, u128)> = Vec::new();
     let mut waited = false;
