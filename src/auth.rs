@@ -9,7 +9,7 @@
 //!
 //! | role | allowed |
 //! |---|---|
-//! | cell | every ClaimsService RPC for its own `cell_id` (an empty one means its own; another is PERMISSION_DENIED `CELL_ID_MISMATCH`); LookupClaim of any claim |
+//! | cell | every ClaimsService RPC for its own `cell_id` (an empty one means its own; another is PERMISSION_DENIED `CELL_ID_MISMATCH`), the verification slots included; LookupClaim of any claim |
 //! | router | LookupClaim only |
 //! | admin | ListOutstandingLeases, ListClaims, StreamClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell) |
 //!
@@ -168,6 +168,8 @@ pub enum Method {
     ListClaims,
     StreamClaims,
     LookupClaim,
+    AcquireVerificationSlot,
+    ReleaseVerificationSlot,
     /// `topology.claims.admin.v1.AdminService`.
     ListLeases,
     ForceRollback,
@@ -197,6 +199,12 @@ impl Method {
             ("topology.claims.v1.ClaimsService", "ListClaims") => Method::ListClaims,
             ("topology.claims.v1.ClaimsService", "StreamClaims") => Method::StreamClaims,
             ("topology.claims.v1.ClaimsService", "LookupClaim") => Method::LookupClaim,
+            ("topology.claims.v1.ClaimsService", "AcquireVerificationSlot") => {
+                Method::AcquireVerificationSlot
+            }
+            ("topology.claims.v1.ClaimsService", "ReleaseVerificationSlot") => {
+                Method::ReleaseVerificationSlot
+            }
             ("topology.claims.admin.v1.AdminService", "ListLeases") => Method::ListLeases,
             ("topology.claims.admin.v1.AdminService", "ForceRollback") => Method::ForceRollback,
             ("topology.claims.admin.v1.AdminService", "DecommissionCell") => {
@@ -241,6 +249,8 @@ impl Method {
             Self::ListClaims => "ListClaims",
             Self::StreamClaims => "StreamClaims",
             Self::LookupClaim => "LookupClaim",
+            Self::AcquireVerificationSlot => "AcquireVerificationSlot",
+            Self::ReleaseVerificationSlot => "ReleaseVerificationSlot",
             Self::ListLeases => "ListLeases",
             Self::ForceRollback => "ForceRollback",
             Self::DecommissionCell => "DecommissionCell",
@@ -261,6 +271,8 @@ impl Method {
                 | Self::ListOutstandingLeases
                 | Self::ListClaims
                 | Self::StreamClaims
+                | Self::AcquireVerificationSlot
+                | Self::ReleaseVerificationSlot
         )
     }
 }
@@ -365,7 +377,7 @@ mod tests {
         })
     }
 
-    const CLAIMS_METHODS: [Method; 8] = [
+    const CLAIMS_METHODS: [Method; 10] = [
         Method::BeginUpdate,
         Method::CommitUpdate,
         Method::RollbackUpdate,
@@ -374,6 +386,8 @@ mod tests {
         Method::ListClaims,
         Method::StreamClaims,
         Method::LookupClaim,
+        Method::AcquireVerificationSlot,
+        Method::ReleaseVerificationSlot,
     ];
 
     const ADMIN_METHODS: [Method; 3] = [
@@ -678,6 +692,47 @@ mod tests {
                     "{caller:?} {cell_id:?}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn verification_slots_are_a_cells_own_and_no_one_elses() {
+        for method in [
+            Method::AcquireVerificationSlot,
+            Method::ReleaseVerificationSlot,
+        ] {
+            assert!(method.has_cell_id() && !method.is_admin(), "{method:?}");
+            let a = verified(Role::Cell, "cell-a");
+            assert!(allowed(&authorize(&a, method, "cell-a")), "{method:?}");
+            assert_eq!(
+                authorize(&a, method, ""),
+                Decision::Allow {
+                    fill_cell_id: Some("cell-a".into())
+                }
+            );
+            assert!(matches!(
+                authorize(&a, method, "cell-b"),
+                Decision::Denied {
+                    reason: CELL_ID_MISMATCH,
+                    ..
+                }
+            ));
+            for other in [verified(Role::Router, "edge"), verified(Role::Admin, "ops")] {
+                assert!(
+                    matches!(
+                        authorize(&other, method, "cell-a"),
+                        Decision::Denied {
+                            reason: ROLE_NOT_ALLOWED,
+                            ..
+                        }
+                    ),
+                    "{other:?} {method:?}"
+                );
+            }
+            assert!(matches!(
+                authorize(&Caller::NoCertificate, method, "cell-a"),
+                Decision::Unauthenticated { .. }
+            ));
         }
     }
 

@@ -67,6 +67,17 @@ pub enum ClaimsError {
         cell_id: String,
         retry_after: std::time::Duration,
     },
+    /// Every verification slot is held by a running verifier (`serve
+    /// --max-concurrent-verifications`): RESOURCE_EXHAUSTED with a RetryInfo of `retry_after`,
+    /// when the earliest slot expires unless renewed.
+    #[error(
+        "all {max} verification slots are in use ({in_use} held); retry after {retry_after:?}"
+    )]
+    VerificationSlotsBusy {
+        in_use: u32,
+        max: u32,
+        retry_after: std::time::Duration,
+    },
     /// An admin call that could not be written to the audit log first, so it did not act
     /// (UNAVAILABLE): fix the log (disk, permissions) and retry.
     #[error("audit log unavailable: {message}; the admin call was not carried out")]
@@ -108,6 +119,7 @@ impl ClaimsError {
             Self::CellDecommissioned { .. } => "CELL_DECOMMISSIONED",
             Self::CellHasOutstandingLeases { .. } => "CELL_HAS_OUTSTANDING_LEASES",
             Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::VerificationSlotsBusy { .. } => "VERIFICATION_SLOTS_BUSY",
             Self::AuditUnavailable { .. } => "AUDIT_UNAVAILABLE",
             Self::Unavailable { .. } => "STORE_UNAVAILABLE",
             Self::MigrationsPending { .. } => "MIGRATIONS_PENDING",

@@ -9,7 +9,8 @@ use async_trait::async_trait;
 
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, Lease,
-    LeaseId, LeaseSummary, LeasesPage, LeasesQuery, Tables, Timestamp,
+    LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant, SlotHolder, SlotLimit, Tables,
+    Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::{ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, SystemClock};
@@ -112,6 +113,19 @@ impl ClaimStore for MemoryClaimStore {
     ) -> Result<DecommissionStep, ClaimsError> {
         let now = self.clock.now();
         self.lock().decommission_step(cell_id, batch, dry_run, now)
+    }
+
+    async fn acquire_verification_slot(
+        &self,
+        holder: &SlotHolder,
+        limit: SlotLimit,
+    ) -> Result<SlotGrant, ClaimsError> {
+        let now = self.clock.now();
+        self.lock().acquire_verification_slot(holder, limit, now)
+    }
+
+    async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError> {
+        Ok(self.lock().release_verification_slot(holder))
     }
 
     fn retries(&self) -> u64 {

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, Lease,
-    LeaseId, LeaseSummary, LeasesPage, LeasesQuery, Timestamp,
+    LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant, SlotHolder, SlotLimit, Timestamp,
 };
 use crate::error::ClaimsError;
 
@@ -69,6 +69,21 @@ pub trait ClaimStore: Send + Sync + 'static {
         batch: usize,
         dry_run: bool,
     ) -> Result<DecommissionStep, ClaimsError>;
+
+    /// Takes or renews a verification slot for `holder`, in one store transaction: read every
+    /// row of `verification_slots` (serialized with every other acquire, so several servers on
+    /// the store share `limit.max`), ask `domain::decide_acquire` at the store's clock, then
+    /// delete the expired rows and write the holder's with `expires_at = now + limit.ttl`.
+    /// All slots held: `VerificationSlotsBusy` with the time until the earliest expires.
+    async fn acquire_verification_slot(
+        &self,
+        holder: &SlotHolder,
+        limit: SlotLimit,
+    ) -> Result<SlotGrant, ClaimsError>;
+
+    /// Releases `holder`'s slot (`domain::decide_release`); `false` when it had none (expired
+    /// and taken, or never acquired). Another holder's slot is never touched.
+    async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError>;
 
     /// Transactions the adapter retried (contention, aborts, lost connections) since it was
     /// opened; read by the metrics (`topology_claims_store_retries_total`), never a query.

@@ -119,6 +119,19 @@ impl ClaimStore for SlowFirstBegin {
     ) -> Result<DecommissionStep, ClaimsError> {
         self.inner.decommission_step(c, batch, dry_run).await
     }
+    async fn acquire_verification_slot(
+        &self,
+        holder: &topology_claims::domain::SlotHolder,
+        limit: topology_claims::domain::SlotLimit,
+    ) -> Result<topology_claims::domain::SlotGrant, ClaimsError> {
+        self.inner.acquire_verification_slot(holder, limit).await
+    }
+    async fn release_verification_slot(
+        &self,
+        holder: &topology_claims::domain::SlotHolder,
+    ) -> Result<bool, ClaimsError> {
+        self.inner.release_verification_slot(holder).await
+    }
     fn retries(&self) -> u64 {
         self.inner.retries()
     }

@@ -61,6 +61,19 @@ impl ClaimStore for ForgivingCommits {
     ) -> Result<DecommissionStep, ClaimsError> {
         self.0.decommission_step(cell_id, batch, dry_run).await
     }
+    async fn acquire_verification_slot(
+        &self,
+        holder: &topology_claims::domain::SlotHolder,
+        limit: topology_claims::domain::SlotLimit,
+    ) -> Result<topology_claims::domain::SlotGrant, ClaimsError> {
+        self.0.acquire_verification_slot(holder, limit).await
+    }
+    async fn release_verification_slot(
+        &self,
+        holder: &topology_claims::domain::SlotHolder,
+    ) -> Result<bool, ClaimsError> {
+        self.0.release_verification_slot(holder).await
+    }
     fn retries(&self) -> u64 {
         self.0.retries()
     }

@@ -80,6 +80,22 @@ pub struct ServeArgs {
           value_parser = parse_nonzero_duration)]
     gc_interval: Duration,
 
+    /// Verifiers (`verify` sidecars) of all cells that may run at once, fleet-wide: each holds a
+    /// verification slot kept in the store, so every server on the store shares the limit. The
+    /// rest wait. 0: unlimited.
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_MAX_CONCURRENT_VERIFICATIONS",
+        default_value_t = 8
+    )]
+    max_concurrent_verifications: u32,
+
+    /// How long a verification slot lasts unless its verifier renews it (every third of it):
+    /// the slot of a verifier that died frees after this. Units: ms, s, m, h, d; not zero.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFICATION_SLOT_TTL", default_value = "60s",
+          value_parser = parse_nonzero_duration)]
+    verification_slot_ttl: Duration,
+
     /// After SIGINT/SIGTERM, how long in-flight requests may take to finish before the process
     /// exits anyway. Units: ms, s, m, h, d.
     #[arg(long, env = "TOPOLOGY_CLAIMS_DRAIN_TIMEOUT", default_value = "30s",
@@ -420,6 +436,8 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         metrics: metrics.clone(),
         metrics_refresh: args.metrics_refresh_interval,
         cell_limits,
+        max_concurrent_verifications: args.max_concurrent_verifications,
+        verification_slot_ttl: args.verification_slot_ttl,
     };
     reload_on_sighup(tls, audit)?;
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use clap::Args;
 use topology_claims::cell::{
-    ClaimSource, ClaimsClient, ClientConfig, Reconciler, ReconcilerConfig, Verifier,
+    ClaimSource, ClaimsClient, ClientConfig, Reconciler, ReconcilerConfig, SlotEvent, Verifier,
     VerifierConfig, VerifyReport,
 };
 use topology_claims::{CellId, ClaimsError, LocalLeaseStore, LocalLock, TableName};
@@ -360,8 +360,10 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
         LocalDbUrl::Sqlite(path) => {
             match topology_claims_sqlite::cell::SqliteQuerySource::open(path, queries) {
                 Ok(source) => {
-                    runs.run(Verifier::new(client, source, config.clone()))
-                        .await
+                    runs.run(
+                        Verifier::new(client, source, config.clone()).on_slot(print_slot_event),
+                    )
+                    .await
                 }
                 Err(e) => Err(e),
             }
@@ -369,8 +371,10 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
         LocalDbUrl::Postgres(url) => {
             match topology_claims_postgres::cell::PostgresQuerySource::connect(url, queries).await {
                 Ok(source) => {
-                    runs.run(Verifier::new(client, source, config.clone()))
-                        .await
+                    runs.run(
+                        Verifier::new(client, source, config.clone()).on_slot(print_slot_event),
+                    )
+                    .await
                 }
                 Err(e) => Err(e),
             }
@@ -386,6 +390,28 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
         }
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => fail(e),
+    }
+}
+
+/// One stderr line per slot event, stamped with the wall clock in unix milliseconds (`at=…`) so
+/// that operators and tests can line up the runs of several cells.
+fn print_slot_event(event: &SlotEvent) {
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    match event {
+        SlotEvent::Waiting { in_use, retry_in } => eprintln!(
+            "waiting for a verification slot ({in_use} in use), retrying in {:.1}s",
+            retry_in.as_secs_f64()
+        ),
+        SlotEvent::Taken { in_use } => {
+            eprintln!("verification slot taken at={at} ({in_use} in use)")
+        }
+        SlotEvent::Released => eprintln!("verification slot released at={at}"),
+        SlotEvent::Unsupported => {
+            eprintln!("the claims server has no verification slots; verifying without one")
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use crate::cell::backoff::Backoff;
 use crate::cell::tls::{server_endpoint, ClientTls};
 use crate::domain::{
     BeginUpdate, CellId, ClaimKey, ClaimView, ClaimViewsPage, ClaimsQuery, Lease, LeaseId,
-    LeasesPage, LeasesQuery,
+    LeasesPage, LeasesQuery, SlotGrant, SlotHolder,
 };
 use crate::error::{error_chain, ClaimsError};
 use crate::grpc::convert::begin_update_to_pb;
@@ -293,6 +293,68 @@ impl ClaimsClient {
             })
             .await?;
         decode::claims_page_from_pb(response.get_ref(), &query.cell_id)
+    }
+
+    /// AcquireVerificationSlot for `holder`, asking for `ttl` (the server's when `None` or
+    /// longer). `Ok(None)`: the server has no verification slots (UNIMPLEMENTED, an older
+    /// server). All taken: `VerificationSlotsBusy`, not retried here (the caller waits).
+    pub async fn acquire_verification_slot(
+        &self,
+        holder: &SlotHolder,
+        ttl: Option<Duration>,
+    ) -> Result<Option<(SlotGrant, Duration)>, ClaimsError> {
+        let message = pb::AcquireVerificationSlotRequest {
+            cell_id: holder.cell_id.to_string(),
+            holder: holder.holder.clone(),
+            ttl: ttl.map(crate::grpc::admin::duration_to_pb),
+        };
+        let response = self
+            .with_retries(|mut c| {
+                let message = message.clone();
+                async move {
+                    match c.acquire_verification_slot(message).await {
+                        Err(status) if status.code() == tonic::Code::Unimplemented => Ok(None),
+                        other => other.map(|response| Some(response.into_inner())),
+                    }
+                }
+            })
+            .await?;
+        let Some(response) = response else {
+            return Ok(None);
+        };
+        let grant = decode::slot_grant_from_pb(holder, &response)?;
+        let granted_ttl = response
+            .ttl
+            .as_ref()
+            .and_then(|d| {
+                Some(Duration::new(
+                    d.seconds.try_into().ok()?,
+                    d.nanos.try_into().ok()?,
+                ))
+            })
+            .unwrap_or(crate::domain::DEFAULT_VERIFICATION_SLOT_TTL);
+        Ok(Some((grant, granted_ttl)))
+    }
+
+    /// ReleaseVerificationSlot; `false` when the holder had none (or the server has no slots).
+    pub async fn release_verification_slot(
+        &self,
+        holder: &SlotHolder,
+    ) -> Result<bool, ClaimsError> {
+        let message = pb::ReleaseVerificationSlotRequest {
+            cell_id: holder.cell_id.to_string(),
+            holder: holder.holder.clone(),
+        };
+        self.with_retries(|mut c| {
+            let message = message.clone();
+            async move {
+                match c.release_verification_slot(message).await {
+                    Err(status) if status.code() == tonic::Code::Unimplemented => Ok(false),
+                    other => other.map(|response| response.into_inner().released),
+                }
+            }
+        })
+        .await
     }
 
     /// StreamClaims from `query.cursor` to the end: the ListClaims pages of `query.limit`, one

@@ -8,6 +8,7 @@
 mod backoff;
 pub mod client;
 pub mod reconciler;
+pub mod slot;
 pub mod tls;
 pub mod update;
 pub mod verifier;
@@ -15,6 +16,7 @@ pub mod verifier;
 pub use backoff::Backoff;
 pub use client::{ClaimsClient, ClientConfig};
 pub use reconciler::{ReconcileReport, Reconciler, ReconcilerConfig};
+pub use slot::{HeldSlot, SlotEvent, SlotSettings};
 pub use tls::{server_endpoint, ClientTls, TlsFiles};
 pub use update::{CommitOutcome, LocalEnd, PendingUpdate, TransactionError, UpdateConfig};
 pub use verifier::{

@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use crate::cell::client::{ClaimsClient, ClaimsPageStream};
+use crate::cell::slot::{self, HeldSlot, SlotEvent, SlotSettings};
 use crate::domain::{
     BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimState, ClaimViewsPage, ClaimsCursor,
-    ClaimsQuery, LeaseId, TableName, Timestamp,
+    ClaimsQuery, LeaseId, SlotHolder, TableName, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::{Clock, SystemClock};
@@ -112,6 +113,9 @@ pub struct VerifierConfig {
     pub time_budget: Option<Duration>,
     /// Where the cursor is saved so an interrupted run resumes (`None`: always from 0).
     pub cursor_file: Option<PathBuf>,
+    /// Take one of the fleet's verification slots for the run (default), waiting while all are
+    /// held; `None`: run without one.
+    pub slot: Option<SlotSettings>,
 }
 
 impl VerifierConfig {
@@ -126,6 +130,7 @@ impl VerifierConfig {
             dry_run: false,
             time_budget: None,
             cursor_file: None,
+            slot: Some(SlotSettings::default()),
         }
     }
 }
@@ -200,11 +205,15 @@ impl std::fmt::Display for VerifyReport {
     }
 }
 
+/// Where a verifier reports what happens to its slot.
+type SlotEvents = Box<dyn Fn(&SlotEvent) + Send + Sync>;
+
 /// The verifier of one cell.
 pub struct Verifier<S> {
     client: ClaimsClient,
     source: S,
     config: VerifierConfig,
+    on_slot: SlotEvents,
 }
 
 impl<S: ClaimSource> Verifier<S> {
@@ -213,13 +222,47 @@ impl<S: ClaimSource> Verifier<S> {
             client,
             source,
             config,
+            on_slot: Box::new(|_| {}),
         }
     }
 
-    /// Verifies every configured table, calling `progress` after each page.
+    /// Calls `on_slot` when the run waits for, takes or releases its verification slot.
+    pub fn on_slot(mut self, on_slot: impl Fn(&SlotEvent) + Send + Sync + 'static) -> Self {
+        self.on_slot = Box::new(on_slot);
+        self
+    }
+
+    /// Verifies every configured table, calling `progress` after each page. With
+    /// [`VerifierConfig::slot`], a verification slot is taken first (waiting while all are
+    /// held), renewed while the run goes on, and released at its end, an error included. A run
+    /// whose slot was lost (a renewal found it taken by another verifier) stops after the page it
+    /// was on, with the cursor saved, and fails.
     pub async fn run(
         &self,
+        progress: impl FnMut(&VerifyReport),
+    ) -> Result<VerifyReport, ClaimsError> {
+        let Some(settings) = &self.config.slot else {
+            return self.run_pages(progress, None).await;
+        };
+        let holder = SlotHolder::new(self.config.cell_id.clone(), &settings.holder)?;
+        let slot = slot::take_slot(&self.client, &holder, settings.ttl, &*self.on_slot).await?;
+        let result = self.run_pages(progress, slot.as_ref()).await;
+        if let Some(slot) = slot {
+            // Reported before the call: the run no longer uses the slot, and until the service
+            // has deleted it nobody else holds it, so no two reported intervals overlap.
+            (self.on_slot)(&SlotEvent::Released);
+            if let Err(error) = slot.release(&self.client).await {
+                // It expires on its own after its time-to-live.
+                tracing::warn!(%error, "verification slot release failed");
+            }
+        }
+        result
+    }
+
+    async fn run_pages(
+        &self,
         mut progress: impl FnMut(&VerifyReport),
+        slot: Option<&HeldSlot>,
     ) -> Result<VerifyReport, ClaimsError> {
         let started = Instant::now();
         let mut report = VerifyReport {
@@ -244,6 +287,12 @@ impl<S: ClaimSource> Verifier<S> {
                 {
                     report.finished = false;
                     break 'tables;
+                }
+                if slot.is_some_and(HeldSlot::lost) {
+                    return Err(ClaimsError::unavailable(
+                        "verification slot lost to another verifier (renewals failed for longer \
+                         than its time-to-live); stopped, the cursor is saved",
+                    ));
                 }
                 let query = ClaimsQuery::new(
                     self.config.cell_id.clone(),

@@ -1,5 +1,5 @@
 //! The pure lease state machine: types, validation and the decisions of begin / commit /
-//! rollback / renew, the administrative decisions (force rollback, decommission), the paging rules of the list calls, plus [`Tables`], the reference
+//! rollback / renew, the administrative decisions (force rollback, decommission), the paging rules of the list calls, the fleet-wide verification slots, plus [`Tables`], the reference
 //! semantics over in-memory tables.
 //!
 //! Owns every protocol rule. Must not do I/O, be async, or read a clock: time is an input.
@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod decide;
 pub mod pages;
+pub mod slots;
 mod tables;
 mod types;
 
@@ -23,6 +24,10 @@ pub use pages::{
     claim_encoded_len_bound, claims_page, claims_page_order, lease_encoded_len_bound, leases_page,
     page_limit, LeasesPageBuilder, CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT,
     DEFAULT_MAX_RESPONSE_BYTES, LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT, LEASES_READ_CHUNK,
+};
+pub use slots::{
+    decide_acquire, decide_release, slot_ttl, AcquirePlan, SlotGrant, SlotHolder, SlotLimit,
+    SlotRow, DEFAULT_MAX_CONCURRENT_VERIFICATIONS, DEFAULT_VERIFICATION_SLOT_TTL,
 };
 pub use tables::Tables;
 pub use types::*;

@@ -11,6 +11,7 @@ use crate::domain::admin::{
 };
 use crate::domain::decide::{self, BeginPlan, EndPlan, EndWrites};
 use crate::domain::pages;
+use crate::domain::slots::{self, SlotGrant, SlotHolder, SlotLimit, SlotRow};
 use crate::domain::types::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimType, ClaimsPage, ClaimsQuery, Lease,
     LeaseId, LeaseOp, LeaseRecord, LeasesPage, LeasesQuery, Outcome, TableName, Timestamp,
@@ -27,6 +28,8 @@ pub struct Tables {
     pub outcomes: BTreeMap<LeaseId, Outcome>,
     /// Cells an administrator decommissioned, with when.
     pub decommissioned: BTreeMap<CellId, Timestamp>,
+    /// Verification slots by holder (`verification_slots`).
+    pub slots: BTreeMap<SlotHolder, Timestamp>,
     /// `(cell, table, record id, key)` of every claim: ListClaims reads one page of it instead
     /// of scanning every claim (the design's claims-by-(cell, table, record id) index). The
     /// indexed fields of a claim never change after its insert.
@@ -304,6 +307,43 @@ impl Tables {
             .get(key)
             .cloned()
             .ok_or_else(|| ClaimsError::ClaimNotFound { claim: key.clone() })
+    }
+
+    /// Takes or renews a verification slot (see `ClaimStore::acquire_verification_slot`).
+    pub fn acquire_verification_slot(
+        &mut self,
+        holder: &SlotHolder,
+        limit: SlotLimit,
+        now: Timestamp,
+    ) -> Result<SlotGrant, ClaimsError> {
+        let rows: Vec<SlotRow> = self
+            .slots
+            .iter()
+            .map(|(holder, expires_at)| SlotRow {
+                holder: holder.clone(),
+                expires_at: *expires_at,
+            })
+            .collect();
+        let plan = slots::decide_acquire(&rows, holder, limit, now)?;
+        for expired in &plan.expired {
+            self.slots.remove(expired);
+        }
+        self.slots
+            .insert(plan.grant.holder.clone(), plan.grant.expires_at);
+        Ok(plan.grant)
+    }
+
+    /// Releases `holder`'s slot; `false` when it had none.
+    pub fn release_verification_slot(&mut self, holder: &SlotHolder) -> bool {
+        let row = self.slots.get(holder).map(|expires_at| SlotRow {
+            holder: holder.clone(),
+            expires_at: *expires_at,
+        });
+        let release = slots::decide_release(row.as_ref(), holder);
+        if release {
+            self.slots.remove(holder);
+        }
+        release
     }
 
     /// Forgets outcomes older than `retention`; returns how many.

@@ -287,7 +287,8 @@ fn parse_cursor(cursor: &str) -> Result<(Option<CellId>, Option<LeaseId>), Claim
     Ok((Some(cell), Some(lease)))
 }
 
-fn duration_from_pb(
+/// A protobuf duration as a std one: absent is zero, negative is refused.
+pub(crate) fn duration_from_pb(
     duration: Option<&prost_types::Duration>,
     field: &str,
 ) -> Result<Duration, ClaimsError> {

@@ -6,8 +6,9 @@
 
 use crate::domain::{
     check_record_id, check_value, page_limit, CellId, Claim, ClaimKey, ClaimState, ClaimType,
-    ClaimsCursor, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, TableName,
-    CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT, LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT,
+    ClaimsCursor, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, SlotGrant,
+    SlotHolder, SlotLimit, TableName, CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT, LEASES_DEFAULT_LIMIT,
+    LEASES_MAX_LIMIT,
 };
 use crate::error::ClaimsError;
 use crate::grpc::pb;
@@ -232,6 +233,35 @@ pub fn lookup_response_to_pb(claim: &Claim) -> pb::LookupClaimResponse {
         claim: Some(claim_info_to_pb(claim)),
         cell_id: claim.cell_id.to_string(),
         state: claim_state_to_pb(claim.state()).into(),
+    }
+}
+
+/// The holder of a slot request: `cell_id` and `holder` (1 to 128 printable ASCII characters).
+pub fn slot_holder_from_pb(cell_id: &str, holder: &str) -> Result<SlotHolder, ClaimsError> {
+    SlotHolder::new(CellId::parse_field(cell_id, "cell_id")?, holder)
+}
+
+/// Decodes an AcquireVerificationSlot request: the holder and the ttl it asks for (`None`
+/// when unset or zero: the server's).
+pub fn slot_request_from_pb(
+    request: &pb::AcquireVerificationSlotRequest,
+) -> Result<(SlotHolder, Option<std::time::Duration>), ClaimsError> {
+    let holder = slot_holder_from_pb(&request.cell_id, &request.holder)?;
+    let ttl = crate::grpc::admin::duration_from_pb(request.ttl.as_ref(), "ttl")?;
+    Ok((holder, Some(ttl).filter(|ttl| !ttl.is_zero())))
+}
+
+/// A granted slot, with the limit it was granted under.
+pub fn slot_grant_to_pb(
+    grant: &SlotGrant,
+    limit: SlotLimit,
+) -> pb::AcquireVerificationSlotResponse {
+    pb::AcquireVerificationSlotResponse {
+        expires_at: Some(timestamp_to_pb(grant.expires_at)),
+        ttl: Some(crate::grpc::admin::duration_to_pb(limit.ttl)),
+        renewed: grant.renewed,
+        in_use: grant.in_use,
+        max: limit.max,
     }
 }
 

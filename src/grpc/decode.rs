@@ -7,7 +7,7 @@ use tonic::transport::Channel;
 
 use crate::domain::{
     CellId, ClaimState, ClaimView, ClaimViewsPage, ClaimsCursor, ClaimsQuery, Lease, LeaseId,
-    LeasesPage, LeasesQuery, Timestamp,
+    LeasesPage, LeasesQuery, SlotGrant, SlotHolder, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::grpc::convert::{
@@ -169,5 +169,18 @@ pub fn claims_page_from_pb(
         start_range: response.start_range,
         end_range: response.end_range,
         next_cursor,
+    })
+}
+
+/// A granted slot from an AcquireVerificationSlot response.
+pub fn slot_grant_from_pb(
+    holder: &SlotHolder,
+    response: &pb::AcquireVerificationSlotResponse,
+) -> Result<SlotGrant, ClaimsError> {
+    Ok(SlotGrant {
+        holder: holder.clone(),
+        expires_at: required_time(response.expires_at.as_ref(), "expires_at")?,
+        renewed: response.renewed,
+        in_use: response.in_use,
     })
 }

@@ -72,6 +72,10 @@ pub struct ServerConfig {
     /// Per-cell rate and concurrency limits (`--cell-rate`, `--cell-max-in-flight`); off by
     /// default.
     pub cell_limits: CellLimits,
+    /// Verification slots of the fleet (`--max-concurrent-verifications`, 0: unlimited).
+    pub max_concurrent_verifications: u32,
+    /// Their time-to-live (`--verification-slot-ttl`); a request may only shorten it.
+    pub verification_slot_ttl: Duration,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +93,8 @@ impl Default for ServerConfig {
             metrics: None,
             metrics_refresh: crate::metrics::DEFAULT_REFRESH_INTERVAL,
             cell_limits: CellLimits::default(),
+            max_concurrent_verifications: crate::domain::DEFAULT_MAX_CONCURRENT_VERIFICATIONS,
+            verification_slot_ttl: crate::domain::DEFAULT_VERIFICATION_SLOT_TTL,
         }
     }
 }
@@ -141,6 +147,8 @@ pub async fn serve(
         ServiceConfig {
             max_batch: config.max_batch,
             max_response_bytes: config.max_response_bytes,
+            max_concurrent_verifications: config.max_concurrent_verifications,
+            verification_slot_ttl: config.verification_slot_ttl,
         },
     ))
     .max_decoding_message_size(MAX_REQUEST_BYTES);

@@ -33,6 +33,11 @@ pub struct ServiceConfig {
     /// page fits the 4 MiB gRPC clients accept by default (the rule: `domain::pages`). A
     /// leases page holds at least one lease even when that lease alone is larger.
     pub max_response_bytes: usize,
+    /// Verification slots of the fleet, shared through the store
+    /// (`--max-concurrent-verifications`; 0: unlimited).
+    pub max_concurrent_verifications: u32,
+    /// A slot's time-to-live (`--verification-slot-ttl`); a request may only shorten it.
+    pub verification_slot_ttl: std::time::Duration,
 }
 
 /// Default of [`ServiceConfig::max_response_bytes`]: well under the 4 MiB clients accept.
@@ -43,6 +48,8 @@ impl Default for ServiceConfig {
         Self {
             max_batch: DEFAULT_MAX_BATCH,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            max_concurrent_verifications: domain::DEFAULT_MAX_CONCURRENT_VERIFICATIONS,
+            verification_slot_ttl: domain::DEFAULT_VERIFICATION_SLOT_TTL,
         }
     }
 }
@@ -245,6 +252,39 @@ impl ClaimsService for ClaimsServiceImpl {
                 let key = convert::claim_key_from_pb(request.get_ref())?;
                 let claim = self.store.lookup_claim(&key).await?;
                 Ok(convert::lookup_response_to_pb(&claim))
+            }
+            .await,
+        )
+    }
+
+    async fn acquire_verification_slot(
+        &self,
+        request: Request<pb::AcquireVerificationSlotRequest>,
+    ) -> Result<Response<pb::AcquireVerificationSlotResponse>, Status> {
+        respond(
+            async {
+                let (holder, requested_ttl) = convert::slot_request_from_pb(request.get_ref())?;
+                let limit = domain::SlotLimit {
+                    max: self.config.max_concurrent_verifications,
+                    ttl: domain::slot_ttl(self.config.verification_slot_ttl, requested_ttl),
+                };
+                let grant = self.store.acquire_verification_slot(&holder, limit).await?;
+                Ok(convert::slot_grant_to_pb(&grant, limit))
+            }
+            .await,
+        )
+    }
+
+    async fn release_verification_slot(
+        &self,
+        request: Request<pb::ReleaseVerificationSlotRequest>,
+    ) -> Result<Response<pb::ReleaseVerificationSlotResponse>, Status> {
+        respond(
+            async {
+                let request = request.get_ref();
+                let holder = convert::slot_holder_from_pb(&request.cell_id, &request.holder)?;
+                let released = self.store.release_verification_slot(&holder).await?;
+                Ok(pb::ReleaseVerificationSlotResponse { released })
             }
             .await,
         )

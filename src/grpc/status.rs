@@ -30,6 +30,8 @@ pub const META_PENDING: &str = "pending";
 pub const META_CELL_ID: &str = "cell_id";
 pub const META_OUTSTANDING: &str = "outstanding";
 pub const META_LIMIT: &str = "limit";
+pub const META_IN_USE: &str = "in_use";
+pub const META_MAX: &str = "max";
 
 /// The status code of each error (the status table of the API, docs/api.md).
 pub fn code_of(error: &ClaimsError) -> Code {
@@ -47,7 +49,9 @@ pub fn code_of(error: &ClaimsError) -> Code {
         | ClaimsError::PermissionDenied { .. } => Code::PermissionDenied,
         ClaimsError::CellDecommissioned { .. } => Code::PermissionDenied,
         ClaimsError::CellHasOutstandingLeases { .. } => Code::FailedPrecondition,
-        ClaimsError::RateLimited { .. } => Code::ResourceExhausted,
+        ClaimsError::RateLimited { .. } | ClaimsError::VerificationSlotsBusy { .. } => {
+            Code::ResourceExhausted
+        }
         ClaimsError::AuditUnavailable { .. } => Code::Unavailable,
         ClaimsError::Unauthenticated { .. } => Code::Unauthenticated,
         ClaimsError::Unavailable { .. } => Code::Unavailable,
@@ -142,6 +146,15 @@ pub fn to_status(error: &ClaimsError) -> Status {
         } => {
             metadata.insert(META_CELL_ID.to_owned(), cell_id.clone());
             metadata.insert(META_LIMIT.to_owned(), (*limit).to_owned());
+            details.set_retry_info(Some(*retry_after));
+        }
+        ClaimsError::VerificationSlotsBusy {
+            in_use,
+            max,
+            retry_after,
+        } => {
+            metadata.insert(META_IN_USE.to_owned(), in_use.to_string());
+            metadata.insert(META_MAX.to_owned(), max.to_string());
             details.set_retry_info(Some(*retry_after));
         }
         _ => {}
@@ -244,6 +257,18 @@ pub fn from_status(status: &Status) -> ClaimsError {
                 .and_then(|r| r.retry_delay)
                 .unwrap_or_default(),
         },
+        "VERIFICATION_SLOTS_BUSY" => meta(META_IN_USE)
+            .and_then(|n| n.parse().ok())
+            .zip(meta(META_MAX).and_then(|n| n.parse().ok()))
+            .map(|(in_use, max)| ClaimsError::VerificationSlotsBusy {
+                in_use,
+                max,
+                retry_after: details
+                    .retry_info()
+                    .and_then(|r| r.retry_delay)
+                    .unwrap_or_default(),
+            })
+            .unwrap_or_else(malformed),
         reason @ (crate::auth::CELL_ID_MISMATCH | crate::auth::ROLE_NOT_ALLOWED) => {
             ClaimsError::PermissionDenied {
                 reason: reason.to_owned(),
@@ -314,6 +339,11 @@ mod tests {
                 limit: "cell-max-in-flight",
                 cell_id: "cell-a".into(),
                 retry_after: std::time::Duration::from_millis(250),
+            },
+            ClaimsError::VerificationSlotsBusy {
+                in_use: 3,
+                max: 3,
+                retry_after: std::time::Duration::from_millis(1_500),
             },
         ]
     }

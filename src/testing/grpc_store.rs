@@ -28,17 +28,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tonic::transport::Channel;
 
+use crate::domain::DEFAULT_VERIFICATION_SLOT_TTL;
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimState, ClaimView, ClaimsPage,
     ClaimsQuery, DecommissionStep, Lease, LeaseId, LeaseOp, LeaseSummary, LeasesPage, LeasesQuery,
-    Timestamp, DEFAULT_MAX_RESPONSE_BYTES, LEASES_MAX_LIMIT,
+    SlotGrant, SlotHolder, SlotLimit, Timestamp, DEFAULT_MAX_RESPONSE_BYTES, LEASES_MAX_LIMIT,
 };
 use crate::error::ClaimsError;
 use crate::grpc::convert::begin_update_to_pb;
 use crate::grpc::pb::admin::admin_service_client::AdminServiceClient;
 use crate::grpc::pb::claims_service_client::ClaimsServiceClient;
+use crate::grpc::server::ServerConfig;
 use crate::grpc::{decode, pb, status};
 use crate::ports::ClaimStore;
+use crate::testing::conformance::SUITE_SLOTS;
 use crate::testing::server::TestServer;
 
 /// The response budget is the server's (`--max-response-bytes`), not part of a request: the
@@ -51,6 +54,20 @@ fn served_budget(max_bytes: usize) -> Result<(), ClaimsError> {
         Err(ClaimsError::internal(format!(
             "GrpcClaimStore serves with the default response budget \
              ({DEFAULT_MAX_RESPONSE_BYTES} bytes); the query asks for {max_bytes}"
+        )))
+    }
+}
+
+/// The slot limit is the server's (`--max-concurrent-verifications`, `--verification-slot-ttl`),
+/// not part of a request (whose ttl may only shorten the server's): the test server serves
+/// [`SUITE_SLOTS`] with the default ttl, and a query with another limit is refused.
+fn served_slot_limit(limit: SlotLimit) -> Result<(), ClaimsError> {
+    if limit.max == SUITE_SLOTS && limit.ttl <= DEFAULT_VERIFICATION_SLOT_TTL {
+        Ok(())
+    } else {
+        Err(ClaimsError::internal(format!(
+            "GrpcClaimStore serves {SUITE_SLOTS} verification slots of at most \
+             {DEFAULT_VERIFICATION_SLOT_TTL:?}; the query asks for {limit:?}"
         )))
     }
 }
@@ -70,7 +87,8 @@ pub struct GrpcStoreGuard<G> {
 }
 
 impl GrpcClaimStore {
-    /// Serves `inner` on a fresh [`TestServer`] (default `ServerConfig`) and connects to it.
+    /// Serves `inner` on a fresh [`TestServer`] (default `ServerConfig`, [`SUITE_SLOTS`]
+    /// verification slots) and connects to it.
     /// Takes and returns the `(store, guard)` pair of the conformance factory contract, so any
     /// factory's store can be run through the wire:
     /// `GrpcClaimStore::serve(other_factory().await).await`.
@@ -78,7 +96,11 @@ impl GrpcClaimStore {
         (inner, guard): (S, G),
     ) -> (GrpcClaimStore, GrpcStoreGuard<G>) {
         let inner: Arc<dyn ClaimStore> = Arc::new(inner);
-        let server = TestServer::start(Arc::clone(&inner)).await;
+        let config = ServerConfig {
+            max_concurrent_verifications: SUITE_SLOTS,
+            ..ServerConfig::default()
+        };
+        let server = TestServer::start_with(Arc::clone(&inner), config).await;
         let client = server.client().await;
         let admin = server.admin_client().await;
         let store = GrpcClaimStore {
@@ -345,6 +367,40 @@ impl ClaimStore for GrpcClaimStore {
             claims: response.claims,
             complete: response.complete,
         })
+    }
+
+    /// Through AcquireVerificationSlot. The limit is the server's (`SUITE_SLOTS`, the default
+    /// ttl); the request's ttl may only shorten it, so a query's own ttl is sent as the request's.
+    async fn acquire_verification_slot(
+        &self,
+        holder: &SlotHolder,
+        limit: SlotLimit,
+    ) -> Result<SlotGrant, ClaimsError> {
+        served_slot_limit(limit)?;
+        let message = pb::AcquireVerificationSlotRequest {
+            cell_id: holder.cell_id.to_string(),
+            holder: holder.holder.clone(),
+            ttl: Some(crate::grpc::admin::duration_to_pb(limit.ttl)),
+        };
+        let response = self
+            .client()
+            .acquire_verification_slot(message)
+            .await
+            .map_err(|s| status::from_status(&s))?;
+        decode::slot_grant_from_pb(holder, response.get_ref())
+    }
+
+    async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError> {
+        let message = pb::ReleaseVerificationSlotRequest {
+            cell_id: holder.cell_id.to_string(),
+            holder: holder.holder.clone(),
+        };
+        let response = self
+            .client()
+            .release_verification_slot(message)
+            .await
+            .map_err(|s| status::from_status(&s))?;
+        Ok(response.get_ref().released)
     }
 
     fn retries(&self) -> u64 {

@@ -105,6 +105,12 @@ macro_rules! claim_store_conformance {
                 decommission_deletes_in_bounded_steps_and_leaves_other_cells_untouched,
                 decommission_resumes_after_a_step_that_was_cut_short,
                 a_decommissioned_cell_may_begin_nothing,
+                verification_slots_are_granted_up_to_the_limit_then_refused_with_a_retry_hint,
+                a_verification_slot_renewed_by_its_holder_lasts_longer,
+                a_released_verification_slot_is_free_again,
+                an_expired_verification_slot_is_free_again,
+                a_verification_slot_is_released_only_by_its_holder,
+                concurrent_acquires_never_exceed_the_limit,
             );
             #[test]
             fn model_based_property_test() {

@@ -8,7 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::Row;
 use topology_claims::codec::decode_request;
-use topology_claims::domain::{CellLeases, LeaseRecord, LeaseSummary, Outcome};
+use topology_claims::domain::{
+    CellLeases, LeaseRecord, LeaseSummary, Outcome, SlotHolder, SlotRow,
+};
 use topology_claims::{
     CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease, LeaseId,
     LeaseOp, LeaseOutcome, OwnerType, TableName, Timestamp,
@@ -137,6 +139,27 @@ pub(crate) fn lease_summary(rows: &[Row]) -> Result<LeaseSummary, ClaimsError> {
 }
 
 /// A `count(*)` row.
+/// The store's clock and every slot row, from `sql::SELECT_SLOTS` (one row of `(now, NULL, …)`
+/// when the table is empty).
+pub(crate) fn slots(rows: &[Row]) -> Result<(Timestamp, Vec<SlotRow>), ClaimsError> {
+    const W: &str = "verification_slots";
+    let first = rows.first().ok_or_else(|| corrupt(W, "no clock row"))?;
+    let now = timestamp(get(first, 0, W)?);
+    let mut slots = Vec::with_capacity(rows.len());
+    for row in rows {
+        let Some(cell) = get::<Option<&str>>(row, 1, W)? else {
+            continue;
+        };
+        let name: &str = get(row, 2, W)?;
+        let cell_id = CellId::parse(cell).map_err(|e| corrupt(W, e))?;
+        slots.push(SlotRow {
+            holder: SlotHolder::new(cell_id, name).map_err(|e| corrupt(W, e))?,
+            expires_at: timestamp(get(row, 3, W)?),
+        });
+    }
+    Ok((now, slots))
+}
+
 pub(crate) fn count(row: &Row) -> Result<u64, ClaimsError> {
     let n: i64 = get(row, 0, "count")?;
     u64::try_from(n).map_err(|e| corrupt("count", e))

@@ -28,6 +28,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_decommissioned_cells",
         sql: include_str!("../migrations/0002_decommissioned_cells.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_verification_slots",
+        sql: include_str!("../migrations/0003_verification_slots.sql"),
+    },
 ];
 
 /// Advisory lock class (first key of the two-key form) of schema migrations; the second key is
@@ -40,6 +45,11 @@ pub const LEASE_LOCK_CLASS: i32 = 0x7C1A_0001;
 /// a decommission step exclusive, so a step's lease count and mark cannot interleave with a
 /// BeginUpdate of the cell (see `store.rs`, "why a cell lock").
 pub const CELL_LOCK_CLASS: i32 = 0x7C1A_0002;
+
+/// Advisory lock class of the verification slots, second key `hashtext(current_schema())` (one
+/// lock per store, as the table is one per schema): every acquire takes it before
+/// it reads `verification_slots` (see `store.rs`, "why a slot lock").
+pub const SLOT_LOCK_CLASS: i32 = 0x7C1A_0003;
 
 /// The bookkeeping table of applied migrations (named so it cannot clash with an application's
 /// own `schema_migrations`).
@@ -220,6 +230,31 @@ DELETE FROM claims WHERE (claim_type, claim_value) IN (
     SELECT claim_type, claim_value FROM claims WHERE cell_id = $1::text
     ORDER BY table_name, table_record_id, claim_type, claim_value
     LIMIT $2::bigint)";
+
+/// `$1` [`SLOT_LOCK_CLASS`]: the one lock every slot acquire holds.
+pub const LOCK_SLOTS: &str = "SELECT pg_advisory_xact_lock($1::int4, hashtext(current_schema()))";
+
+/// The store's clock after the slot lock was granted (`now()` is the transaction's start, which
+/// may be a lock wait earlier), and every slot row.
+pub const SELECT_SLOTS: &str = "\
+SELECT statement_timestamp(), s.cell_id, s.holder, s.expires_at
+FROM (SELECT 1) AS t LEFT JOIN verification_slots AS s ON true";
+
+/// Deletes the slot rows of holders `($1[i], $2[i])` (the expired ones an acquire found).
+pub const DELETE_SLOTS: &str = "\
+DELETE FROM verification_slots
+WHERE (cell_id, holder) IN (SELECT * FROM unnest($1::text[], $2::text[]))";
+
+/// Takes or renews the slot of holder `($1, $2)` until `$3`.
+pub const UPSERT_SLOT: &str = "\
+INSERT INTO verification_slots (cell_id, holder, expires_at)
+VALUES ($1::text, $2::text, $3::timestamptz)
+ON CONFLICT (cell_id, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at";
+
+/// Releases the slot of holder `($1, $2)`; the deleted row's expiry, if there was one.
+pub const RELEASE_SLOT: &str = "\
+DELETE FROM verification_slots WHERE cell_id = $1::text AND holder = $2::text
+RETURNING expires_at";
 
 pub const RENEW_LEASE: &str =
     "UPDATE leases SET last_renewed_at = now() WHERE lease_id = $1::uuid RETURNING last_renewed_at";

@@ -22,6 +22,16 @@
 //! BeginUpdates of one cell still run in parallel, but a step sees either their committed leases
 //! or, once it has marked the cell, they see the mark. Both are in their first flight.
 //!
+//! ## Why a slot lock
+//! A verification slot acquire counts the live rows of `verification_slots` and inserts one when
+//! fewer than the limit exist. Under READ COMMITTED two acquires could both count N-1 and both
+//! insert (different keys: no unique violation), exceeding the limit; `SELECT … FOR UPDATE`
+//! cannot help, since it locks only rows that exist. Every acquire therefore first takes
+//! `pg_advisory_xact_lock(SLOT_LOCK_CLASS, hashtext(current_schema()))`, one lock for the table: acquires run one at a
+//! time (they are rare: one per verifier and renewal interval), and the statement after the lock
+//! sees every earlier acquire's commit. The store's clock is `statement_timestamp()` of that
+//! read, so a lock wait does not age it. Slot transactions take no other lock.
+//!
 //! ## Lock order (no deadlocks between batches)
 //! Advisory lease lock → advisory cell lock → lease / outcome rows → claim rows in
 //! (claim_type, claim_value) order (`ORDER BY … FOR UPDATE`) → inserts of absent claims, also in
@@ -44,6 +54,8 @@
 //! | lease_summary | 1 | one `GROUP BY cell_id` with `now()` |
 //! | decommission_step | 2 | `BEGIN`, cell lock (exclusive), lease count, mark · (count of claims) or (mark insert, bounded delete), `COMMIT` |
 //! | decommission_step refused | 1 | |
+//! | acquire_verification_slot | 2 | `BEGIN`, slot lock, clock + every slot row · delete expired, upsert, `COMMIT` |
+//! | release_verification_slot | 1 | `DELETE … RETURNING` (autocommit) |
 //!
 //! A connection's first use of an operation adds one round trip that prepares all of its
 //! statements at once. [`PostgresClaimStore::round_trips`] counts flights, for tests and the
@@ -57,7 +69,7 @@ use deadpool_postgres::Pool;
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, LeaseRecord,
-    LeaseSummary,
+    LeaseSummary, SlotGrant, SlotHolder, SlotLimit, SlotRow,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -496,6 +508,82 @@ impl PostgresClaimStore {
         Ok(DecommissionStep::after(cell_id, state, plan, claims))
     }
 
+    /// One slot acquire (the twin of `Tables::acquire_verification_slot`).
+    async fn acquire_slot_attempt(
+        &self,
+        holder: &SlotHolder,
+        limit: SlotLimit,
+    ) -> Result<SlotGrant, Failure> {
+        let mut session = self.shared.session().await?;
+        let [lock, select, delete, upsert] = session
+            .prepare([
+                sql::LOCK_SLOTS,
+                sql::SELECT_SLOTS,
+                sql::DELETE_SLOTS,
+                sql::UPSERT_SLOT,
+            ])
+            .await?;
+        let begin = session.begin_transaction();
+        let client = session.client()?;
+        // Flight 1: the slot lock, then the clock and every row (see "why a slot lock").
+        let (_, _, slot_rows) = tokio::try_join!(
+            biased;
+            client.batch_execute(begin),
+            async { client.execute(&lock, &[&sql::SLOT_LOCK_CLASS]).await },
+            async { client.query(&select, &[]).await },
+        )?;
+        session.round_trip();
+        let (now, rows) = rows::slots(&slot_rows)?;
+        let plan = domain::decide_acquire(&rows, holder, limit, now)?;
+        let cells: Vec<&str> = plan.expired.iter().map(|h| h.cell_id.as_str()).collect();
+        let names: Vec<&str> = plan.expired.iter().map(|h| h.holder.as_str()).collect();
+        let expires_at = rows::system_time(plan.grant.expires_at);
+        // Flight 2: what the plan says, and COMMIT.
+        tokio::try_join!(
+            biased;
+            async {
+                if cells.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&delete, &[&cells, &names]).await
+            },
+            async {
+                client
+                    .execute(
+                        &upsert,
+                        &[&holder.cell_id.as_str(), &holder.holder.as_str(), &expires_at],
+                    )
+                    .await
+            },
+            client.batch_execute(sql::COMMIT),
+        )?;
+        session.round_trip();
+        session.committed();
+        Ok(plan.grant)
+    }
+
+    async fn release_slot_attempt(&self, holder: &SlotHolder) -> Result<bool, Failure> {
+        let session = self.shared.session().await?;
+        let [release] = session.prepare([sql::RELEASE_SLOT]).await?;
+        let client = session.client()?;
+        let deleted = client
+            .query_opt(
+                &release,
+                &[&holder.cell_id.as_str(), &holder.holder.as_str()],
+            )
+            .await?;
+        session.round_trip();
+        let row = match deleted {
+            Some(row) => Some(SlotRow {
+                holder: holder.clone(),
+                expires_at: rows::timestamp(row.try_get(0).map_err(internal)?),
+            }),
+            None => None,
+        };
+        // The key is the holder: the row deleted (if any) is the holder's own.
+        Ok(domain::decide_release(row.as_ref(), holder))
+    }
+
     async fn collect_attempt(&self, retention_micros: i64) -> Result<u64, Failure> {
         let session = self.shared.session().await?;
         let [collect] = session.prepare([sql::COLLECT_OUTCOMES]).await?;
@@ -613,6 +701,26 @@ impl ClaimStore for PostgresClaimStore {
         self.shared
             .run("decommission_step", || {
                 self.decommission_attempt(cell_id, batch, dry_run)
+            })
+            .await
+    }
+
+    async fn acquire_verification_slot(
+        &self,
+        holder: &SlotHolder,
+        limit: SlotLimit,
+    ) -> Result<SlotGrant, ClaimsError> {
+        self.shared
+            .run("AcquireVerificationSlot", || {
+                self.acquire_slot_attempt(holder, limit)
+            })
+            .await
+    }
+
+    async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError> {
+        self.shared
+            .run("ReleaseVerificationSlot", || {
+                self.release_slot_attempt(holder)
             })
             .await
     }

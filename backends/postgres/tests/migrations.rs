@@ -8,7 +8,11 @@ use topology_claims::testing::migrations::MigrationFixture;
 use topology_claims::{ClaimStore, ClaimsError, MigrationPolicy};
 use topology_claims_postgres::{migrate_with, PostgresClaimStore};
 
-const ALL_MIGRATIONS: &[&str] = &["0001_initial", "0002_decommissioned_cells"];
+const ALL_MIGRATIONS: &[&str] = &[
+    "0001_initial",
+    "0002_decommissioned_cells",
+    "0003_verification_slots",
+];
 
 /// A migrated schema of its own, for the shared migration-rule cases (dropped at the end).
 struct MigratedSchema {

@@ -9,8 +9,8 @@ use gcloud_spanner::key::Key;
 use gcloud_spanner::mutation::{delete, insert, update};
 use gcloud_spanner::row::Row;
 use gcloud_spanner::value::CommitTimestamp;
-use topology_claims::codec::{decode_request, encode_request, timestamp_from_pb};
-use topology_claims::domain::{CellLeases, LeaseOutcome, Outcome};
+use topology_claims::codec::{decode_request, encode_request, timestamp_from_pb, timestamp_to_pb};
+use topology_claims::domain::{CellLeases, LeaseOutcome, Outcome, SlotHolder, SlotRow};
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease,
     LeaseId, LeaseOp, OwnerType, TableName, Timestamp,
@@ -20,6 +20,7 @@ pub(crate) const CLAIMS: &str = "claims";
 pub(crate) const LEASES: &str = "leases_outstanding";
 pub(crate) const OUTCOMES: &str = "lease_outcomes";
 pub(crate) const DECOMMISSIONED: &str = "decommissioned_cells";
+pub(crate) const SLOTS: &str = "verification_slots";
 
 /// `claims.lease_op` of a claim under no lease (the design's "no-op").
 const NO_LEASE_OP: i64 = 0;
@@ -182,6 +183,43 @@ pub(crate) fn insert_decommissioned(cell: &CellId) -> Mutation {
         &["cell_id", "decommissioned_at"],
         &[&cell.as_str(), &CommitTimestamp::new()],
     )
+}
+
+/// A `verification_slots` row read as `cell_id`, `holder`, `expires_at`.
+pub(crate) fn slot_from_row(row: &Row) -> Result<SlotRow, ClaimsError> {
+    let holder: String = column(row, "holder")?;
+    let cell: String = column(row, "cell_id")?;
+    Ok(SlotRow {
+        holder: SlotHolder::new(cell_id(&cell)?, &holder).map_err(|e| corrupt("slot holder", e))?,
+        expires_at: timestamp(row, "expires_at")?,
+    })
+}
+
+/// `now` of a `SELECT CURRENT_TIMESTAMP() AS now`.
+pub(crate) fn now_from_row(row: &Row) -> Result<Timestamp, ClaimsError> {
+    timestamp(row, "now")
+}
+
+/// The primary key of a slot row.
+pub(crate) fn slot_key(holder: &SlotHolder) -> Key {
+    Key::composite(&[&holder.cell_id.as_str(), &holder.holder.as_str()])
+}
+
+/// Takes or renews `holder`'s slot until `expires_at`.
+pub(crate) fn upsert_slot(holder: &SlotHolder, expires_at: Timestamp) -> Mutation {
+    gcloud_spanner::mutation::insert_or_update(
+        SLOTS,
+        &["cell_id", "holder", "expires_at"],
+        &[
+            &holder.cell_id.as_str(),
+            &holder.holder.as_str(),
+            &timestamp_to_pb(expires_at),
+        ],
+    )
+}
+
+pub(crate) fn delete_slots(keys: Vec<Key>) -> Mutation {
+    delete(SLOTS, keys)
 }
 
 /// The primary key of a claim.

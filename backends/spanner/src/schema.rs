@@ -103,6 +103,19 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             decommissioned_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
         ) PRIMARY KEY (cell_id)"],
     },
+    // The fleet-wide verification slots: one row per verifier holding a slot. expires_at is
+    // written explicitly (the store's clock at the acquire plus the ttl), never a commit
+    // timestamp; a row past it is a free slot. Acquires read the whole table in a read-write
+    // transaction, so concurrent acquires conflict and all but one abort and retry.
+    Migration {
+        version: 3,
+        name: "0003_verification_slots",
+        statements: &["CREATE TABLE IF NOT EXISTS verification_slots (
+            cell_id STRING(100) NOT NULL,
+            holder STRING(128) NOT NULL,
+            expires_at TIMESTAMP NOT NULL,
+        ) PRIMARY KEY (cell_id, holder)"],
+    },
 ];
 
 /// How many values `lease_outcomes.decided_shard` takes (`0..OUTCOME_SHARDS`).

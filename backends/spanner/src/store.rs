@@ -20,7 +20,7 @@ use gcloud_spanner::transaction_rw::ReadWriteTransaction;
 use gcloud_spanner::value::TimestampBound;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, EndWrites,
-    LeaseOutcome, LeaseRecord, LeaseSummary,
+    LeaseOutcome, LeaseRecord, LeaseSummary, SlotGrant, SlotHolder, SlotLimit,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -31,6 +31,7 @@ use crate::config::{DatabaseName, SpannerOptions};
 use crate::error::{client_error, status_error, TxError};
 use crate::rows::{
     self, CLAIMS, CLAIM_COLUMNS, DECOMMISSIONED, LEASES, LEASE_COLUMNS, OUTCOMES, OUTCOME_COLUMNS,
+    SLOTS,
 };
 use crate::schema::{self, OUTCOME_SHARDS};
 use crate::transaction::Attempts;
@@ -344,6 +345,72 @@ impl SpannerClaimStore {
             }
         };
         Ok(Ok(DecommissionStep::after(cell_id, state, plan, claims)))
+    }
+
+    /// One attempt of a slot acquire (the twin of `Tables::acquire_verification_slot`). The
+    /// whole table is read in the read-write transaction (it holds at most the limit's live rows
+    /// and the expired ones not yet deleted), so two acquires that both saw a free slot cannot
+    /// both commit: serializable, one aborts and re-runs. The clock is `CURRENT_TIMESTAMP()` of
+    /// the transaction, and `expires_at` is written explicitly from it.
+    async fn acquire_slot_attempt(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        holder: &SlotHolder,
+        limit: SlotLimit,
+    ) -> Result<Result<SlotGrant, ClaimsError>, TxError> {
+        let clock = self
+            .query_in(
+                tx,
+                Statement::new("SELECT CURRENT_TIMESTAMP() AS now"),
+                rows::now_from_row,
+            )
+            .await?;
+        let now = clock
+            .first()
+            .copied()
+            .ok_or_else(|| ClaimsError::internal("CURRENT_TIMESTAMP() returned no row"))?;
+        let slots = self
+            .query_in(
+                tx,
+                Statement::new(format!("SELECT cell_id, holder, expires_at FROM {SLOTS}")),
+                rows::slot_from_row,
+            )
+            .await?;
+        let plan = match domain::decide_acquire(&slots, holder, limit, now) {
+            Ok(plan) => plan,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let mut mutations = Vec::with_capacity(2);
+        if !plan.expired.is_empty() {
+            mutations.push(rows::delete_slots(
+                plan.expired.iter().map(rows::slot_key).collect(),
+            ));
+        }
+        mutations.push(rows::upsert_slot(holder, plan.grant.expires_at));
+        tx.buffer_write(mutations);
+        Ok(Ok(plan.grant))
+    }
+
+    /// One attempt of a slot release: a locking point read of the holder's row, then its delete.
+    async fn release_slot_attempt(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        holder: &SlotHolder,
+    ) -> Result<Result<bool, ClaimsError>, TxError> {
+        let row = tx
+            .read_row_with_option(
+                SLOTS,
+                &["cell_id", "holder", "expires_at"],
+                rows::slot_key(holder),
+                self.read_options(),
+            )
+            .await?;
+        let row = row.map(|row| rows::slot_from_row(&row)).transpose()?;
+        let release = domain::decide_release(row.as_ref(), holder);
+        if release {
+            tx.buffer_write(vec![rows::delete_slots(vec![rows::slot_key(holder)])]);
+        }
+        Ok(Ok(release))
     }
 
     /// One attempt of BeginUpdate: read, decide, buffer the writes. The decommission mark is
@@ -747,6 +814,38 @@ impl ClaimStore for SpannerClaimStore {
             let result = self
                 .decommission_attempt(&mut tx, cell_id, batch, dry_run)
                 .await;
+            if let Some(done) = attempts.end(&mut tx, result).await? {
+                break done;
+            }
+        };
+        answer
+    }
+
+    async fn acquire_verification_slot(
+        &self,
+        holder: &SlotHolder,
+        limit: SlotLimit,
+    ) -> Result<SlotGrant, ClaimsError> {
+        let mut attempts = self.attempts("AcquireVerificationSlot");
+        let (answer, _) = loop {
+            let Some(mut tx) = attempts.begin(&self.client).await? else {
+                continue;
+            };
+            let result = self.acquire_slot_attempt(&mut tx, holder, limit).await;
+            if let Some(done) = attempts.end(&mut tx, result).await? {
+                break done;
+            }
+        };
+        answer
+    }
+
+    async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError> {
+        let mut attempts = self.attempts("ReleaseVerificationSlot");
+        let (answer, _) = loop {
+            let Some(mut tx) = attempts.begin(&self.client).await? else {
+                continue;
+            };
+            let result = self.release_slot_attempt(&mut tx, holder).await;
             if let Some(done) = attempts.end(&mut tx, result).await? {
                 break done;
             }

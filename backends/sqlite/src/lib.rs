@@ -11,7 +11,8 @@
 //! reads the rows a request touches, asks the domain, and writes exactly what it decided (the
 //! twin of `topology_claims::domain::Tables`, statement for statement).
 //!
-//! ## Schema (`migrations/0001_initial.sql`, `0002_decommissioned_cells.sql`)
+//! ## Schema (`migrations/0001_initial.sql`, `0002_decommissioned_cells.sql`,
+//! `0003_verification_slots.sql`)
 //!
 //! | table | key | columns |
 //! |---|---|---|
@@ -19,6 +20,7 @@
 //! | `leases_outstanding` | `lease_id` | `cell_id`, `request` (protobuf `BeginUpdateRequest` bytes), `created_at`, `last_renewed_at` |
 //! | `lease_outcomes` | `lease_id` | `cell_id`, `outcome` (1 committed, 2 rolled back), `decided_at` |
 //! | `decommissioned_cells` | `cell_id` | `decommissioned_at` (BeginUpdate of a listed cell is refused) |
+//! | `verification_slots` | `(cell_id, holder)` | `expires_at` (a row past it is a free slot) |
 //!
 //! Timestamps are INTEGER unix microseconds from the store's [`Clock`](topology_claims::Clock),
 //! lease ids lowercase hyphenated TEXT (TEXT order is then UUID order, the order of

@@ -19,7 +19,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, CellLeases, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan,
-    EndWrites, LeaseSummary,
+    EndWrites, LeaseSummary, SlotGrant, SlotHolder, SlotLimit, SlotRow,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Clock,
@@ -396,6 +396,77 @@ fn decommission_step(
     Ok(DecommissionStep::after(cell_id, state, plan, claims))
 }
 
+/// A verification slot acquire (the twin of `Tables::acquire_verification_slot`): every row is
+/// read (the table holds at most the limit's live rows and the expired ones the last acquire
+/// did not yet see), and `BEGIN IMMEDIATE` serializes acquires, so the limit holds.
+fn acquire_slot(
+    tx: &Connection,
+    holder: &SlotHolder,
+    limit: SlotLimit,
+    now: Timestamp,
+) -> Result<SlotGrant, StoreError> {
+    let rows = tx
+        .prepare_cached("SELECT cell_id, holder, expires_at FROM verification_slots")?
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, i64>(2)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let rows = rows
+        .into_iter()
+        .map(|(cell, name, expires_at)| {
+            let cell_id = rows::cell_id("verification_slots", &cell)?;
+            Ok(SlotRow {
+                holder: SlotHolder::new(cell_id, &name).map_err(|e| {
+                    ClaimsError::internal(format!("verification_slots holds {name:?}: {e}"))
+                })?,
+                expires_at: Timestamp::from_unix_micros(expires_at),
+            })
+        })
+        .collect::<Result<Vec<_>, ClaimsError>>()?;
+    let plan = domain::decide_acquire(&rows, holder, limit, now)?;
+    let mut delete =
+        tx.prepare_cached("DELETE FROM verification_slots WHERE cell_id = ?1 AND holder = ?2")?;
+    for expired in &plan.expired {
+        delete.execute((expired.cell_id.as_str(), expired.holder.as_str()))?;
+    }
+    tx.prepare_cached(
+        "INSERT INTO verification_slots (cell_id, holder, expires_at) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (cell_id, holder) DO UPDATE SET expires_at = excluded.expires_at",
+    )?
+    .execute((
+        holder.cell_id.as_str(),
+        holder.holder.as_str(),
+        plan.grant.expires_at.as_unix_micros(),
+    ))?;
+    Ok(plan.grant)
+}
+
+/// Releases `holder`'s slot (the twin of `Tables::release_verification_slot`).
+fn release_slot(tx: &Connection, holder: &SlotHolder) -> Result<bool, StoreError> {
+    let expires_at: Option<i64> = tx
+        .prepare_cached(
+            "SELECT expires_at FROM verification_slots WHERE cell_id = ?1 AND holder = ?2",
+        )?
+        .query_row((holder.cell_id.as_str(), holder.holder.as_str()), |row| {
+            row.get(0)
+        })
+        .optional()?;
+    let row = expires_at.map(|at| SlotRow {
+        holder: holder.clone(),
+        expires_at: Timestamp::from_unix_micros(at),
+    });
+    let release = domain::decide_release(row.as_ref(), holder);
+    if release {
+        tx.prepare_cached("DELETE FROM verification_slots WHERE cell_id = ?1 AND holder = ?2")?
+            .execute((holder.cell_id.as_str(), holder.holder.as_str()))?;
+    }
+    Ok(release)
+}
+
 fn outstanding_leases(
     conn: &Connection,
     query: &LeasesQuery,
@@ -540,6 +611,21 @@ impl ClaimStore for SqliteClaimStore {
         let cell_id = cell_id.clone();
         self.write(move |tx, now| decommission_step(tx, &cell_id, batch, dry_run, now))
             .await
+    }
+
+    async fn acquire_verification_slot(
+        &self,
+        holder: &SlotHolder,
+        limit: SlotLimit,
+    ) -> Result<SlotGrant, ClaimsError> {
+        let holder = holder.clone();
+        self.write(move |tx, now| acquire_slot(tx, &holder, limit, now))
+            .await
+    }
+
+    async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError> {
+        let holder = holder.clone();
+        self.write(move |tx, _| release_slot(tx, &holder)).await
     }
 
     fn retries(&self) -> u64 {

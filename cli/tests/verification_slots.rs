@@ -1,0 +1,214 @@
+//! The fleet-wide verification limit through the real binary: with
+//! `serve --max-concurrent-verifications 1`, three `verify` processes of three cells started at
+//! once take turns (the intervals in which each held its slot, from its stderr lines, never
+//! overlap) and all finish; and the slot of a verifier killed with SIGKILL frees after its
+//! time-to-live, so the next verifier gets it.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{command, Server, PATIENCE};
+
+/// A cell's SQLite database with `users` users (none claimed yet: each is a correction) and its
+/// verify.toml.
+fn cell_db(dir: &Path, cell: &str, users: i64) -> (PathBuf, PathBuf) {
+    let db = dir.join(format!("{cell}.db"));
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    topology_claims_sqlite::ensure_local_schema(&conn).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT NOT NULL, created_at INTEGER NOT NULL)",
+    )
+    .unwrap();
+    let tx = conn.unchecked_transaction().unwrap();
+    for id in 1..=users {
+        tx.execute(
+            "INSERT INTO users (id, name, created_at) VALUES (?1, ?2, 1000)",
+            (id, format!("{cell}-user-{id}")),
+        )
+        .unwrap();
+    }
+    tx.commit().unwrap();
+    let source = dir.join(format!("{cell}.toml"));
+    std::fs::write(
+        &source,
+        r#"
+[tables.users]
+query = "SELECT id, 'username', name, 'user', CAST(id AS TEXT), created_at FROM users WHERE id >= ?1 AND id < ?2"
+"#,
+    )
+    .unwrap();
+    (db, source)
+}
+
+/// A `verify` child of `cell` whose stderr lines arrive, as they are written, on the receiver.
+fn spawn_verify(
+    dir: &Path,
+    server: &Server,
+    cell: &str,
+    users: i64,
+) -> (Child, mpsc::Receiver<String>) {
+    let (db, source) = cell_db(dir, cell, users);
+    let local = format!("sqlite://{}", db.display());
+    let cursor = dir.join(format!("{cell}.cursor"));
+    let mut child = command(
+        dir,
+        &[
+            "verify",
+            "--server",
+            &server.endpoint(),
+            "--cell-id",
+            cell,
+            "--local-db",
+            &local,
+            "--source",
+            source.to_str().unwrap(),
+            "--recent",
+            "0s",
+            "--page-size",
+            "1",
+            "--chunk",
+            "1",
+            "--cursor-file",
+            cursor.to_str().unwrap(),
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn verify");
+    let stderr = child.stderr.take().unwrap();
+    let (lines, received) = mpsc::channel();
+    let cell = cell.to_owned();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !line.starts_with("progress:") {
+                eprintln!("[{cell}] {line}");
+            }
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (child, received)
+}
+
+/// The `at=` unix milliseconds of the first line containing `what`, waiting for it.
+fn stamp(lines: &mpsc::Receiver<String>, what: &str, seen: &mut Vec<String>) -> u128 {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(line) = seen.iter().find(|l| l.contains(what)) {
+            let at = line.split("at=").nth(1).expect("an at= stamp");
+            return at.split_whitespace().next().unwrap().parse().unwrap();
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => seen.push(line),
+            Err(e) => panic!("no {what:?} line within {PATIENCE:?} ({e}); saw {seen:?}"),
+        }
+    }
+}
+
+/// Waits for `child`, at most [`PATIENCE`] (a guard against a hang, never a speed assertion).
+fn wait(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("verify did not finish within {PATIENCE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn serve(dir: &Path, extra: &[&str]) -> Server {
+    let store = format!("sqlite://{}", dir.join("claims.db").display());
+    let args = [&["--listen", "127.0.0.1:0", "--store", &store], extra].concat();
+    Server::start(dir, &args)
+}
+
+#[test]
+fn with_one_slot_three_verifiers_take_turns_and_all_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    // A short ttl: waiters ask again within a sixth of it (about a second), so the turns are quick.
+    let server = serve(
+        dir.path(),
+        &[
+            "--max-concurrent-verifications",
+            "1",
+            "--verification-slot-ttl",
+            "6s",
+        ],
+    );
+    let mut runs: Vec<(Child, mpsc::Receiver<String>)> = ["cell-a", "cell-b", "cell-c"]
+        .into_iter()
+        .map(|cell| spawn_verify(dir.path(), &server, cell, 400))
+        .collect();
+    let mut held: Vec<(u128, u128)> = Vec::new();
+    let mut waited = false;
+    for (child, lines) in &mut runs {
+        let mut seen = Vec::new();
+        let taken = stamp(lines, "verification slot taken", &mut seen);
+        let released = stamp(lines, "verification slot released", &mut seen);
+        assert!(wait(child).success(), "every verifier finishes with exit 0");
+        seen.extend(lines.try_iter());
+        waited |= seen
+            .iter()
+            .any(|l| l.contains("waiting for a verification slot (1 in use), retrying in"));
+        held.push((taken, released));
+    }
+    held.sort();
+    for pair in held.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].0,
+            "slot intervals overlap: {pair:?} (all: {held:?})"
+        );
+    }
+    assert!(waited, "at least one verifier reported that it waited");
+    server.stop_with("TERM");
+}
+
+#[test]
+fn a_killed_verifiers_slot_frees_after_its_time_to_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(
+        dir.path(),
+        &[
+            "--max-concurrent-verifications",
+            "1",
+            "--verification-slot-ttl",
+            "2s",
+        ],
+    );
+    // Many records: the first verifier is still running when it is killed.
+    let (mut first, first_lines) = spawn_verify(dir.path(), &server, "cell-a", 5_000);
+    stamp(&first_lines, "verification slot taken", &mut Vec::new());
+    first.kill().expect("SIGKILL the first verifier");
+    first.wait().unwrap();
+    let killed = Instant::now();
+
+    let (mut second, second_lines) = spawn_verify(dir.path(), &server, "cell-b", 5);
+    let mut seen = Vec::new();
+    stamp(&second_lines, "verification slot taken", &mut seen);
+    let took = killed.elapsed();
+    assert!(wait(&mut second).success());
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("waiting for a verification slot (1 in use)")),
+        "the dead verifier's slot was held until it expired: {seen:?}"
+    );
+    // Bounded, not a speed assertion: the ttl, plus a retry hint (at most a sixth of the ttl) and
+    // its jitter, with room for a busy machine.
+    assert!(
+        took < Duration::from_secs(2 + 4 + 10),
+        "the slot freed after its ttl; the second verifier got it {took:?} after the kill"
+    );
+    server.stop_with("TERM");
+}
