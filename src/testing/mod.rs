@@ -105,6 +105,12 @@ macro_rules! claim_store_conformance {
                 decommission_deletes_in_bounded_steps_and_leaves_other_cells_untouched,
                 decommission_resumes_after_a_step_that_was_cut_short,
                 a_decommissioned_cell_may_begin_nothing,
+                update_commit_replaces_owner_and_record_in_place,
+                update_rollback_leaves_the_claim_as_it_was,
+                update_refusals_come_in_the_order_of_destroys,
+                a_key_in_two_of_creates_destroys_updates_is_a_batch_conflict,
+                lookup_while_updating_shows_updating_with_the_old_values,
+                a_create_racing_an_update_is_leased_then_taken,
             );
             #[test]
             fn model_based_property_test() {

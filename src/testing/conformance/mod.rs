@@ -17,6 +17,7 @@ mod lists;
 mod lookup;
 mod outcomes;
 mod renew;
+mod updates;
 
 pub use admin::*;
 pub use begin::*;
@@ -26,6 +27,7 @@ pub use lists::*;
 pub use lookup::*;
 pub use outcomes::*;
 pub use renew::*;
+pub use updates::*;
 
 /// Who holds `key` and in which state, or `None` when the store says CLAIM_NOT_FOUND.
 async fn state_of(store: &impl ClaimStore, key: &ClaimKey) -> Option<(String, ClaimState)> {

@@ -153,6 +153,7 @@ async fn load_grpc(system: &System, from: u64, to: u64) -> Result<(), String> {
                         })
                         .collect(),
                     destroys: Vec::new(),
+                    updates: Vec::new(),
                 };
                 client
                     .begin_update(begin_update_to_pb(&request))
