@@ -8,7 +8,11 @@ use topology_claims::testing::migrations::MigrationFixture;
 use topology_claims::{ClaimState, ClaimStore, ClaimsError, LeasesQuery, MigrationPolicy};
 use topology_claims_sqlite::{migrate, SqliteClaimStore, SqliteLocalLeaseStore};
 
-const ALL_MIGRATIONS: &[&str] = &["0001_initial", "0002_decommissioned_cells"];
+const ALL_MIGRATIONS: &[&str] = &[
+    "0001_initial",
+    "0002_decommissioned_cells",
+    "0004_claim_updates",
+];
 
 fn temp_dir() -> TempDir {
     TempDir::new().expect("a temporary directory")
