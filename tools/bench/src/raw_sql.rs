@@ -189,7 +189,7 @@ impl SqlConn {
             sql::SELECT_OUTCOME_FOR_UPDATE,
             sql::SELECT_CLAIMS_FOR_UPDATE,
             sql::INSERT_CLAIMS,
-            sql::MARK_DESTROYS,
+            sql::MARK_CLAIMS,
             sql::INSERT_LEASE,
             sql::LOCK_CLAIMS_OF_LEASE,
             sql::DELETE_CLAIMS_OF_LEASE,
