@@ -120,7 +120,14 @@ fn migrate_creates_the_database_once_and_is_idempotent() {
         let first = topology_claims_spanner::migrate(&url, options.clone(), true)
             .await
             .unwrap();
-        assert_eq!(first, ["0001_initial", "0002_decommissioned_cells"]);
+        assert_eq!(
+            first,
+            [
+                "0001_initial",
+                "0002_decommissioned_cells",
+                "0004_claim_updates"
+            ]
+        );
         let again = topology_claims_spanner::migrate(&url, options.clone(), true)
             .await
             .unwrap();
@@ -152,7 +159,11 @@ fn pending_migrations_are_refused_or_applied_through_update_database_ddl() {
         assert_eq!(
             refused.unwrap_err(),
             ClaimsError::MigrationsPending {
-                pending: vec!["0001_initial".into(), "0002_decommissioned_cells".into()]
+                pending: vec![
+                    "0001_initial".into(),
+                    "0002_decommissioned_cells".into(),
+                    "0004_claim_updates".into()
+                ]
             }
         );
 
