@@ -107,7 +107,9 @@ impl ClaimStore for MeddlingStore {
         let mut raced = Vec::new();
         if let (Some(racer), Ok(_)) = (&self.racer, &result) {
             for record in &request.updates {
-                let create = self.inner.begin_update(creates(racer, &[record.clone()]));
+                let create = self
+                    .inner
+                    .begin_update(creates(racer, std::slice::from_ref(record)));
                 raced.push((create.await, self.inner.lookup_claim(&record.key).await));
             }
         }
@@ -574,7 +576,7 @@ async fn verifier_corrects_a_different_claim_with_one_update_that_never_frees_it
     assert_eq!((after.record, after.cell_id), (local.clone(), a.clone()));
     assert_eq!(
         client
-            .begin_update(creates(&b, &[local.clone()]))
+            .begin_update(creates(&b, std::slice::from_ref(&local)))
             .await
             .unwrap_err(),
         ClaimsError::ClaimTaken { claim: local.key }

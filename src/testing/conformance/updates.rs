@@ -4,6 +4,8 @@
 //! and while the update is in flight the claim is routable as UPDATING with its old values, and
 //! no other cell can take it.
 
+use std::slice::from_ref;
+
 use crate::domain::{BeginUpdate, ClaimState, ClaimsCursor, ClaimsQuery, LeaseOp, TableName};
 use crate::error::ClaimsError;
 use crate::ports::ClaimStore;
@@ -24,10 +26,10 @@ async fn listed(store: &impl ClaimStore, cell_id: &str, table: TableName) -> Vec
 pub async fn update_commit_replaces_owner_and_record_in_place(store: &impl ClaimStore) {
     let a = cell("cell-a");
     let old = route("acme/app");
-    committed(store, creates(&a, &[old.clone()])).await;
+    committed(store, creates(&a, from_ref(&old))).await;
     let new = moved(&old, "acme", TableName::Projects, 42);
     let lease = store
-        .begin_update(updates(&a, &[new.clone()]))
+        .begin_update(updates(&a, from_ref(&new)))
         .await
         .unwrap();
     assert_eq!(
@@ -57,7 +59,7 @@ pub async fn update_commit_replaces_owner_and_record_in_place(store: &impl Claim
 pub async fn update_rollback_leaves_the_claim_as_it_was(store: &impl ClaimStore) {
     let a = cell("cell-a");
     let old = username("nora");
-    committed(store, creates(&a, &[old.clone()])).await;
+    committed(store, creates(&a, from_ref(&old))).await;
     let new = moved(&old, "team", TableName::Groups, 7);
     let lease = store.begin_update(updates(&a, &[new])).await.unwrap();
     store.rollback_update(&a, lease.lease_id).await.unwrap();
@@ -69,14 +71,14 @@ pub async fn update_rollback_leaves_the_claim_as_it_was(store: &impl ClaimStore)
         vec![(1, "nora".to_owned())]
     );
     // Unleased again: it can be updated or destroyed.
-    committed(store, destroys(&a, &[old.clone()])).await;
+    committed(store, destroys(&a, from_ref(&old))).await;
     assert_eq!(state_of(store, &old.key).await, None);
 }
 
 pub async fn update_refusals_come_in_the_order_of_destroys(store: &impl ClaimStore) {
     let (a, b) = (cell("cell-a"), cell("cell-b"));
     let absent = username("nobody");
-    let err = store.begin_update(updates(&a, &[absent.clone()])).await;
+    let err = store.begin_update(updates(&a, from_ref(&absent))).await;
     assert_eq!(
         err.unwrap_err(),
         ClaimsError::ClaimNotFound { claim: absent.key }
@@ -126,16 +128,16 @@ pub async fn update_refusals_come_in_the_order_of_destroys(store: &impl ClaimSto
 pub async fn a_key_in_two_of_creates_destroys_updates_is_a_batch_conflict(store: &impl ClaimStore) {
     let a = cell("cell-a");
     let rex = username("rex");
-    committed(store, creates(&a, &[rex.clone()])).await;
+    committed(store, creates(&a, from_ref(&rex))).await;
     let new = moved(&rex, "p", TableName::Projects, 2);
     let batches = [
         BeginUpdate {
             creates: vec![rex.clone()],
-            ..updates(&a, &[new.clone()])
+            ..updates(&a, from_ref(&new))
         },
         BeginUpdate {
             destroys: vec![rex.clone()],
-            ..updates(&a, &[new.clone()])
+            ..updates(&a, from_ref(&new))
         },
         updates(&a, &[new.clone(), rex.clone()]),
     ];
@@ -155,7 +157,7 @@ pub async fn a_key_in_two_of_creates_destroys_updates_is_a_batch_conflict(store:
 pub async fn lookup_while_updating_shows_updating_with_the_old_values(store: &impl ClaimStore) {
     let a = cell("cell-a");
     let old = route("group/project");
-    committed(store, creates(&a, &[old.clone()])).await;
+    committed(store, creates(&a, from_ref(&old))).await;
     let lease = store
         .begin_update(updates(&a, &[moved(&old, "group", TableName::Groups, 9)]))
         .await
@@ -175,7 +177,7 @@ pub async fn lookup_while_updating_shows_updating_with_the_old_values(store: &im
 pub async fn a_create_racing_an_update_is_leased_then_taken(store: &impl ClaimStore) {
     let (a, b) = (cell("cell-a"), cell("cell-b"));
     let old = route("moving");
-    committed(store, creates(&a, &[old.clone()])).await;
+    committed(store, creates(&a, from_ref(&old))).await;
     let lease = store
         .begin_update(updates(
             &a,
@@ -183,7 +185,7 @@ pub async fn a_create_racing_an_update_is_leased_then_taken(store: &impl ClaimSt
         ))
         .await
         .unwrap();
-    let err = store.begin_update(creates(&b, &[old.clone()])).await;
+    let err = store.begin_update(creates(&b, from_ref(&old))).await;
     assert_eq!(
         err.unwrap_err(),
         ClaimsError::ClaimLeased {
@@ -191,7 +193,7 @@ pub async fn a_create_racing_an_update_is_leased_then_taken(store: &impl ClaimSt
         }
     );
     store.commit_update(&a, lease.lease_id).await.unwrap();
-    let err = store.begin_update(creates(&b, &[old.clone()])).await;
+    let err = store.begin_update(creates(&b, from_ref(&old))).await;
     assert_eq!(
         err.unwrap_err(),
         ClaimsError::ClaimTaken {
