@@ -50,6 +50,7 @@ pub async fn signup(
             claim(ClaimType::Email, email, TableName::Emails),
         ],
         destroys: vec![],
+        updates: Vec::new(),
     };
     let result = transact(
         client,

@@ -76,6 +76,7 @@ pub fn begin_update_from_pb(request: &pb::BeginUpdateRequest) -> Result<BeginUpd
         lease_id: optional_lease_id(&request.lease_id)?,
         creates: records(&request.creates_claims, "creates_claims")?,
         destroys: records(&request.destroys_claims, "destroys_claims")?,
+        updates: records(&request.updates_claims, "updates_claims")?,
     })
 }
 
@@ -92,6 +93,7 @@ pub fn begin_update_to_pb(request: &BeginUpdate) -> pb::BeginUpdateRequest {
         cell_id: request.cell_id.to_string(),
         creates_claims: request.creates.iter().map(claim_record_to_pb).collect(),
         destroys_claims: request.destroys.iter().map(claim_record_to_pb).collect(),
+        updates_claims: request.updates.iter().map(claim_record_to_pb).collect(),
         lease_id: request
             .lease_id
             .map(|id| id.to_string())

@@ -17,9 +17,9 @@ use topology_claims::testing::cell::LocalDb;
 use topology_claims::testing::fixtures::{cell, creates, record_in, username};
 use topology_claims::testing::TestServer;
 use topology_claims::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimState, ClaimStore, ClaimType, ClaimsError,
-    ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, LocalLeaseStore, TableName,
-    Timestamp,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimState, ClaimStore, ClaimType,
+    ClaimsError, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, LocalLeaseStore,
+    OwnerType, TableName, Timestamp,
 };
 
 struct MemoryDb {
@@ -71,16 +71,49 @@ fn client(server: &TestServer) -> ClaimsClient {
     ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap()
 }
 
-/// Applies the first BeginUpdate, then answers it too late for the client: a dropped response.
-struct SlowFirstBegin {
+/// A memory store that meddles with BeginUpdate. With `delayed`, it applies the first one, then
+/// answers too late for the client: a dropped response. With `racer`, right after every
+/// BeginUpdate that updates claims it has that cell try to create each of them, and looks each
+/// up, recording what both saw (the window an update must never open).
+struct MeddlingStore {
     inner: MemoryClaimStore,
     delayed: Mutex<bool>,
+    racer: Option<CellId>,
+    seen: Mutex<Vec<SeenBegin>>,
+}
+
+/// A BeginUpdate as the store received it, and, for updates, what a racing create and a lookup
+/// of each updated claim met while the lease was outstanding.
+struct SeenBegin {
+    request: BeginUpdate,
+    raced: Vec<(Result<Lease, ClaimsError>, Result<Claim, ClaimsError>)>,
+}
+
+impl MeddlingStore {
+    fn new(inner: MemoryClaimStore, delayed: bool, racer: Option<CellId>) -> Self {
+        Self {
+            inner,
+            delayed: Mutex::new(delayed),
+            racer,
+            seen: Mutex::default(),
+        }
+    }
 }
 
 #[async_trait]
-impl ClaimStore for SlowFirstBegin {
+impl ClaimStore for MeddlingStore {
     async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
-        let result = self.inner.begin_update(request).await;
+        let result = self.inner.begin_update(request.clone()).await;
+        let mut raced = Vec::new();
+        if let (Some(racer), Ok(_)) = (&self.racer, &result) {
+            for record in &request.updates {
+                let create = self
+                    .inner
+                    .begin_update(creates(racer, std::slice::from_ref(record)));
+                raced.push((create.await, self.inner.lookup_claim(&record.key).await));
+            }
+        }
+        self.seen.lock().unwrap().push(SeenBegin { request, raced });
         let first = std::mem::replace(&mut *self.delayed.lock().unwrap(), false);
         if first {
             tokio::time::sleep(Duration::from_millis(600)).await;
@@ -139,10 +172,7 @@ impl ClaimStore for SlowFirstBegin {
 
 #[tokio::test]
 async fn begin_retried_after_a_dropped_response_yields_one_lease() {
-    let store = Arc::new(SlowFirstBegin {
-        inner: MemoryClaimStore::new(),
-        delayed: Mutex::new(true),
-    });
+    let store = Arc::new(MeddlingStore::new(MemoryClaimStore::new(), true, None));
     let server = TestServer::start(store.clone()).await;
     let config = ClientConfig {
         call_timeout: Duration::from_millis(200),
@@ -436,7 +466,10 @@ async fn verifier_repairs_each_kind_of_drift_and_leaves_recent_records_alone() {
         (1, 1, 1),
         "{report}"
     );
-    assert_eq!(report.corrections_applied, 4, "{report}");
+    assert_eq!(
+        report.corrections_applied, 3,
+        "one create, one update for the difference, one destroy: {report}"
+    );
     assert_eq!(report.corrections_failed, 0);
     assert!(report.skipped_recent >= 1, "erin is recent");
     let bob = client.lookup_claim(&username("bob").key).await.unwrap();
@@ -470,6 +503,104 @@ async fn verifier_repairs_each_kind_of_drift_and_leaves_recent_records_alone() {
             again.corrections_applied
         ),
         (0, 0, 0, 0),
+        "{again}"
+    );
+    server.shutdown().await;
+}
+
+/// A "different" claim is corrected with one in-place update: the claim is never free, so a
+/// create by another cell racing the correction meets CLAIM_LEASED (and CLAIM_TAKEN after it),
+/// a lookup meanwhile shows it UPDATING for this cell, never CLAIM_NOT_FOUND.
+#[tokio::test]
+async fn verifier_corrects_a_different_claim_with_one_update_that_never_frees_it() {
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+    let store = Arc::new(MeddlingStore::new(
+        MemoryClaimStore::with_clock(Arc::new(TwoHoursAgo)),
+        false,
+        Some(b.clone()),
+    ));
+    let server = TestServer::start(store.clone()).await;
+    let client = client(&server);
+    // The route moved from a project to its group locally; the service still has the project.
+    let local = ClaimRecord {
+        owner_type: OwnerType::Group,
+        owner_value: "acme".into(),
+        ..record_in(TableName::Routes, 7, ClaimType::Routes, "acme/app")
+    };
+    let stale = ClaimRecord {
+        owner_type: OwnerType::Project,
+        owner_value: "acme/app".into(),
+        ..local.clone()
+    };
+    let lease = client.begin_update(creates(&a, &[stale])).await.unwrap();
+    client.commit_update(&a, lease.lease_id).await.unwrap();
+    store.seen.lock().unwrap().clear();
+
+    let records = Records(Mutex::new(vec![LocalClaim {
+        record: local.clone(),
+        created_at: Timestamp::from_unix_micros(1_000_000),
+    }]));
+    let config = VerifierConfig::new(a.clone(), vec![TableName::Routes]);
+    let report = Verifier::new(client.clone(), &records, config.clone())
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.different, report.corrections_applied),
+        (1, 1),
+        "{report}"
+    );
+
+    let seen = std::mem::take(&mut *store.seen.lock().unwrap());
+    let corrections: Vec<&SeenBegin> = seen.iter().filter(|s| s.request.cell_id == a).collect();
+    assert_eq!(
+        corrections.len(),
+        1,
+        "one BeginUpdate corrects the difference"
+    );
+    let correction = corrections[0];
+    assert_eq!(
+        (
+            &correction.request.creates,
+            &correction.request.destroys,
+            &correction.request.updates
+        ),
+        (&vec![], &vec![], &vec![local.clone()]),
+        "an update, never destroy + create"
+    );
+    assert_eq!(correction.raced.len(), 1);
+    let (create, lookup) = &correction.raced[0];
+    assert_eq!(
+        create.as_ref().unwrap_err(),
+        &ClaimsError::ClaimLeased {
+            claim: local.key.clone()
+        },
+        "another cell's create during the correction is refused"
+    );
+    let during = lookup
+        .as_ref()
+        .expect("never CLAIM_NOT_FOUND during the update");
+    assert_eq!(
+        (&during.cell_id, during.state()),
+        (&a, ClaimState::Updating)
+    );
+
+    let after = client.lookup_claim(&local.key).await.unwrap();
+    assert_eq!((after.record, after.cell_id), (local.clone(), a.clone()));
+    assert_eq!(
+        client
+            .begin_update(creates(&b, std::slice::from_ref(&local)))
+            .await
+            .unwrap_err(),
+        ClaimsError::ClaimTaken { claim: local.key }
+    );
+    let again = Verifier::new(client.clone(), &records, config)
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.different, again.corrections_applied),
+        (0, 0),
         "{again}"
     );
     server.shutdown().await;

@@ -62,6 +62,7 @@ fn begin(cell: &str, value: &str) -> pb::BeginUpdateRequest {
             table_record_id: 1,
         }],
         destroys_claims: vec![],
+        updates_claims: Vec::new(),
     }
 }
 

@@ -82,6 +82,7 @@ async fn a_cell_with_4_mb_of_outstanding_leases_is_listed_and_healed_and_its_rec
             cell_id: CELL.into(),
             creates_claims: (0..CLAIMS_PER_LEASE).map(|n| claim(lease, n)).collect(),
             destroys_claims: Vec::new(),
+            updates_claims: Vec::new(),
             lease_id: String::new(),
         };
         let response = ours.begin_update(request).await.expect("BeginUpdate");
@@ -292,6 +293,7 @@ fn largest_request(cell_id: &str, lease_id: &str) -> pb::BeginUpdateRequest {
         cell_id: cell_id.into(),
         creates_claims: Vec::new(),
         destroys_claims: Vec::new(),
+        updates_claims: Vec::new(),
         lease_id: lease_id.into(),
     };
     let mut len = request.encoded_len();

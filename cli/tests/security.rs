@@ -200,6 +200,7 @@ fn begin(
         cell_id: cell.to_owned(),
         creates_claims: creates,
         destroys_claims: destroys,
+        updates_claims: Vec::new(),
         lease_id: String::new(),
     }
 }

@@ -9,8 +9,8 @@
 //! exactly that range imply. A record whose claims alone fill a page is split over pages (the
 //! page's cursor points inside it): its claims are carried over and compared with the page that
 //! holds the rest, so every record is compared whole. Discrepancies: *missing* (local only →
-//! create), *different* (same key, other owner/record → destroy then create, not atomic, as the
-//! design says), *extra* (service only → destroy). Records and claims younger than `recent` are left alone, as are
+//! create), *different* (same key, other owner/record → one in-place update, so the claim is
+//! never free and no other cell can take it in between), *extra* (service only → destroy). Records and claims younger than `recent` are left alone, as are
 //! claims under a lease (an update is in flight). Corrections go in chunks of at most `chunk`
 //! claims; a chunk refused because of one claim is retried claim by claim so one conflict (a
 //! value taken by another cell: needs a human) does not block the rest.
@@ -28,7 +28,7 @@ use crate::cell::client::{ClaimsClient, ClaimsPageStream};
 use crate::cell::slot::{self, HeldSlot, SlotEvent, SlotSettings};
 use crate::domain::{
     BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimState, ClaimViewsPage, ClaimsCursor,
-    ClaimsQuery, LeaseId, SlotHolder, TableName, Timestamp,
+    ClaimsQuery, LeaseId, LeaseOp, SlotHolder, TableName, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::{Clock, SystemClock};
@@ -447,36 +447,29 @@ impl<S: ClaimSource> Verifier<S> {
 
     async fn correct(&self, found: Vec<Discrepancy>, report: &mut VerifyReport) {
         let mut creates = Vec::new();
-        let mut destroys_first = Vec::new();
-        let mut creates_after = Vec::new();
+        let mut updates = Vec::new();
         let mut destroys = Vec::new();
         for d in found {
             match d {
                 Discrepancy::Missing(r) => creates.push(r),
-                Discrepancy::Different { local, service } => {
-                    destroys_first.push(service);
-                    creates_after.push(local);
-                }
+                // The local record is the truth: its values replace the service's in place.
+                Discrepancy::Different { local, .. } => updates.push(local),
                 Discrepancy::Extra(r) => destroys.push(r),
             }
         }
-        self.apply(creates, false, report).await;
-        self.apply(destroys_first, true, report).await;
-        self.apply(creates_after, false, report).await;
-        self.apply(destroys, true, report).await;
+        self.apply(creates, LeaseOp::Create, report).await;
+        self.apply(updates, LeaseOp::Update, report).await;
+        self.apply(destroys, LeaseOp::Destroy, report).await;
     }
 
-    async fn apply(&self, records: Vec<ClaimRecord>, destroy: bool, report: &mut VerifyReport) {
+    async fn apply(&self, records: Vec<ClaimRecord>, op: LeaseOp, report: &mut VerifyReport) {
         for chunk in records.chunks(self.config.chunk.max(1)) {
-            match self.begin_and_commit(chunk, destroy).await {
+            match self.begin_and_commit(chunk, op).await {
                 Ok(()) => report.corrections_applied += chunk.len() as u64,
                 Err(error) if error.claim().is_some() && chunk.len() > 1 => {
                     tracing::warn!(%error, "a correction chunk was refused; retrying claim by claim");
                     for one in chunk {
-                        match self
-                            .begin_and_commit(std::slice::from_ref(one), destroy)
-                            .await
-                        {
+                        match self.begin_and_commit(std::slice::from_ref(one), op).await {
                             Ok(()) => report.corrections_applied += 1,
                             Err(error) => {
                                 report.corrections_failed += 1;
@@ -496,23 +489,22 @@ impl<S: ClaimSource> Verifier<S> {
     async fn begin_and_commit(
         &self,
         records: &[ClaimRecord],
-        destroy: bool,
+        op: LeaseOp,
     ) -> Result<(), ClaimsError> {
         let cell_id = self.config.cell_id.clone();
-        let request = BeginUpdate {
+        let mut request = BeginUpdate {
             cell_id: cell_id.clone(),
             lease_id: Some(LeaseId::generate()),
-            creates: if destroy {
-                Vec::new()
-            } else {
-                records.to_vec()
-            },
-            destroys: if destroy {
-                records.to_vec()
-            } else {
-                Vec::new()
-            },
+            creates: Vec::new(),
+            destroys: Vec::new(),
+            updates: Vec::new(),
         };
+        let list = match op {
+            LeaseOp::Create => &mut request.creates,
+            LeaseOp::Destroy => &mut request.destroys,
+            LeaseOp::Update => &mut request.updates,
+        };
+        *list = records.to_vec();
         let lease = self.client.begin_update(request).await?;
         self.client.commit_update(&cell_id, lease.lease_id).await
     }

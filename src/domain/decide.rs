@@ -20,7 +20,7 @@ pub fn check_batch(request: &BeginUpdate, max_batch: usize) -> Result<(), Claims
     if request.is_empty() {
         return Err(ClaimsError::invalid(
             "creates_claims",
-            "at least one create or destroy is required",
+            "at least one create, destroy or update is required",
         ));
     }
     if request.len() > max_batch {
@@ -38,6 +38,10 @@ pub fn check_batch(request: &BeginUpdate, max_batch: usize) -> Result<(), Claims
     for (i, record) in request.destroys.iter().enumerate() {
         record.check(&format!("destroys_claims[{i}]"))?;
     }
+    for (i, record) in request.updates.iter().enumerate() {
+        record.check(&format!("updates_claims[{i}]"))?;
+    }
+    // One key in two lists (or twice in one) is a conflict: a claim takes one operation a batch.
     let mut seen = HashSet::with_capacity(request.len());
     for (_, record) in request.operations() {
         if !seen.insert(&record.key) {
@@ -51,7 +55,7 @@ pub fn check_batch(request: &BeginUpdate, max_batch: usize) -> Result<(), Claims
 
 /// The rule for one claim of a batch, given its current row.
 ///
-/// Permanent reasons win over temporary ones: a destroy of an absent claim is
+/// Permanent reasons win over temporary ones: a destroy or an update of an absent claim is
 /// `ClaimNotFound`, of another cell's claim `NotClaimOwner`, and only then `ClaimLeased`.
 /// A create of any leased claim is `ClaimLeased` (it may be rolled back), of a committed one
 /// `ClaimTaken` (whichever cell holds it).
@@ -68,14 +72,16 @@ pub fn check_claim(
             Err(ClaimsError::ClaimLeased { claim: claim() })
         }
         (LeaseOp::Create, Some(_)) => Err(ClaimsError::ClaimTaken { claim: claim() }),
-        (LeaseOp::Destroy, None) => Err(ClaimsError::ClaimNotFound { claim: claim() }),
-        (LeaseOp::Destroy, Some(row)) if &row.cell_id != caller => {
+        (LeaseOp::Destroy | LeaseOp::Update, None) => {
+            Err(ClaimsError::ClaimNotFound { claim: claim() })
+        }
+        (LeaseOp::Destroy | LeaseOp::Update, Some(row)) if &row.cell_id != caller => {
             Err(ClaimsError::NotClaimOwner { claim: claim() })
         }
-        (LeaseOp::Destroy, Some(row)) if row.lease.is_some() => {
+        (LeaseOp::Destroy | LeaseOp::Update, Some(row)) if row.lease.is_some() => {
             Err(ClaimsError::ClaimLeased { claim: claim() })
         }
-        (LeaseOp::Destroy, Some(_)) => Ok(()),
+        (LeaseOp::Destroy | LeaseOp::Update, Some(_)) => Ok(()),
     }
 }
 
@@ -96,6 +102,9 @@ pub struct BeginWrites {
     pub inserts: Vec<ClaimRecord>,
     /// Mark these committed claims with `LeaseOp::Destroy` (only if still unleased and the caller's).
     pub marks: Vec<ClaimKey>,
+    /// Mark these committed claims with `LeaseOp::Update`, on the same condition. Their values
+    /// stay as they are until the commit ([`EndWrites::replace`]).
+    pub update_marks: Vec<ClaimKey>,
 }
 
 /// Decides a BeginUpdate (already through [`check_batch`]).
@@ -135,6 +144,7 @@ pub fn decide_begin(
         lease_id,
         inserts: request.creates.clone(),
         marks: request.destroys.iter().map(|r| r.key.clone()).collect(),
+        update_marks: request.updates.iter().map(|r| r.key.clone()).collect(),
     }))
 }
 
@@ -155,15 +165,32 @@ pub struct EndWrites {
     pub outcome: LeaseOutcome,
     /// Delete these claims (destroys on commit, creates on rollback).
     pub delete: Vec<ClaimKey>,
-    /// Clear the lease from these claims (creates on commit, destroys on rollback).
+    /// Clear the lease from these claims (creates on commit, destroys and updates on rollback).
     pub release: Vec<ClaimKey>,
+    /// Clear the lease from these claims and set their owner type, owner value, table name and
+    /// table record id to the record's (updates on commit; the new values come from the lease's
+    /// stored request).
+    pub replace: Vec<ClaimRecord>,
 }
 
 fn end_writes(lease: &Lease, outcome: LeaseOutcome) -> EndWrites {
-    let keys = |records: &[ClaimRecord]| records.iter().map(|r| r.key.clone()).collect();
-    let (delete, release) = match outcome {
-        LeaseOutcome::Committed => (keys(&lease.request.destroys), keys(&lease.request.creates)),
-        LeaseOutcome::RolledBack => (keys(&lease.request.creates), keys(&lease.request.destroys)),
+    fn keys(records: &[ClaimRecord]) -> impl Iterator<Item = ClaimKey> + '_ {
+        records.iter().map(|r| r.key.clone())
+    }
+    let request = &lease.request;
+    let (delete, release, replace) = match outcome {
+        LeaseOutcome::Committed => (
+            keys(&request.destroys).collect(),
+            keys(&request.creates).collect(),
+            request.updates.clone(),
+        ),
+        LeaseOutcome::RolledBack => (
+            keys(&request.creates).collect(),
+            keys(&request.destroys)
+                .chain(keys(&request.updates))
+                .collect(),
+            Vec::new(),
+        ),
     };
     EndWrites {
         lease_id: lease.lease_id,
@@ -171,6 +198,7 @@ fn end_writes(lease: &Lease, outcome: LeaseOutcome) -> EndWrites {
         outcome,
         delete,
         release,
+        replace,
     }
 }
 
@@ -222,6 +250,7 @@ pub fn decide_rollback(
             outcome: LeaseOutcome::RolledBack,
             delete: Vec::new(),
             release: Vec::new(),
+            replace: Vec::new(),
         })),
         Some(LeaseRecord::Outstanding(lease)) => {
             check_lease_owner(&lease.cell_id, caller, lease_id)?;

@@ -488,6 +488,7 @@ mod tests {
                     .map(|i| claim(1, &format!("l{n}-{i}")).record)
                     .collect(),
                 destroys: Vec::new(),
+                updates: Vec::new(),
             },
         }
     }

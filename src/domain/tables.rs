@@ -13,8 +13,9 @@ use crate::domain::decide::{self, BeginPlan, EndPlan, EndWrites};
 use crate::domain::pages;
 use crate::domain::slots::{self, SlotGrant, SlotHolder, SlotLimit, SlotRow};
 use crate::domain::types::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimType, ClaimsPage, ClaimsQuery, Lease,
-    LeaseId, LeaseOp, LeaseRecord, LeasesPage, LeasesQuery, Outcome, TableName, Timestamp,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsPage,
+    ClaimsQuery, Lease, LeaseId, LeaseOp, LeaseRecord, LeasesPage, LeasesQuery, Outcome, TableName,
+    Timestamp,
 };
 use crate::error::ClaimsError;
 
@@ -31,8 +32,8 @@ pub struct Tables {
     /// Verification slots by holder (`verification_slots`).
     pub slots: BTreeMap<SlotHolder, Timestamp>,
     /// `(cell, table, record id, key)` of every claim: ListClaims reads one page of it instead
-    /// of scanning every claim (the design's claims-by-(cell, table, record id) index). The
-    /// indexed fields of a claim never change after its insert.
+    /// of scanning every claim (the design's claims-by-(cell, table, record id) index). A
+    /// committed update changes table name and record id: `replace_claim` moves its entry.
     by_record: BTreeSet<RecordIndexKey>,
 }
 
@@ -56,6 +57,18 @@ impl Tables {
             if new.as_ref() != Some(&index_key(&old)) {
                 self.by_record.remove(&index_key(&old));
             }
+        }
+    }
+
+    /// A committed update: the claim takes `record`'s owner and record fields and loses its
+    /// lease; the index entry moves with it.
+    fn replace_claim(&mut self, record: ClaimRecord, now: Timestamp) {
+        if let Some(claim) = self.claims.get_mut(&record.key) {
+            self.by_record.remove(&index_key(claim));
+            claim.record = record;
+            claim.lease = None;
+            claim.updated_at = now;
+            self.by_record.insert(index_key(claim));
         }
     }
 
@@ -111,12 +124,15 @@ impl Tables {
                     };
                     self.insert_claim(claim);
                 }
-                for key in writes.marks {
+                let marks = (writes.marks.into_iter().map(|k| (k, LeaseOp::Destroy))).chain(
+                    writes
+                        .update_marks
+                        .into_iter()
+                        .map(|k| (k, LeaseOp::Update)),
+                );
+                for (key, op) in marks {
                     if let Some(claim) = self.claims.get_mut(&key) {
-                        claim.lease = Some(ClaimLease {
-                            lease_id,
-                            op: LeaseOp::Destroy,
-                        });
+                        claim.lease = Some(ClaimLease { lease_id, op });
                         claim.updated_at = now;
                     }
                 }
@@ -212,6 +228,7 @@ impl Tables {
             outcome,
             delete,
             release,
+            replace,
         }) = plan
         else {
             return;
@@ -226,6 +243,11 @@ impl Tables {
             if let Some(claim) = self.claims.get_mut(&key).filter(|c| held(c)) {
                 claim.lease = None;
                 claim.updated_at = now;
+            }
+        }
+        for record in replace {
+            if self.claims.get(&record.key).is_some_and(held) {
+                self.replace_claim(record, now);
             }
         }
         self.leases.remove(&lease_id);
@@ -358,7 +380,7 @@ impl Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::types::{ClaimRecord, ClaimsCursor, OwnerType};
+    use crate::domain::types::{ClaimsCursor, OwnerType};
     use proptest::prelude::*;
 
     /// ListClaims as a full scan: every claim of the cell and table after the cursor, in page
@@ -415,12 +437,28 @@ mod tests {
                 let cell = &cells[usize::from(second)];
                 let records: Vec<ClaimRecord> =
                     claims.into_iter().map(|(t, id, ct, v)| record(t, id, ct, v)).collect();
-                let destroy = n % 3 == 2;
+                // Creates, destroys and updates (which move a claim to another table and id).
+                let (mut creates, mut destroys, mut updates) = (Vec::new(), Vec::new(), Vec::new());
+                match n % 4 {
+                    2 => destroys = records,
+                    3 => {
+                        updates = records
+                            .into_iter()
+                            .map(|r| ClaimRecord {
+                                table_name: TableName::ALL[(r.table_name.number() as usize) % 3],
+                                table_record_id: r.table_record_id + 1,
+                                ..r
+                            })
+                            .collect()
+                    }
+                    _ => creates = records,
+                }
                 let request = BeginUpdate {
                     cell_id: cell.clone(),
                     lease_id: None,
-                    creates: if destroy { Vec::new() } else { records.clone() },
-                    destroys: if destroy { records } else { Vec::new() },
+                    creates,
+                    destroys,
+                    updates,
                 };
                 let id = LeaseId::from_uuid(uuid::Uuid::from_u128(n as u128 + 1));
                 let now = Timestamp::from_unix_micros(n as i64);

@@ -188,7 +188,7 @@ protocol_enum!(
 );
 protocol_enum!(
     /// What a lease does to a claim when committed.
-    LeaseOp { Create = 1 => "create", Destroy = 2 => "destroy" }
+    LeaseOp { Create = 1 => "create", Destroy = 2 => "destroy", Update = 3 => "update" }
 );
 
 /// The identity of a claim: unique across all cells.
@@ -300,6 +300,9 @@ pub struct BeginUpdate {
     pub lease_id: Option<LeaseId>,
     pub creates: Vec<ClaimRecord>,
     pub destroys: Vec<ClaimRecord>,
+    /// Claims the caller holds whose owner, table and record id change in place on commit: the
+    /// new values (the key names the claim). The claim is never free in between.
+    pub updates: Vec<ClaimRecord>,
 }
 
 impl BeginUpdate {
@@ -308,18 +311,21 @@ impl BeginUpdate {
         self.cell_id == other.cell_id
             && self.creates == other.creates
             && self.destroys == other.destroys
+            && self.updates == other.updates
     }
 
-    /// Every claim of the batch with the operation it asks for, creates first.
+    /// Every claim of the batch with the operation it asks for: creates, then destroys, then
+    /// updates.
     pub fn operations(&self) -> impl Iterator<Item = (LeaseOp, &ClaimRecord)> {
         self.creates
             .iter()
             .map(|r| (LeaseOp::Create, r))
             .chain(self.destroys.iter().map(|r| (LeaseOp::Destroy, r)))
+            .chain(self.updates.iter().map(|r| (LeaseOp::Update, r)))
     }
 
     pub fn len(&self) -> usize {
-        self.creates.len() + self.destroys.len()
+        self.creates.len() + self.destroys.len() + self.updates.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -355,6 +361,9 @@ pub enum ClaimState {
     Creating,
     /// Committed, leased for destruction.
     Destroying,
+    /// Committed, leased for an in-place update: routable with its current (old) values until
+    /// the commit replaces them.
+    Updating,
 }
 
 impl ClaimState {
@@ -363,6 +372,7 @@ impl ClaimState {
             Self::Active => "active",
             Self::Creating => "creating",
             Self::Destroying => "destroying",
+            Self::Updating => "updating",
         }
     }
 }
@@ -394,6 +404,10 @@ impl Claim {
                 op: LeaseOp::Destroy,
                 ..
             }) => ClaimState::Destroying,
+            Some(ClaimLease {
+                op: LeaseOp::Update,
+                ..
+            }) => ClaimState::Updating,
         }
     }
 }

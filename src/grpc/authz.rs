@@ -336,6 +336,7 @@ impl Audit {
                     };
                     r.claims = claims(request.creates_claims, "create")
                         .chain(claims(request.destroys_claims, "destroy"))
+                        .chain(claims(request.updates_claims, "update"))
                         .collect();
                 }
             }

@@ -32,6 +32,7 @@ pub fn claim_state_to_pb(state: ClaimState) -> pb::ClaimState {
         ClaimState::Active => pb::ClaimState::Active,
         ClaimState::Creating => pb::ClaimState::Creating,
         ClaimState::Destroying => pb::ClaimState::Destroying,
+        ClaimState::Updating => pb::ClaimState::Updating,
     }
 }
 
@@ -319,6 +320,7 @@ mod tests {
                 lease_id: Some(LeaseId::from_uuid(uuid::Uuid::from_u128(n))),
                 creates: records[..claims / 2].to_vec(),
                 destroys: records[claims / 2..].to_vec(),
+                updates: Vec::new(),
             },
         }
     }

@@ -70,6 +70,7 @@ pub fn claim_state_from_pb(state: i32) -> Result<ClaimState, ClaimsError> {
         Ok(pb::ClaimState::Active) => Ok(ClaimState::Active),
         Ok(pb::ClaimState::Creating) => Ok(ClaimState::Creating),
         Ok(pb::ClaimState::Destroying) => Ok(ClaimState::Destroying),
+        Ok(pb::ClaimState::Updating) => Ok(ClaimState::Updating),
         _ => Err(bad("state", format!("unknown claim state {state}"))),
     }
 }

@@ -48,6 +48,7 @@ fn signup(cell_id: &CellId, name: &str) -> BeginUpdate {
         lease_id: None,
         creates: vec![username(name), email(&format!("{name}@example.com"))],
         destroys: vec![],
+        updates: Vec::new(),
     }
 }
 

@@ -46,6 +46,7 @@ pub fn creates(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
         lease_id: None,
         creates: records.to_vec(),
         destroys: Vec::new(),
+        updates: Vec::new(),
     }
 }
 
@@ -55,6 +56,30 @@ pub fn destroys(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
         lease_id: None,
         creates: Vec::new(),
         destroys: records.to_vec(),
+        updates: Vec::new(),
+    }
+}
+
+/// A BeginUpdate of `cell_id` updating its claims in place to `records` (the new values).
+pub fn updates(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
+    BeginUpdate {
+        cell_id: cell_id.clone(),
+        lease_id: None,
+        creates: Vec::new(),
+        destroys: Vec::new(),
+        updates: records.to_vec(),
+    }
+}
+
+/// `record` moved in place: owned by the project `owner`, implied by record `record_id` of
+/// `table` (the new values of an update; the key stays).
+pub fn moved(record: &ClaimRecord, owner: &str, table: TableName, record_id: i64) -> ClaimRecord {
+    ClaimRecord {
+        owner_type: OwnerType::Project,
+        owner_value: owner.to_owned(),
+        table_name: table,
+        table_record_id: record_id,
+        ..record.clone()
     }
 }
 

@@ -159,6 +159,7 @@ impl GrpcClaimStore {
                     ClaimState::Active => None,
                     ClaimState::Creating => Some(LeaseOp::Create),
                     ClaimState::Destroying => Some(LeaseOp::Destroy),
+                    ClaimState::Updating => Some(LeaseOp::Update),
                 };
                 let lease = match op {
                     None => None,

@@ -111,6 +111,12 @@ macro_rules! claim_store_conformance {
                 an_expired_verification_slot_is_free_again,
                 a_verification_slot_is_released_only_by_its_holder,
                 concurrent_acquires_never_exceed_the_limit,
+                update_commit_replaces_owner_and_record_in_place,
+                update_rollback_leaves_the_claim_as_it_was,
+                update_refusals_come_in_the_order_of_destroys,
+                a_key_in_two_of_creates_destroys_updates_is_a_batch_conflict,
+                lookup_while_updating_shows_updating_with_the_old_values,
+                a_create_racing_an_update_is_leased_then_taken,
             );
             #[test]
             fn model_based_property_test() {

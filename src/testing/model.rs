@@ -1,5 +1,5 @@
-//! Model-based property test: random sequences of begin / commit / rollback / renew / lookup /
-//! decommission steps from three cells over six keys (so conflicts are frequent), run against the pure model
+//! Model-based property test: random sequences of begin (creates, destroys and in-place updates)
+//! / commit / rollback / renew / lookup / decommission steps from three cells over six keys (so conflicts are frequent), run against the pure model
 //! ([`Tables`]) and the adapter side by side. Every outcome must match the model's, the
 //! protocol invariants must hold after every step, and the final state must equal the model's.
 
@@ -12,7 +12,7 @@ use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimType, ClaimsCursor, ClaimsQuery,
-    DecommissionStep, Lease, LeaseId, LeasesQuery, TableName, Tables, Timestamp,
+    DecommissionStep, Lease, LeaseId, LeasesQuery, OwnerType, TableName, Tables, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::ClaimStore;
@@ -31,6 +31,8 @@ pub enum Command {
         lease: Option<u128>,
         creates: Vec<(usize, i64)>,
         destroys: Vec<(usize, i64)>,
+        /// `(key, new record id, moves to the emails table)`: the new values of an update.
+        updates: Vec<(usize, i64, bool)>,
     },
     Commit {
         cell: usize,
@@ -69,13 +71,41 @@ fn record_of(key: usize, record_id: i64) -> ClaimRecord {
     record_in(TableName::Users, record_id, k.claim_type, &k.value)
 }
 
+/// The new values of an update of `key`: another owner, and the record `record_id` of `users` or
+/// (`moved`) `emails`, so a commit moves the claim within the ListClaims index or across tables.
+fn updated_record_of(key: usize, record_id: i64, moved: bool) -> ClaimRecord {
+    let table = if moved {
+        TableName::Emails
+    } else {
+        TableName::Users
+    };
+    let k = key_of(key);
+    ClaimRecord {
+        owner_type: OwnerType::Group,
+        owner_value: format!("moved-{}", k.value),
+        ..record_in(table, record_id, k.claim_type, &k.value)
+    }
+}
+
 fn command() -> impl Strategy<Value = Command> {
     let cell = 0..CELLS;
     let lease = 0..LEASE_IDS;
     let claims = || proptest::collection::vec((0..KEYS, 0..RECORD_IDS), 0..3);
     prop_oneof![
-        5 => (cell.clone(), proptest::option::weighted(0.85, lease.clone()), claims(), claims())
-            .prop_map(|(cell, lease, creates, destroys)| Command::Begin { cell, lease, creates, destroys }),
+        5 => (
+            cell.clone(),
+            proptest::option::weighted(0.85, lease.clone()),
+            claims(),
+            claims(),
+            proptest::collection::vec((0..KEYS, 0..RECORD_IDS, proptest::bool::weighted(0.3)), 0..3),
+        )
+            .prop_map(|(cell, lease, creates, destroys, updates)| Command::Begin {
+                cell,
+                lease,
+                creates,
+                destroys,
+                updates,
+            }),
         3 => (cell.clone(), lease.clone()).prop_map(|(cell, lease)| Command::Commit { cell, lease }),
         2 => (cell.clone(), lease.clone()).prop_map(|(cell, lease)| Command::Rollback { cell, lease }),
         1 => (cell, lease).prop_map(|(cell, lease)| Command::Renew { cell, lease }),
@@ -210,12 +240,17 @@ async fn apply<S: ClaimStore>(
             lease,
             creates,
             destroys,
+            updates,
         } => {
             let request = BeginUpdate {
                 cell_id: cell_of(*cell),
                 lease_id: lease.map(lease_id),
                 creates: creates.iter().map(|(k, r)| record_of(*k, *r)).collect(),
                 destroys: destroys.iter().map(|(k, r)| record_of(*k, *r)).collect(),
+                updates: updates
+                    .iter()
+                    .map(|(k, r, moved)| updated_record_of(*k, *r, *moved))
+                    .collect(),
             };
             let actual = store.begin_update(request.clone()).await;
             // A server-chosen id is whatever the adapter picked; the model takes the same one.
@@ -389,10 +424,9 @@ async fn check_final_state<S: ClaimStore>(store: &S, model: &Tables) -> Result<(
             "final leases differ:\nadapter {actual:#?}\nmodel {expected:#?}"
         ));
     }
-    for n in 0..CELLS {
+    for (n, table) in (0..CELLS).flat_map(|n| [(n, TableName::Users), (n, TableName::Emails)]) {
         // Limit 2 splits every record with three or more claims: the key cursor is compared too.
-        let mut cursor_query =
-            ClaimsQuery::new(cell_of(n), TableName::Users, ClaimsCursor::at(0), 2);
+        let mut cursor_query = ClaimsQuery::new(cell_of(n), table, ClaimsCursor::at(0), 2);
         loop {
             let actual = store
                 .list_claims(&cursor_query)
@@ -413,7 +447,7 @@ async fn check_final_state<S: ClaimStore>(store: &S, model: &Tables) -> Result<(
             };
             if strip(&actual) != strip(&expected) {
                 return Err(format!(
-                    "ListClaims page differs for cell-{n} at cursor {:?}",
+                    "ListClaims page differs for cell-{n} table {table} at cursor {:?}",
                     cursor_query.cursor
                 ));
             }

@@ -106,6 +106,7 @@ pub fn request(
         cell_id: cell.to_owned(),
         creates_claims: creates.as_ref().to_vec(),
         destroys_claims: destroys.as_ref().to_vec(),
+        updates_claims: Vec::new(),
         lease_id: String::new(),
     }
 }

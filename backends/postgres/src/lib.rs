@@ -32,12 +32,12 @@ mod store;
 /// the raw-SQL baseline of the benchmark (`tools/bench`): the ratio service / raw SQL is then the
 /// cost of gRPC + domain + pool on the same SQL. Not a store: it decides nothing.
 pub mod baseline {
-    /// A batch's claims as the parallel arrays of `INSERT_CLAIMS` / `MARK_DESTROYS`, in the
+    /// A batch's claims as the parallel arrays of `INSERT_CLAIMS` / `MARK_CLAIMS`, in the
     /// adapter's lock (key) order.
     pub use crate::rows::RecordArrays;
     pub use crate::sql::{
         BEGIN, COMMIT, DELETE_CLAIMS_OF_LEASE, DELETE_LEASE, INSERT_CLAIMS, INSERT_LEASE,
-        INSERT_OUTCOME, LEASE_LOCK_CLASS, LOCK_CLAIMS_OF_LEASE, LOCK_LEASE_ID, MARK_DESTROYS,
+        INSERT_OUTCOME, LEASE_LOCK_CLASS, LOCK_CLAIMS_OF_LEASE, LOCK_LEASE_ID, MARK_CLAIMS,
         RELEASE_CLAIMS_OF_LEASE, ROLLBACK, SELECT_CLAIMS_FOR_UPDATE, SELECT_LEASE_FOR_UPDATE,
         SELECT_OUTCOME_FOR_UPDATE,
     };

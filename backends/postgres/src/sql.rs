@@ -174,10 +174,11 @@ FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint
      WITH ORDINALITY AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id, ord)
 ORDER BY r.ord";
 
-/// BeginUpdate's destroys: lease (`$1`, op `$2`) the caller's (`$5`) unleased claims among the keys
-/// (`$3`, `$4`). The design's conditional update; it must touch every key, or the statement
-/// fails (SQLSTATE TC001) and the pipelined COMMIT becomes a rollback.
-pub const MARK_DESTROYS: &str = "\
+/// BeginUpdate's destroys and updates (one execution per op): lease (`$1`, op `$2`) the caller's
+/// (`$5`) unleased claims among the keys (`$3`, `$4`). The design's conditional update; it must
+/// touch every key, or the statement fails (SQLSTATE TC001) and the pipelined COMMIT becomes a
+/// rollback.
+pub const MARK_CLAIMS: &str = "\
 WITH marked AS (
     UPDATE claims SET lease_id = $1::uuid, lease_op = $2::smallint, updated_at = now()
     WHERE (claim_type, claim_value) IN (
@@ -186,7 +187,7 @@ WITH marked AS (
       AND cell_id = $5::text
     RETURNING 1)
 SELECT topology_claims_expect_rows((SELECT count(*) FROM marked), cardinality($3::smallint[])::bigint,
-                                   'marking destroys')";
+                                   'marking destroys or updates')";
 
 pub const INSERT_LEASE: &str = "\
 INSERT INTO leases (lease_id, cell_id, request, created_at, last_renewed_at)
@@ -206,6 +207,18 @@ UPDATE claims SET lease_id = NULL, lease_op = NULL, updated_at = now()
 WHERE (claim_type, claim_value) IN (
     SELECT k.claim_type, k.claim_value FROM unnest($1::smallint[], $2::text[]) AS k(claim_type, claim_value))
   AND lease_id = $3::uuid";
+
+/// Commit's updates: write the new owner type, owner value, table name and record id (`$3..$6`)
+/// of the keys (`$1`, `$2`) still held by lease `$7`, and clear the lease. The rows were locked
+/// in key order by [`LOCK_CLAIMS_OF_LEASE`]; the record index entries move with the update.
+pub const REPLACE_CLAIMS_OF_LEASE: &str = "\
+UPDATE claims AS c
+SET owner_type = r.owner_type, owner_value = r.owner_value, table_name = r.table_name,
+    table_record_id = r.table_record_id, lease_id = NULL, lease_op = NULL, updated_at = now()
+FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[])
+     AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id)
+WHERE c.claim_type = r.claim_type AND c.claim_value = r.claim_value
+  AND c.lease_id = $7::uuid";
 
 pub const DELETE_LEASE: &str = "DELETE FROM leases WHERE lease_id = $1::uuid";
 

@@ -43,9 +43,9 @@
 //! ## Round trips (statements already prepared on the connection)
 //! | operation | round trips | flights |
 //! |---|---|---|
-//! | BeginUpdate | 2 | `BEGIN`, lease lock, cell lock (shared), decommission mark, lease + outcome rows, claim rows `FOR UPDATE` · inserts, marks, lease insert, `COMMIT` |
+//! | BeginUpdate | 2 | `BEGIN`, lease lock, cell lock (shared), decommission mark, lease + outcome rows, claim rows `FOR UPDATE` · inserts, destroy marks, update marks, lease insert, `COMMIT` |
 //! | BeginUpdate refused / replayed | 1 | the first flight; `ROLLBACK` is sent without waiting |
-//! | CommitUpdate / RollbackUpdate | 2 | `BEGIN`, lease lock, lease + outcome rows, lease's claims `FOR UPDATE` · deletes, releases, lease delete, outcome insert, `COMMIT` |
+//! | CommitUpdate / RollbackUpdate | 2 | `BEGIN`, lease lock, lease + outcome rows, lease's claims `FOR UPDATE` · deletes, releases, replaces (committed updates), lease delete, outcome insert, `COMMIT` |
 //! | CommitUpdate already done / refused | 1 | |
 //! | RenewLease | 2 | `BEGIN`, lease lock, lease + outcome rows · update, `COMMIT` |
 //! | ListOutstandingLeases | 1 | page + server time |
@@ -158,7 +158,7 @@ impl PostgresClaimStore {
         payload: &[u8],
     ) -> Result<Lease, Failure> {
         let mut session = self.shared.session().await?;
-        let [lock, lock_cell, decommissioned, select_lease, select_outcome, select_claims, insert_claims, mark_destroys, insert_lease] =
+        let [lock, lock_cell, decommissioned, select_lease, select_outcome, select_claims, insert_claims, mark_claims, insert_lease] =
             session
                 .prepare([
                     sql::LOCK_LEASE_ID,
@@ -168,7 +168,7 @@ impl PostgresClaimStore {
                     sql::SELECT_OUTCOME_FOR_UPDATE,
                     sql::SELECT_CLAIMS_FOR_UPDATE,
                     sql::INSERT_CLAIMS,
-                    sql::MARK_DESTROYS,
+                    sql::MARK_CLAIMS,
                     sql::INSERT_LEASE,
                 ])
                 .await?;
@@ -204,13 +204,15 @@ impl PostgresClaimStore {
         };
         let inserts = RecordArrays::sorted(&writes.inserts);
         let marks = KeyArrays::sorted(&writes.marks);
-        let (create, destroy) = (
+        let update_marks = KeyArrays::sorted(&writes.update_marks);
+        let (create, destroy, update) = (
             small(LeaseOp::Create.number()),
             small(LeaseOp::Destroy.number()),
+            small(LeaseOp::Update.number()),
         );
         // Flight 2: the decision's writes and COMMIT. Any failing statement aborts the
         // transaction, which turns the pipelined COMMIT into a rollback.
-        let (_, _, lease_row, _) = tokio::try_join!(
+        let (_, _, _, lease_row, _) = tokio::try_join!(
             biased;
             async {
                 if inserts.is_empty() {
@@ -237,7 +239,14 @@ impl PostgresClaimStore {
                 if marks.is_empty() {
                     return Ok(0);
                 }
-                client.execute(&mark_destroys, &[id, &destroy, &marks.types, &marks.values, &cell]).await
+                client.execute(&mark_claims, &[id, &destroy, &marks.types, &marks.values, &cell]).await
+            },
+            async {
+                if update_marks.is_empty() {
+                    return Ok(0);
+                }
+                let (types, values) = (&update_marks.types, &update_marks.values);
+                client.execute(&mark_claims, &[id, &update, types, values, &cell]).await
             },
             async { client.query_one(&insert_lease, &[id, &cell, &payload]).await },
             client.batch_execute(sql::COMMIT),
@@ -261,7 +270,7 @@ impl PostgresClaimStore {
         decide: DecideEnd,
     ) -> Result<(), Failure> {
         let mut session = self.shared.session().await?;
-        let [lock, select_lease, select_outcome, lock_claims, delete_claims, release_claims, delete_lease, insert_outcome] =
+        let [lock, select_lease, select_outcome, lock_claims, delete_claims, release_claims, replace_claims, delete_lease, insert_outcome] =
             session
                 .prepare([
                     sql::LOCK_LEASE_ID,
@@ -270,6 +279,7 @@ impl PostgresClaimStore {
                     sql::LOCK_CLAIMS_OF_LEASE,
                     sql::DELETE_CLAIMS_OF_LEASE,
                     sql::RELEASE_CLAIMS_OF_LEASE,
+                    sql::REPLACE_CLAIMS_OF_LEASE,
                     sql::DELETE_LEASE,
                     sql::INSERT_OUTCOME,
                 ])
@@ -294,6 +304,7 @@ impl PostgresClaimStore {
         };
         let delete = KeyArrays::sorted(&writes.delete);
         let release = KeyArrays::sorted(&writes.release);
+        let replace = RecordArrays::sorted(&writes.replace);
         let owner = writes.cell_id.as_str();
         let outcome = small(writes.outcome.number());
         tokio::try_join!(
@@ -309,6 +320,17 @@ impl PostgresClaimStore {
                     return Ok(0);
                 }
                 client.execute(&release_claims, &[&release.types, &release.values, id]).await
+            },
+            async {
+                if replace.is_empty() {
+                    return Ok(0);
+                }
+                let r = &replace;
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+                    &r.types, &r.values, &r.owner_types, &r.owner_values, &r.table_names,
+                    &r.record_ids, id,
+                ];
+                client.execute(&replace_claims, &params).await
             },
             async { client.execute(&delete_lease, &[id]).await },
             async { client.execute(&insert_outcome, &[id, &owner, &outcome]).await },

@@ -135,6 +135,7 @@ async fn racing_begin_updates_through_grpc_leave_exactly_one_owner_per_claim() {
             lease_id: None,
             creates: keys_of(t).into_iter().map(|k| claim("one", k)).collect(),
             destroys: vec![],
+            updates: Vec::new(),
         })
         .collect();
     let results = race(&server, creates).await;
@@ -185,6 +186,7 @@ async fn racing_begin_updates_through_grpc_leave_exactly_one_owner_per_claim() {
                     .map(|k| claim("two", k))
                     .collect(),
                 destroys: mine,
+                updates: Vec::new(),
             }
         })
         .collect();
@@ -247,6 +249,7 @@ async fn a_decommission_step_racing_begin_updates_never_leaves_a_lease_in_a_deco
                     lease_id: None,
                     creates: vec![claim(&format!("dc{round}"), b)],
                     destroys: vec![],
+                    updates: Vec::new(),
                 };
                 barrier.wait().await;
                 store.begin_update(request).await

@@ -93,6 +93,7 @@ async fn terminated_backends_mid_run_recover_and_leave_no_half_applied_batch() {
                         username(&format!("shared-{i}")),
                     ],
                     destroys: vec![],
+                    updates: Vec::new(),
                 };
                 let begun = store.begin_update(request.clone()).await;
                 let committed = match &begun {

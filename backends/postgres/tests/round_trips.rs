@@ -3,8 +3,8 @@
 
 mod common;
 
-use topology_claims::testing::fixtures::{cell, creates, destroys, username};
-use topology_claims::{BeginUpdate, ClaimStore, ClaimsError};
+use topology_claims::testing::fixtures::{cell, creates, destroys, moved, username};
+use topology_claims::{BeginUpdate, ClaimStore, ClaimsError, TableName};
 use topology_claims_postgres::{PostgresClaimStore, PostgresOptions};
 
 async fn trips<T>(
@@ -26,7 +26,7 @@ async fn begin_and_commit_take_two_round_trips_each() {
     };
     let a = cell("cell-a");
     let warm = store
-        .begin_update(creates(&a, &[username("warm")]))
+        .begin_update(creates(&a, &[username("warm"), username("moving")]))
         .await
         .unwrap();
     store.commit_update(&a, warm.lease_id).await.unwrap();
@@ -34,8 +34,10 @@ async fn begin_and_commit_take_two_round_trips_each() {
     store.renew_lease(&a, warm.lease_id).await.unwrap_err();
     store.lookup_claim(&username("warm").key).await.unwrap();
 
+    // Creates, destroys and updates in one batch: still two round trips each way.
     let request = BeginUpdate {
         destroys: vec![username("warm")],
+        updates: vec![moved(&username("moving"), "p", TableName::Projects, 5)],
         ..creates(&a, &[username("x"), username("y"), username("z")])
     };
     let (lease, n) = trips(&store, store.begin_update(request)).await;
@@ -47,6 +49,8 @@ async fn begin_and_commit_take_two_round_trips_each() {
     let (done, n) = trips(&store, store.commit_update(&a, lease.lease_id)).await;
     done.unwrap();
     assert_eq!(n, 2, "CommitUpdate");
+    let updated = store.lookup_claim(&username("moving").key).await.unwrap();
+    assert_eq!(updated.record.table_name, TableName::Projects);
     let (again, n) = trips(&store, store.commit_update(&a, lease.lease_id)).await;
     again.unwrap();
     assert_eq!(n, 1, "CommitUpdate of a committed lease");

@@ -254,13 +254,39 @@ pub(crate) fn insert_claim(record: &ClaimRecord, owner: &CellId, lease_id: Lease
     )
 }
 
-/// Marks a committed claim as leased by `lease_id` for destruction (`update` fails at commit if
-/// the row is gone).
-pub(crate) fn mark_claim(key: &ClaimKey, lease_id: LeaseId) -> Mutation {
-    set_claim_lease(
-        key,
-        Some(lease_id.to_string()),
-        i64::from(LeaseOp::Destroy.number()),
+/// Marks a committed claim as leased by `lease_id` for destruction or update (`update` fails at
+/// commit if the row is gone).
+pub(crate) fn mark_claim(key: &ClaimKey, lease_id: LeaseId, op: LeaseOp) -> Mutation {
+    set_claim_lease(key, Some(lease_id.to_string()), i64::from(op.number()))
+}
+
+/// A committed update: the claim takes `record`'s owner type, owner value, table name and record
+/// id, and its lease is cleared. Spanner keeps `claims_by_table_record` in step.
+pub(crate) fn replace_claim(record: &ClaimRecord) -> Mutation {
+    update(
+        CLAIMS,
+        &[
+            "claim_type",
+            "claim_value",
+            "owner_type",
+            "owner_value",
+            "table_name",
+            "table_record_id",
+            "lease_id",
+            "lease_op",
+            "updated_at",
+        ],
+        &[
+            &i64::from(record.key.claim_type.number()),
+            &record.key.value,
+            &i64::from(record.owner_type.number()),
+            &record.owner_value,
+            &i64::from(record.table_name.number()),
+            &record.table_record_id,
+            &None::<String>,
+            &NO_LEASE_OP,
+            &CommitTimestamp::new(),
+        ],
     )
 }
 

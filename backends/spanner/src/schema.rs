@@ -51,7 +51,8 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             name STRING(100) NOT NULL,
             applied_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
         ) PRIMARY KEY (version)",
-        // One row per claim key, leased or not. lease_op: 0 none, 1 create, 2 destroy.
+        // One row per claim key, leased or not. lease_op: 0 none, 1 create, 2 destroy (3 update
+        // from 0004).
         "CREATE TABLE IF NOT EXISTS claims (
             claim_type INT64 NOT NULL,
             claim_value STRING(255) NOT NULL,
@@ -115,6 +116,20 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             holder STRING(128) NOT NULL,
             expires_at TIMESTAMP NOT NULL,
         ) PRIMARY KEY (cell_id, holder)"],
+    },
+    // In-place updates lease a claim with lease_op 3. The CHECK is replaced under the same
+    // name, so re-running the migration after it applied but was not recorded drops and adds
+    // the new constraint again. (Only a crash between the two statements would leave the
+    // constraint missing and make a re-run fail at the DROP: an operator adds it by hand.)
+    Migration {
+        version: 4,
+        name: "0004_claim_updates",
+        statements: &[
+            "ALTER TABLE claims DROP CONSTRAINT claims_lease_marker",
+            "ALTER TABLE claims ADD CONSTRAINT claims_lease_marker CHECK (
+                (lease_id IS NULL AND lease_op = 0) OR (lease_id IS NOT NULL AND lease_op IN (1, 2, 3))
+            )",
+        ],
     },
 ];
 

@@ -24,7 +24,7 @@ use topology_claims::domain::{
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
-    LeaseId, LeasesPage, LeasesQuery, MigrationPolicy, Timestamp,
+    LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy, Timestamp,
 };
 
 use crate::config::{DatabaseName, SpannerOptions};
@@ -438,7 +438,8 @@ impl SpannerClaimStore {
             Err(refusal) => return Ok(Err(refusal)),
         };
         if let BeginPlan::Apply(writes) = &plan {
-            let mut mutations = Vec::with_capacity(writes.inserts.len() + writes.marks.len() + 1);
+            let marks = writes.marks.len() + writes.update_marks.len();
+            let mut mutations = Vec::with_capacity(writes.inserts.len() + marks + 1);
             mutations.push(rows::insert_lease(writes.lease_id, request));
             mutations.extend(
                 writes
@@ -450,7 +451,13 @@ impl SpannerClaimStore {
                 writes
                     .marks
                     .iter()
-                    .map(|k| rows::mark_claim(k, writes.lease_id)),
+                    .map(|k| rows::mark_claim(k, writes.lease_id, LeaseOp::Destroy)),
+            );
+            mutations.extend(
+                writes
+                    .update_marks
+                    .iter()
+                    .map(|k| rows::mark_claim(k, writes.lease_id, LeaseOp::Update)),
             );
             tx.buffer_write(mutations);
         }
@@ -481,9 +488,14 @@ impl SpannerClaimStore {
             outcome,
             delete,
             release,
+            replace,
         } = writes;
         // Claim writes are conditional on the claim still carrying this lease (as in Tables).
-        let keys = delete.iter().chain(&release).collect();
+        let keys = delete
+            .iter()
+            .chain(&release)
+            .chain(replace.iter().map(|r| &r.key))
+            .collect();
         let current = self.claims(tx, &keys).await?;
         let held = |key: &ClaimKey| {
             current
@@ -501,6 +513,12 @@ impl SpannerClaimStore {
             mutations.push(rows::delete_claims(doomed));
         }
         mutations.extend(release.iter().filter(|k| held(k)).map(rows::release_claim));
+        mutations.extend(
+            replace
+                .iter()
+                .filter(|r| held(&r.key))
+                .map(rows::replace_claim),
+        );
         if matches!(known, Some(LeaseRecord::Outstanding(_))) {
             mutations.push(rows::delete_lease(lease_id));
         }

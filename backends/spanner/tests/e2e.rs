@@ -42,6 +42,7 @@ fn request(
         cell_id: cell.to_owned(),
         creates_claims: creates.to_vec(),
         destroys_claims: destroys.to_vec(),
+        updates_claims: Vec::new(),
         lease_id: String::new(),
     }
 }

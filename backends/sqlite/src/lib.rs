@@ -16,7 +16,7 @@
 //!
 //! | table | key | columns |
 //! |---|---|---|
-//! | `claims` | `(claim_type, claim_value)` | `cell_id`, `owner_type`, `owner_value`, `table_name`, `table_record_id`, `lease_id` (NULL when committed), `lease_op` (0 none, 1 create, 2 destroy), `created_at`, `updated_at` |
+//! | `claims` | `(claim_type, claim_value)` | `cell_id`, `owner_type`, `owner_value`, `table_name`, `table_record_id`, `lease_id` (NULL when committed), `lease_op` (0 none, 1 create, 2 destroy, 3 update), `created_at`, `updated_at` |
 //! | `leases_outstanding` | `lease_id` | `cell_id`, `request` (protobuf `BeginUpdateRequest` bytes), `created_at`, `last_renewed_at` |
 //! | `lease_outcomes` | `lease_id` | `cell_id`, `outcome` (1 committed, 2 rolled back), `decided_at` |
 //! | `decommissioned_cells` | `cell_id` | `decommissioned_at` (BeginUpdate of a listed cell is refused) |

@@ -35,6 +35,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0003_verification_slots",
         sql: include_str!("../migrations/0003_verification_slots.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_claim_updates",
+        sql: include_str!("../migrations/0004_claim_updates.sql"),
+    },
 ];
 
 const CREATE_SCHEMA_MIGRATIONS: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -228,10 +228,12 @@ fn begin(
         "UPDATE claims SET lease_id = ?1, lease_op = ?2, updated_at = ?3 \
          WHERE claim_type = ?4 AND claim_value = ?5 AND lease_id IS NULL AND cell_id = ?6",
     )?;
-    for key in &writes.marks {
+    let marks = (writes.marks.iter().map(|k| (k, LeaseOp::Destroy)))
+        .chain(writes.update_marks.iter().map(|k| (k, LeaseOp::Update)));
+    for (key, op) in marks {
         let marked = mark.execute((
             &id,
-            LeaseOp::Destroy.number(),
+            op.number(),
             now_micros,
             key.claim_type.number(),
             &key.value,
@@ -262,6 +264,7 @@ fn end(tx: &Connection, plan: EndPlan, now: Timestamp) -> Result<(), StoreError>
         outcome,
         delete,
         release,
+        replace,
     }) = plan
     else {
         return Ok(());
@@ -280,6 +283,23 @@ fn end(tx: &Connection, plan: EndPlan, now: Timestamp) -> Result<(), StoreError>
     )?;
     for key in &release {
         release_claim.execute((now_micros, key.claim_type.number(), &key.value, &id))?;
+    }
+    let mut replace_claim = tx.prepare_cached(
+        "UPDATE claims SET owner_type = ?1, owner_value = ?2, table_name = ?3, \
+         table_record_id = ?4, lease_id = NULL, lease_op = 0, updated_at = ?5 \
+         WHERE claim_type = ?6 AND claim_value = ?7 AND lease_id = ?8",
+    )?;
+    for record in &replace {
+        replace_claim.execute((
+            record.owner_type.number(),
+            &record.owner_value,
+            record.table_name.number(),
+            record.table_record_id,
+            now_micros,
+            record.key.claim_type.number(),
+            &record.key.value,
+            &id,
+        ))?;
     }
     // After the claims: the foreign key forbids removing a lease that claims still carry.
     tx.prepare_cached("DELETE FROM leases_outstanding WHERE lease_id = ?1")?

@@ -12,6 +12,7 @@ const ALL_MIGRATIONS: &[&str] = &[
     "0001_initial",
     "0002_decommissioned_cells",
     "0003_verification_slots",
+    "0004_claim_updates",
 ];
 
 fn temp_dir() -> TempDir {

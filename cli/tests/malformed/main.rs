@@ -107,6 +107,7 @@ pub fn begin(cell: &str, creates: Vec<pb::ClaimRecord>) -> pb::BeginUpdateReques
         cell_id: cell.to_owned(),
         creates_claims: creates,
         destroys_claims: vec![],
+        updates_claims: Vec::new(),
         lease_id: String::new(),
     }
 }

@@ -16,6 +16,7 @@ pub async fn begin_returns_the_lease_payload_with_the_original_request(store: &i
         lease_id: None,
         creates: vec![username("bob"), email("bob@example.com")],
         destroys: vec![],
+        updates: Vec::new(),
     };
     let lease = store.begin_update(request.clone()).await.unwrap();
     assert_eq!(lease.cell_id, a);
@@ -216,6 +217,7 @@ pub async fn failed_batch_changes_nothing(store: &impl ClaimStore) {
         lease_id: Some(lease_id(7)),
         creates: vec![username("fresh1"), username("fresh2"), username("taken")],
         destroys: vec![],
+        updates: Vec::new(),
     };
     let err = store.begin_update(request).await.unwrap_err();
     assert_eq!(
@@ -229,6 +231,7 @@ pub async fn failed_batch_changes_nothing(store: &impl ClaimStore) {
         lease_id: None,
         creates: vec![username("fresh3")],
         destroys: vec![username("mine"), username("absent")],
+        updates: Vec::new(),
     };
     let err = store.begin_update(mixed).await.unwrap_err();
     assert_eq!(
@@ -260,6 +263,7 @@ pub async fn failed_batch_changes_nothing(store: &impl ClaimStore) {
         lease_id: Some(lease_id(7)),
         creates: vec![username("fresh1")],
         destroys: vec![],
+        updates: Vec::new(),
     };
     store.begin_update(retry).await.unwrap();
 }
@@ -277,6 +281,7 @@ pub async fn first_failing_claim_in_request_order_decides(store: &impl ClaimStor
         lease_id: None,
         creates: vec![username("ok"), username("k3"), username("k1")],
         destroys: vec![username("k2")],
+        updates: Vec::new(),
     };
     let err = store.begin_update(request).await.unwrap_err();
     assert_eq!(
@@ -290,6 +295,7 @@ pub async fn first_failing_claim_in_request_order_decides(store: &impl ClaimStor
         lease_id: None,
         creates: vec![username("ok")],
         destroys: vec![username("missing"), username("k2")],
+        updates: Vec::new(),
     };
     let err = store.begin_update(request).await.unwrap_err();
     assert_eq!(
@@ -322,6 +328,7 @@ pub async fn many_claims_in_one_batch_are_all_or_nothing(store: &impl ClaimStore
         lease_id: None,
         creates: batch[150..].to_vec(),
         destroys: batch[..150].to_vec(),
+        updates: Vec::new(),
     });
     let lease = lease.await.unwrap();
     store.commit_update(&a, lease.lease_id).await.unwrap();

@@ -149,6 +149,7 @@ pub async fn rollback_restores_destroys_and_frees_creates(store: &impl ClaimStor
         lease_id: None,
         creates: vec![email("new@example.com")],
         destroys: vec![email("old@example.com")],
+        updates: Vec::new(),
     };
     let lease = store.begin_update(request).await.unwrap();
     store.rollback_update(&a, lease.lease_id).await.unwrap();

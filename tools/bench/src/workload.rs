@@ -89,15 +89,18 @@ impl Batch {
         &self,
         lease_id: topology_claims::LeaseId,
     ) -> topology_claims::BeginUpdate {
-        let (creates, destroys) = match self.op {
-            LeaseOp::Create => (self.records.clone(), Vec::new()),
-            LeaseOp::Destroy => (Vec::new(), self.records.clone()),
-        };
+        let (mut creates, mut destroys, mut updates) = (Vec::new(), Vec::new(), Vec::new());
+        match self.op {
+            LeaseOp::Create => creates = self.records.clone(),
+            LeaseOp::Destroy => destroys = self.records.clone(),
+            LeaseOp::Update => updates = self.records.clone(),
+        }
         topology_claims::BeginUpdate {
             cell_id: self.cell.clone(),
             lease_id: Some(lease_id),
             creates,
             destroys,
+            updates,
         }
     }
 }

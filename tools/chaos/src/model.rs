@@ -53,6 +53,7 @@ pub fn request(cell: u16, lease: LeaseId, op: TxOp, key: u32) -> BeginUpdate {
         lease_id: Some(lease),
         creates,
         destroys,
+        updates: Vec::new(),
     }
 }
 
