@@ -28,6 +28,7 @@ enum Command {
         lease: Option<u8>,
         creates: Vec<u8>,
         destroys: Vec<u8>,
+        updates: Vec<u8>,
     },
     Commit {
         cell: u8,
@@ -107,6 +108,7 @@ fn check_invariants(tables: &Tables) {
             let named = match op {
                 LeaseOp::Create => &lease.request.creates,
                 LeaseOp::Destroy => &lease.request.destroys,
+                LeaseOp::Update => &lease.request.updates,
             };
             assert!(
                 named.iter().any(|r| &r.key == key),
@@ -188,12 +190,22 @@ fuzz_target!(|commands: Vec<Command>| {
                 lease: l,
                 creates,
                 destroys,
+                updates,
             } => {
                 let request = BeginUpdate {
                     cell_id: cell(c),
                     lease_id: l.map(lease),
                     creates: creates.iter().take(4).map(|&k| record(c, k)).collect(),
                     destroys: destroys.iter().take(4).map(|&k| record(c, k)).collect(),
+                    // An update moves the claim to another owner value of the same cell.
+                    updates: updates
+                        .iter()
+                        .take(4)
+                        .map(|&k| ClaimRecord {
+                            owner_value: format!("moved-{k}"),
+                            ..record(c, k)
+                        })
+                        .collect(),
                 };
                 let fresh = lease(LEASES - 1);
                 if let Ok(granted) = tables.begin_update(request.clone(), fresh, now) {
