@@ -438,9 +438,21 @@ mod tests {
             assert!(migration
                 .name
                 .starts_with(&format!("{:04}_", migration.version)));
+            // Re-runnable: every statement creates IF NOT EXISTS, or the migration drops a
+            // constraint and adds it back under the same name (so a re-run drops the new one
+            // and adds it again).
+            let replaces_a_constraint = match migration.statements {
+                [drop, add] => drop
+                    .strip_prefix("ALTER TABLE ")
+                    .and_then(|rest| rest.split_once(" DROP CONSTRAINT "))
+                    .is_some_and(|(table, name)| {
+                        add.starts_with(&format!("ALTER TABLE {table} ADD CONSTRAINT {name} "))
+                    }),
+                _ => false,
+            };
             for statement in migration.statements {
                 assert!(
-                    statement.contains("IF NOT EXISTS"),
+                    statement.contains("IF NOT EXISTS") || replaces_a_constraint,
                     "re-runnable: {statement}"
                 );
                 assert!(
