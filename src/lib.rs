@@ -18,6 +18,7 @@ pub mod codec;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod group;
 pub mod grpc;
 pub mod memory;
 pub mod metrics;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::domain::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, Lease,
-    LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant, SlotHolder, SlotLimit, Tables,
-    Timestamp,
+    group, BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep,
+    GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant,
+    SlotHolder, SlotLimit, Tables, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::{ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, SystemClock};
@@ -126,6 +126,17 @@ impl ClaimStore for MemoryClaimStore {
 
     async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError> {
         Ok(self.lock().release_verification_slot(holder))
+    }
+
+    async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {
+        // The whole state is at hand: the group is one lock, each operation decided in order
+        // by the reference semantics (`domain::group::apply_op`).
+        let now = self.clock.now();
+        let mut tables = self.lock();
+        Ok(ops
+            .iter()
+            .map(|op| group::apply_op(&mut tables, op, now))
+            .collect())
     }
 
     fn retries(&self) -> u64 {

@@ -117,6 +117,8 @@ pub struct ServerMetrics {
     pub audit_write_failures: IntCounter,
     pub store_up: IntGauge,
     pub lease_summary_time: prometheus::Gauge,
+    /// Calls per group-commit store transaction (`--group-commit on`).
+    pub group_batch_size: prometheus::Histogram,
 }
 
 impl ServerMetrics {
@@ -202,6 +204,20 @@ impl ServerMetrics {
                     "topology_claims_lease_gauges_refreshed_timestamp_seconds",
                     "Unix time the lease gauges were last refreshed from the store.",
                 ))
+                .expect("valid metric"),
+            ),
+            group_batch_size: register(
+                &registry,
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "topology_claims_group_commit_batch_size",
+                        "BeginUpdate / CommitUpdate / RollbackUpdate calls carried by each \
+                         group-commit store transaction (_count: transactions, _sum: calls).",
+                    )
+                    .buckets(vec![
+                        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0,
+                    ]),
+                )
                 .expect("valid metric"),
             ),
             registry,

@@ -11,8 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use crate::domain::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, Lease,
-    LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant, SlotHolder, SlotLimit, Timestamp,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, GroupAnswer,
+    GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant,
+    SlotHolder, SlotLimit, Timestamp,
 };
 use crate::error::ClaimsError;
 
@@ -84,6 +85,42 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Releases `holder`'s slot (`domain::decide_release`); `false` when it had none (expired
     /// and taken, or never acquired). Another holder's slot is never touched.
     async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError>;
+
+    /// Group commit (`crate::group`): runs `ops` in **one** store transaction. Lock and read
+    /// every row of `domain::GroupReads::of(ops)` in one go, decide them with
+    /// `domain::decide_group` at the store's clock, write its `GroupWrites`, commit once, and
+    /// return its per-operation results. Contention is retried like any transaction (the whole
+    /// group, decided afresh). `Err` means the transaction failed for good: nothing of the group
+    /// committed and every operation gets that error.
+    ///
+    /// The default runs the operations one by one (a store without group commit).
+    async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {
+        let mut results = Vec::with_capacity(ops.len());
+        for op in ops {
+            results.push(match op {
+                GroupOp::Begin { request, lease_id } => {
+                    let mut request = request.clone();
+                    request.lease_id = Some(*lease_id);
+                    self.begin_update(request).await.map(GroupAnswer::Begun)
+                }
+                GroupOp::Commit { cell_id, lease_id } => self
+                    .commit_update(cell_id, *lease_id)
+                    .await
+                    .map(|()| GroupAnswer::Ended),
+                GroupOp::Rollback { cell_id, lease_id } => self
+                    .rollback_update(cell_id, *lease_id)
+                    .await
+                    .map(|()| GroupAnswer::Ended),
+            });
+        }
+        Ok(results)
+    }
+
+    /// How many [`run_group`](Self::run_group) transactions may usefully run at once (the
+    /// connection pool's size; 1 for a single writer).
+    fn group_parallelism(&self) -> usize {
+        1
+    }
 
     /// Transactions the adapter retried (contention, aborts, lost connections) since it was
     /// opened; read by the metrics (`topology_claims_store_retries_total`), never a query.

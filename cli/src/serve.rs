@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use topology_claims::auth::{IdentityFrom, DEFAULT_TRUST_DOMAIN};
+use topology_claims::group::{GroupCommit, GroupConfig};
 use topology_claims::grpc::audit::AuditLog;
 use topology_claims::grpc::cell_limits::{CellLimits, CellRate};
 use topology_claims::grpc::health::HealthConfig;
@@ -21,7 +22,7 @@ use topology_claims::grpc::limits::ServerLimits;
 use topology_claims::grpc::server::{serve, ServerConfig};
 use topology_claims::grpc::tls::{ServerTls, TlsFiles};
 use topology_claims::metrics::{catch_up, render, ServerMetrics};
-use topology_claims::MigrationPolicy;
+use topology_claims::{ClaimStore, MigrationPolicy};
 
 use crate::metrics_args::MetricsArgs;
 
@@ -101,6 +102,18 @@ pub struct ServeArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_DRAIN_TIMEOUT", default_value = "30s",
           value_parser = parse_duration)]
     drain_timeout: Duration,
+
+    /// Group commit: BeginUpdate, CommitUpdate and RollbackUpdate calls that arrive while the
+    /// store is busy share one store transaction, each still decided on its own
+    /// (docs/architecture.md, "Group commit"). A lone call runs at once either way. on | off.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_GROUP_COMMIT", default_value = "on",
+          value_parser = ["on", "off"])]
+    group_commit: String,
+
+    /// Most calls one group-commit store transaction carries.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_GROUP_MAX", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    group_max: u32,
 
     #[command(flatten)]
     limits: LimitArgs,
@@ -389,6 +402,30 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let store = store::open(&store_url, policy, &args.store_options)
         .await
         .map_err(|e| format!("opening {store_url}: {e}"))?;
+    let metrics = args
+        .metrics
+        .metrics_listen
+        .as_ref()
+        .map(|_| Arc::new(ServerMetrics::new()));
+    let store: Arc<dyn ClaimStore> = if args.group_commit == "on" {
+        let config = GroupConfig {
+            max: args.group_max as usize,
+            parallelism: None,
+        };
+        let mut group = GroupCommit::new(store, config);
+        if let Some(metrics) = &metrics {
+            let sizes = metrics.group_batch_size.clone();
+            group = group.with_observer(Arc::new(move |n| sizes.observe(n as f64)));
+        }
+        tracing::info!(
+            group_max = config.max,
+            parallelism = group.parallelism(),
+            "group commit on"
+        );
+        Arc::new(group)
+    } else {
+        store
+    };
 
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -397,9 +434,8 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
     let mut metrics_addr = None;
-    let metrics = match &args.metrics.metrics_listen {
-        Some(_) => {
-            let metrics = Arc::new(ServerMetrics::new());
+    let metrics = match metrics {
+        Some(metrics) => {
             let render = {
                 let (metrics, store, audit) =
                     (Arc::clone(&metrics), Arc::clone(&store), audit.clone());

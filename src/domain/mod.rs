@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod decide;
+pub mod group;
 pub mod pages;
 pub mod slots;
 mod tables;
@@ -19,6 +20,10 @@ pub use admin::{
 pub use decide::{
     check_batch, check_claim, decide_begin, decide_commit, decide_renew, decide_rollback,
     lease_is_stale, outcome_expired, BeginPlan, BeginWrites, EndPlan, EndWrites, DEFAULT_MAX_BATCH,
+};
+pub use group::{
+    decide_group, GroupAnswer, GroupDecision, GroupOp, GroupReads, GroupResults, GroupSnapshot,
+    GroupWrites, DEFAULT_GROUP_MAX,
 };
 pub use pages::{
     claim_encoded_len_bound, claims_page, claims_page_order, lease_encoded_len_bound, leases_page,

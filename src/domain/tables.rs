@@ -10,6 +10,7 @@ use crate::domain::admin::{
     self, DecommissionPlan, DecommissionState, DecommissionStep, LeaseSummary,
 };
 use crate::domain::decide::{self, BeginPlan, EndPlan, EndWrites};
+use crate::domain::group::GroupWrites;
 use crate::domain::pages;
 use crate::domain::slots::{self, SlotGrant, SlotHolder, SlotLimit, SlotRow};
 use crate::domain::types::{
@@ -75,6 +76,45 @@ impl Tables {
     fn remove_claim(&mut self, key: &ClaimKey) {
         if let Some(old) = self.claims.remove(key) {
             self.by_record.remove(&index_key(&old));
+        }
+    }
+
+    /// Tables holding exactly these rows (a group's snapshot, see `domain::group`).
+    pub fn from_rows(
+        claims: impl IntoIterator<Item = Claim>,
+        leases: impl IntoIterator<Item = Lease>,
+        outcomes: impl IntoIterator<Item = Outcome>,
+        decommissioned: impl IntoIterator<Item = (CellId, Timestamp)>,
+    ) -> Self {
+        let mut tables = Tables {
+            leases: leases.into_iter().map(|l| (l.lease_id, l)).collect(),
+            outcomes: outcomes.into_iter().map(|o| (o.lease_id, o)).collect(),
+            decommissioned: decommissioned.into_iter().collect(),
+            ..Tables::default()
+        };
+        for claim in claims {
+            tables.insert_claim(claim);
+        }
+        tables
+    }
+
+    /// Writes a decided group's net writes (`domain::group::GroupWrites`).
+    pub(crate) fn apply_group_writes(&mut self, writes: &GroupWrites) {
+        for key in &writes.delete_claims {
+            self.remove_claim(key);
+        }
+        for claim in writes.insert_claims.iter().chain(&writes.update_claims) {
+            self.remove_claim(claim.key());
+            self.insert_claim(claim.clone());
+        }
+        for lease_id in &writes.delete_leases {
+            self.leases.remove(lease_id);
+        }
+        for lease in &writes.insert_leases {
+            self.leases.insert(lease.lease_id, lease.clone());
+        }
+        for outcome in &writes.insert_outcomes {
+            self.outcomes.insert(outcome.lease_id, outcome.clone());
         }
     }
 

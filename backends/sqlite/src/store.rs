@@ -19,7 +19,8 @@ use rusqlite::{Connection, TransactionBehavior};
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, CellLeases, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan,
-    EndWrites, LeaseSummary, SlotGrant, SlotHolder, SlotLimit, SlotRow,
+    EndWrites, GroupOp, GroupReads, GroupResults, GroupSnapshot, GroupWrites, LeaseRecord,
+    LeaseSummary, SlotGrant, SlotHolder, SlotLimit, SlotRow,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Clock,
@@ -29,7 +30,7 @@ use topology_claims::{
 use crate::connection::{open_service_connection, SharedConnection};
 use crate::error::{retry, retry_counted, StoreError};
 use crate::migrations;
-use crate::rows::{self, lease_id_text, LeaseRow, LEASE_COLUMNS};
+use crate::rows::{self, lease_id_text, select_claims, LeaseRow, LEASE_COLUMNS};
 
 /// The service's store on a SQLite file (see the crate docs for the schema and durability).
 ///
@@ -309,6 +310,121 @@ fn end(tx: &Connection, plan: EndPlan, now: Timestamp) -> Result<(), StoreError>
          VALUES (?1, ?2, ?3, ?4)",
     )?
     .execute((&id, cell_id.as_str(), outcome.number(), now_micros))?;
+    Ok(())
+}
+
+/// Group commit: one write transaction for the whole group. Reads every row of
+/// [`GroupReads::of`], lets `domain::decide_group` decide each operation in order, and writes
+/// the net result. The order of the writes keeps the claims' foreign key to
+/// `leases_outstanding` valid at every statement.
+fn group(tx: &Connection, ops: &[GroupOp], now: Timestamp) -> Result<GroupResults, StoreError> {
+    let reads = GroupReads::of(ops);
+    let mut snapshot = GroupSnapshot::default();
+    let mut claims = BTreeMap::new();
+    for key in &reads.keys {
+        if let Some(claim) = rows::claim_by_key(tx, key)? {
+            claims.insert(key.clone(), claim);
+        }
+    }
+    for &lease_id in &reads.lease_ids {
+        match rows::lease_record(tx, lease_id)? {
+            Some(LeaseRecord::Outstanding(lease)) => {
+                for claim in select_claims(tx, "WHERE lease_id = ?1", &[&lease_id_text(lease_id)])?
+                {
+                    claims.insert(claim.record.key.clone(), claim);
+                }
+                snapshot.leases.push(lease);
+            }
+            Some(LeaseRecord::Ended(outcome)) => snapshot.outcomes.push(outcome),
+            None => {}
+        }
+    }
+    snapshot.claims = claims.into_values().collect();
+    for cell_id in &reads.cells {
+        if is_decommissioned(tx, cell_id)? {
+            // The mark's time is not used by any decision.
+            snapshot.decommissioned.push((cell_id.clone(), now));
+        }
+    }
+    let decision = domain::decide_group(snapshot, ops, now);
+    write_group(tx, &decision.writes)?;
+    Ok(decision.results)
+}
+
+fn write_group(tx: &Connection, writes: &GroupWrites) -> Result<(), StoreError> {
+    let mut insert_lease = tx.prepare_cached(&format!(
+        "INSERT INTO leases_outstanding ({LEASE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5)"
+    ))?;
+    for lease in &writes.insert_leases {
+        insert_lease.execute((
+            lease_id_text(lease.lease_id),
+            lease.cell_id.as_str(),
+            encode_request(&lease.request),
+            lease.created_at.as_unix_micros(),
+            lease.last_renewed_at.as_unix_micros(),
+        ))?;
+    }
+    let mut delete_claim =
+        tx.prepare_cached("DELETE FROM claims WHERE claim_type = ?1 AND claim_value = ?2")?;
+    for key in &writes.delete_claims {
+        delete_claim.execute((key.claim_type.number(), &key.value))?;
+    }
+    let mut update_claim = tx.prepare_cached(
+        "UPDATE claims SET cell_id = ?3, owner_type = ?4, owner_value = ?5, table_name = ?6, \
+         table_record_id = ?7, lease_id = ?8, lease_op = ?9, created_at = ?10, updated_at = ?11 \
+         WHERE claim_type = ?1 AND claim_value = ?2",
+    )?;
+    let mut insert_claim = tx.prepare_cached(
+        "INSERT INTO claims (claim_type, claim_value, cell_id, owner_type, owner_value, \
+         table_name, table_record_id, lease_id, lease_op, created_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )?;
+    let updates = writes.update_claims.iter().map(|c| (c, true));
+    for (claim, existing) in updates.chain(writes.insert_claims.iter().map(|c| (c, false))) {
+        let record = &claim.record;
+        let params = (
+            record.key.claim_type.number(),
+            &record.key.value,
+            claim.cell_id.as_str(),
+            record.owner_type.number(),
+            &record.owner_value,
+            record.table_name.number(),
+            record.table_record_id,
+            claim.lease.map(|l| lease_id_text(l.lease_id)),
+            claim.lease.map_or(0, |l| l.op.number()),
+            claim.created_at.as_unix_micros(),
+            claim.updated_at.as_unix_micros(),
+        );
+        if existing {
+            if update_claim.execute(params)? != 1 {
+                return Err(StoreError::Conflict(format!(
+                    "claim {} vanished inside its group's transaction",
+                    record.key
+                )));
+            }
+        } else {
+            // A primary-key violation here means another writer got in between: retried.
+            insert_claim.execute(params)?;
+        }
+    }
+    // After the claims: the foreign key forbids removing a lease that claims still carry.
+    let mut delete_lease =
+        tx.prepare_cached("DELETE FROM leases_outstanding WHERE lease_id = ?1")?;
+    for lease_id in &writes.delete_leases {
+        delete_lease.execute([lease_id_text(*lease_id)])?;
+    }
+    let mut insert_outcome = tx.prepare_cached(
+        "INSERT INTO lease_outcomes (lease_id, cell_id, outcome, decided_at) \
+         VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for outcome in &writes.insert_outcomes {
+        insert_outcome.execute((
+            lease_id_text(outcome.lease_id),
+            outcome.cell_id.as_str(),
+            outcome.outcome.number(),
+            outcome.decided_at.as_unix_micros(),
+        ))?;
+    }
     Ok(())
 }
 
@@ -646,6 +762,11 @@ impl ClaimStore for SqliteClaimStore {
     async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError> {
         let holder = holder.clone();
         self.write(move |tx, _| release_slot(tx, &holder)).await
+    }
+
+    async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {
+        let ops = ops.to_vec();
+        self.write(move |tx, now| group(tx, &ops, now)).await
     }
 
     fn retries(&self) -> u64 {

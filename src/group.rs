@@ -1,0 +1,383 @@
+//! The combiner: group commit for any [`ClaimStore`].
+//!
+//! BeginUpdate, CommitUpdate and RollbackUpdate calls that arrive while the store is busy queue
+//! up; whenever one of the store's `group_parallelism()` transaction slots is free, a worker takes
+//! everything queued (up to `--group-max`) and runs it as one store transaction through
+//! [`ClaimStore::run_group`], which decides the operations one by one in arrival order
+//! (`domain::group`). There is no timer: a lone call finds a free slot and runs at once, so
+//! batching only happens when calls would otherwise wait for a connection anyway.
+//!
+//! Every call gets its own answer: a refusal (CLAIM_TAKEN, …) is that call's alone. When the
+//! store transaction itself fails (after the adapter's own retries), every call in it gets that
+//! error, exactly what a lone call would have got; nothing of the batch committed.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+
+use crate::domain::{
+    self, BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep,
+    GroupAnswer, GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery,
+    SlotGrant, SlotHolder, SlotLimit,
+};
+use crate::error::ClaimsError;
+use crate::ports::ClaimStore;
+
+/// How the combiner batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// Most operations in one store transaction (`--group-max`).
+    pub max: usize,
+    /// Most store transactions in flight at once; `None`: the store's
+    /// [`ClaimStore::group_parallelism`] (its pool size).
+    pub parallelism: Option<usize>,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        Self {
+            max: domain::DEFAULT_GROUP_MAX,
+            parallelism: None,
+        }
+    }
+}
+
+/// What the combiner formed, for metrics and the benchmark.
+#[derive(Debug, Default)]
+pub struct GroupStats {
+    /// Store transactions run.
+    pub batches: AtomicU64,
+    /// Operations they carried.
+    pub operations: AtomicU64,
+    /// Batches by size: `[1], [2], [3-4], [5-8], …, [>512]` (bucket `i` holds sizes up to `2^i`).
+    pub sizes: [AtomicU64; SIZE_BUCKETS],
+}
+
+/// Size buckets of [`GroupStats::sizes`].
+pub const SIZE_BUCKETS: usize = 11;
+
+impl GroupStats {
+    fn record(&self, size: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.operations.fetch_add(size as u64, Ordering::Relaxed);
+        let bucket = (usize::BITS - size.saturating_sub(1).leading_zeros()) as usize;
+        self.sizes[bucket.min(SIZE_BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `(upper bound, batches)` per bucket; the last bound is `usize::MAX`.
+    pub fn size_distribution(&self) -> Vec<(usize, u64)> {
+        self.sizes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let bound = if i + 1 == SIZE_BUCKETS {
+                    usize::MAX
+                } else {
+                    1 << i
+                };
+                (bound, n.load(Ordering::Relaxed))
+            })
+            .collect()
+    }
+}
+
+struct Pending {
+    op: GroupOp,
+    reply: oneshot::Sender<Result<GroupAnswer, ClaimsError>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    pending: VecDeque<Pending>,
+    running: usize,
+}
+
+struct Shared {
+    store: Arc<dyn ClaimStore>,
+    max: usize,
+    parallelism: usize,
+    queue: Mutex<Queue>,
+    stats: GroupStats,
+    observer: Option<Observer>,
+}
+
+/// Told the size of every group the combiner forms (the batch-size histogram).
+pub type Observer = Arc<dyn Fn(usize) + Send + Sync>;
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // The queue is consistent between statements; a panic elsewhere cannot tear it.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A [`ClaimStore`] that group-commits BeginUpdate, CommitUpdate and RollbackUpdate of the store
+/// it wraps; every other call goes straight through.
+#[derive(Clone)]
+pub struct GroupCommit {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for GroupCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit")
+            .field("max", &self.shared.max)
+            .field("parallelism", &self.shared.parallelism)
+            .finish()
+    }
+}
+
+impl GroupCommit {
+    pub fn new(store: Arc<dyn ClaimStore>, config: GroupConfig) -> Self {
+        let parallelism = config
+            .parallelism
+            .unwrap_or_else(|| store.group_parallelism())
+            .max(1);
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                max: config.max.max(1),
+                parallelism,
+                queue: Mutex::default(),
+                stats: GroupStats::default(),
+                observer: None,
+            }),
+        }
+    }
+
+    /// Calls `observer` with the size of every group formed from now on. Call before sharing.
+    pub fn with_observer(mut self, observer: Observer) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.observer = Some(observer);
+        }
+        self
+    }
+
+    /// What the combiner formed so far.
+    pub fn stats(&self) -> &GroupStats {
+        &self.shared.stats
+    }
+
+    /// The store transactions that may run at once.
+    pub fn parallelism(&self) -> usize {
+        self.shared.parallelism
+    }
+
+    async fn submit(&self, op: GroupOp) -> Result<GroupAnswer, ClaimsError> {
+        let method = op.method();
+        let (reply, answer) = oneshot::channel();
+        let start_worker = {
+            let mut queue = self.shared.lock();
+            queue.pending.push_back(Pending { op, reply });
+            if queue.running < self.shared.parallelism {
+                queue.running += 1;
+                true
+            } else {
+                false
+            }
+        };
+        if start_worker {
+            // A task of its own: a caller that goes away (deadline, disconnect) must not cancel
+            // a transaction that carries other callers' operations.
+            tokio::spawn(work(self.shared.clone()));
+        }
+        answer.await.map_err(|_| {
+            ClaimsError::internal(format!(
+                "{method}: the group commit worker stopped before answering"
+            ))
+        })?
+    }
+}
+
+/// Keeps `running` honest if a worker panics: the slot is given back and, if calls are still
+/// queued, a new worker takes over.
+struct WorkerSlot(Arc<Shared>);
+
+impl Drop for WorkerSlot {
+    fn drop(&mut self) {
+        let restart = {
+            let mut queue = self.0.lock();
+            if std::thread::panicking() && !queue.pending.is_empty() {
+                true
+            } else {
+                queue.running -= 1;
+                false
+            }
+        };
+        if restart {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(work(self.0.clone()));
+            } else {
+                self.0.lock().running -= 1;
+            }
+        }
+    }
+}
+
+/// A worker: runs groups until the queue is empty. Boxed: it may spawn its successor.
+fn work(shared: Arc<Shared>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(run_worker(shared))
+}
+
+async fn run_worker(shared: Arc<Shared>) {
+    let slot = WorkerSlot(shared.clone());
+    loop {
+        let batch: Vec<Pending> = {
+            let mut queue = shared.lock();
+            if queue.pending.is_empty() {
+                // `running` is decremented under this same lock (by the slot's drop, below), so
+                // a call queued after this check starts its own worker.
+                drop(queue);
+                break;
+            }
+            let n = queue.pending.len().min(shared.max);
+            queue.pending.drain(..n).collect()
+        };
+        shared.stats.record(batch.len());
+        if let Some(observe) = &shared.observer {
+            observe(batch.len());
+        }
+        let ops: Vec<GroupOp> = batch.iter().map(|p| p.op.clone()).collect();
+        let results: GroupResults = match shared.store.run_group(&ops).await {
+            Ok(results) if results.len() == ops.len() => results,
+            Ok(results) => {
+                let error = ClaimsError::internal(format!(
+                    "the store answered {} of a group's {} operations",
+                    results.len(),
+                    ops.len()
+                ));
+                ops.iter().map(|_| Err(error.clone())).collect()
+            }
+            Err(error) => ops.iter().map(|_| Err(error.clone())).collect(),
+        };
+        for (pending, result) in batch.into_iter().zip(results) {
+            // A caller that went away no longer wants its answer.
+            let _ = pending.reply.send(result);
+        }
+    }
+    // Decrement under the lock, then re-check: a call queued between the empty check and here
+    // saw `running` still counting this worker and started none.
+    drop(slot);
+    let restart = {
+        let mut queue = shared.lock();
+        if !queue.pending.is_empty() && queue.running < shared.parallelism {
+            queue.running += 1;
+            true
+        } else {
+            false
+        }
+    };
+    if restart {
+        tokio::spawn(work(shared));
+    }
+}
+
+#[async_trait]
+impl ClaimStore for GroupCommit {
+    async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        // Malformed batches never queue. The batch-size policy is the front end's.
+        domain::check_batch(&request, usize::MAX)?;
+        // Fixed before the first attempt, as every store does: a retried group replays.
+        let lease_id = request.lease_id.unwrap_or_else(LeaseId::generate);
+        match self.submit(GroupOp::Begin { request, lease_id }).await? {
+            GroupAnswer::Begun(lease) => Ok(lease),
+            GroupAnswer::Ended => Err(ClaimsError::internal(
+                "BeginUpdate: the store answered a group's begin as an end",
+            )),
+        }
+    }
+
+    async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError> {
+        self.submit(GroupOp::Commit {
+            cell_id: cell_id.clone(),
+            lease_id,
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn rollback_update(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+    ) -> Result<(), ClaimsError> {
+        self.submit(GroupOp::Rollback {
+            cell_id: cell_id.clone(),
+            lease_id,
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {
+        self.shared.store.renew_lease(cell_id, lease_id).await
+    }
+
+    async fn list_outstanding_leases(
+        &self,
+        query: &LeasesQuery,
+    ) -> Result<LeasesPage, ClaimsError> {
+        self.shared.store.list_outstanding_leases(query).await
+    }
+
+    async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
+        self.shared.store.list_claims(query).await
+    }
+
+    async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
+        self.shared.store.lookup_claim(key).await
+    }
+
+    async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
+        self.shared.store.collect_outcomes(retention).await
+    }
+
+    async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
+        self.shared.store.lease_summary().await
+    }
+
+    async fn decommission_step(
+        &self,
+        cell_id: &CellId,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<DecommissionStep, ClaimsError> {
+        self.shared
+            .store
+            .decommission_step(cell_id, batch, dry_run)
+            .await
+    }
+
+    async fn acquire_verification_slot(
+        &self,
+        holder: &SlotHolder,
+        limit: SlotLimit,
+    ) -> Result<SlotGrant, ClaimsError> {
+        self.shared
+            .store
+            .acquire_verification_slot(holder, limit)
+            .await
+    }
+
+    async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError> {
+        self.shared.store.release_verification_slot(holder).await
+    }
+
+    async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {
+        self.shared.store.run_group(ops).await
+    }
+
+    fn group_parallelism(&self) -> usize {
+        self.shared.parallelism
+    }
+
+    fn retries(&self) -> u64 {
+        self.shared.store.retries()
+    }
+}
