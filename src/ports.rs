@@ -99,9 +99,14 @@ pub trait ClaimStore: Send + Sync + 'static {
         for op in ops {
             results.push(match op {
                 GroupOp::Begin { request, lease_id } => {
+                    let sent = request.lease_id;
                     let mut request = request.clone();
                     request.lease_id = Some(*lease_id);
-                    self.begin_update(request).await.map(GroupAnswer::Begun)
+                    self.begin_update(request).await.map(|mut lease| {
+                        // The lease keeps the request as sent (without the chosen id).
+                        lease.request.lease_id = sent;
+                        GroupAnswer::Begun(lease)
+                    })
                 }
                 GroupOp::Commit { cell_id, lease_id } => self
                     .commit_update(cell_id, *lease_id)

@@ -10,6 +10,15 @@ async fn store() -> (MemoryClaimStore, ()) {
 
 topology_claims::claim_store_conformance!(store, model_cases = 256);
 
+/// The same suite through the group-commit combiner.
+mod grouped {
+    async fn store() -> (topology_claims::group::GroupCommit, ()) {
+        topology_claims::testing::grouped(super::store().await)
+    }
+
+    topology_claims::claim_store_conformance!(store, model_cases = 256);
+}
+
 struct Fixture(MemoryLocalLeaseStore);
 
 impl LocalLeaseFixture for Fixture {

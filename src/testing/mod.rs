@@ -23,6 +23,17 @@ pub mod race;
 pub mod server;
 
 pub use grpc_store::{GrpcClaimStore, GrpcStoreGuard};
+
+/// A conformance factory's `(store, guard)` with the store behind the group-commit combiner
+/// (`serve --group-commit on`), so the whole suite and the model test run through
+/// `ClaimStore::run_group`: every BeginUpdate, CommitUpdate and RollbackUpdate is a group.
+pub fn grouped<S: crate::ClaimStore, G>((store, guard): (S, G)) -> (crate::group::GroupCommit, G) {
+    let combiner = crate::group::GroupCommit::new(
+        std::sync::Arc::new(store),
+        crate::group::GroupConfig::default(),
+    );
+    (combiner, guard)
+}
 pub use local::LocalLeaseFixture;
 pub use server::TestServer;
 

@@ -16,6 +16,15 @@ async fn store() -> (PostgresClaimStore, ()) {
 
 topology_claims::claim_store_conformance!(store);
 
+/// The same suite through the group-commit combiner.
+mod grouped {
+    async fn store() -> (topology_claims::group::GroupCommit, ()) {
+        topology_claims::testing::grouped(super::store().await)
+    }
+
+    topology_claims::claim_store_conformance!(store);
+}
+
 struct Fixture {
     store: PostgresLocalLeaseStore,
 }

@@ -11,3 +11,12 @@ async fn store() -> (SpannerClaimStore, ()) {
 }
 
 topology_claims::claim_store_conformance!(store, model_cases = 8);
+
+/// The same suite through the group-commit combiner.
+mod grouped {
+    async fn store() -> (topology_claims::group::GroupCommit, ()) {
+        topology_claims::testing::grouped(super::store().await)
+    }
+
+    topology_claims::claim_store_conformance!(store, model_cases = 8);
+}

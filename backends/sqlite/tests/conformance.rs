@@ -19,6 +19,15 @@ async fn store() -> (SqliteClaimStore, TempDir) {
 
 topology_claims::claim_store_conformance!(store);
 
+/// The same suite through the group-commit combiner.
+mod grouped {
+    async fn store() -> (topology_claims::group::GroupCommit, tempfile::TempDir) {
+        topology_claims::testing::grouped(super::store().await)
+    }
+
+    topology_claims::claim_store_conformance!(store);
+}
+
 /// A cell's SQLite database: the store under test plus the application's own connection, on
 /// which the local transactions run.
 struct Fixture {

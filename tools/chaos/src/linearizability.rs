@@ -93,7 +93,7 @@ pub fn simplify(events: &[Event]) -> Vec<Event> {
 /// violation runs more searches, for at most `shrink_time`).
 pub fn check_key(events: &[Event], budget: u64, shrink_time: Duration) -> Verdict {
     match search(events, budget) {
-        Search::Linearizable => Verdict::Linearizable,
+        Search::Linearizable(_) => Verdict::Linearizable,
         Search::Exhausted => Verdict::Inconclusive,
         Search::Violation => Verdict::Violation {
             minimal: shrink(events, budget, shrink_time),
@@ -102,7 +102,8 @@ pub fn check_key(events: &[Event], budget: u64, shrink_time: Duration) -> Verdic
 }
 
 enum Search {
-    Linearizable,
+    /// With the model's state after every call with a known answer (in the order found).
+    Linearizable(#[cfg_attr(not(test), allow(dead_code))] Tables),
     Violation,
     Exhausted,
 }
@@ -170,7 +171,7 @@ fn search(events: &[Event], budget: u64) -> Search {
     // answers go last, where nothing observes them: done.
     let mut known_left = unknown.iter().filter(|u| !**u).count();
     if known_left == 0 {
-        return Search::Linearizable;
+        return Search::Linearizable(Tables::default());
     }
     // Entries 1..=2n in time order; 0 is the head sentinel, 2n+1 the tail sentinel.
     let mut order: Vec<(u64, bool, usize)> = Vec::with_capacity(2 * n);
@@ -243,7 +244,7 @@ fn search(events: &[Event], budget: u64) -> Search {
                     if !unknown[op] {
                         known_left -= 1;
                         if known_left == 0 {
-                            return Search::Linearizable;
+                            return Search::Linearizable(state);
                         }
                     }
                     // Lift the call and its return out of the list.
@@ -274,7 +275,26 @@ fn search(events: &[Event], budget: u64) -> Search {
             entry = next[call_entry[op]];
         }
     }
-    Search::Linearizable
+    Search::Linearizable(state)
+}
+
+#[cfg_attr(not(test), allow(dead_code))]
+/// The model's state after one key's history, linearized: `Ok` when every call has a known
+/// answer and some order explains them all (the state that order ends in), else the verdict.
+pub fn final_state(events: &[Event], budget: u64) -> Result<Tables, Verdict> {
+    if events
+        .iter()
+        .any(|e| matches!(e.answer, Answer::Unknown | Answer::Pending))
+    {
+        return Err(Verdict::Inconclusive);
+    }
+    match search(events, budget) {
+        Search::Linearizable(state) => Ok(state),
+        Search::Exhausted => Err(Verdict::Inconclusive),
+        Search::Violation => Err(Verdict::Violation {
+            minimal: events.to_vec(),
+        }),
+    }
 }
 
 /// The history as it stood at time `cut`: calls invoked after it are dropped, and calls still

@@ -15,6 +15,8 @@
 //! and the service are the real ones) nor storage code.
 
 mod cell;
+#[cfg(test)]
+mod concurrent;
 mod faults;
 mod fleet;
 mod history;
