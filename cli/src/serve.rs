@@ -115,6 +115,12 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     group_max: u32,
 
+    /// Group-commit store transactions in flight at once; more requests queue and share the
+    /// next ones. 0: the store's connection pool size (PostgreSQL --pg-pool-size, the Spanner
+    /// session pool; 1 for SQLite and memory). Fewer than the pool means larger groups.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_GROUP_PARALLELISM", default_value_t = 0)]
+    group_parallelism: u32,
+
     #[command(flatten)]
     limits: LimitArgs,
 
@@ -410,7 +416,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let store: Arc<dyn ClaimStore> = if args.group_commit == "on" {
         let config = GroupConfig {
             max: args.group_max as usize,
-            parallelism: None,
+            parallelism: (args.group_parallelism > 0).then_some(args.group_parallelism as usize),
         };
         let mut group = GroupCommit::new(store, config);
         if let Some(metrics) = &metrics {
