@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
 use topology_claims::codec::{decode_request, encode_request};
 use topology_claims::domain::{
     CellLeases, LeaseRecord, LeaseSummary, Outcome, SlotHolder, SlotRow,
@@ -307,8 +307,10 @@ impl<'a> ClaimRows<'a> {
             rows.table_names.push(small(record.table_name.number()));
             rows.record_ids.push(record.table_record_id);
             rows.cell_ids.push(claim.cell_id.as_str());
-            rows.lease_ids.push(claim.lease.map(|l| *l.lease_id.as_uuid()));
-            rows.lease_ops.push(claim.lease.map(|l| small(l.op.number())));
+            rows.lease_ids
+                .push(claim.lease.map(|l| *l.lease_id.as_uuid()));
+            rows.lease_ops
+                .push(claim.lease.map(|l| small(l.op.number())));
             rows.created_at.push(system_time(claim.created_at));
             rows.updated_at.push(system_time(claim.updated_at));
         }
@@ -358,7 +360,8 @@ impl<'a> LeaseRows<'a> {
             rows.cell_ids.push(lease.cell_id.as_str());
             rows.requests.push(encode_request(&lease.request));
             rows.created_at.push(system_time(lease.created_at));
-            rows.last_renewed_at.push(system_time(lease.last_renewed_at));
+            rows.last_renewed_at
+                .push(system_time(lease.last_renewed_at));
         }
         rows
     }

@@ -32,13 +32,32 @@
 //! sees every earlier acquire's commit. The store's clock is `statement_timestamp()` of that
 //! read, so a lock wait does not age it. Slot transactions take no other lock.
 //!
+//! ## Group commit
+//! [`ClaimStore::run_group`] runs a batch of BeginUpdate / CommitUpdate / RollbackUpdate (the
+//! combiner's, `topology_claims::group`) as one transaction of the same two flights. Flight 1
+//! locks and reads every row of `domain::GroupReads`: all lease locks in one statement, all
+//! shared cell locks in one, the clock (`now()`, the transaction's time every write of this
+//! store is stamped with) with the decommission marks, the lease and the outcome rows
+//! (`= ANY`), and in one statement the claim rows of every named key and every claim carrying
+//! one of the lease ids, in key order. `domain::decide_group` decides the operations one by one
+//! against those rows; flight 2 writes its net `GroupWrites` as array statements (`unnest`):
+//! insert leases, delete claims, update claims (every column), insert claims, delete leases,
+//! insert outcomes, `COMMIT`. Statements with nothing to write are not sent; when nothing at
+//! all is to be written the transaction is rolled back after flight 1. Deletes and updates
+//! check their row count (TC001), and a key inserted meanwhile is a unique violation: either
+//! retries the whole group, decided afresh on re-read rows. No statement count depends on the
+//! batch's size.
+//!
 //! ## Lock order (no deadlocks between batches)
-//! Advisory lease lock → advisory cell lock → lease / outcome rows → claim rows in
-//! (claim_type, claim_value) order (`ORDER BY … FOR UPDATE`) → inserts of absent claims, also in
-//! key order. Commit/Rollback lock the lease's claims in key order before rewriting them. A
-//! decommission step takes only the cell lock, then deletes claim rows; it never waits for a
-//! lease lock, and BeginUpdate never waits for a cell lock while holding rows. Deadlocks the
-//! planner could still produce are retried like any contention.
+//! Advisory lease locks (a group takes its ids' locks in ascending key order) → advisory cell
+//! locks (shared; a group takes them in byte order of the cell id) → lease / outcome rows (a
+//! group: in id order) → claim rows in (claim_type, claim_value) order (`ORDER BY … FOR
+//! UPDATE`) → inserts of absent claims, also in key order. Commit/Rollback lock the lease's
+//! claims in key order before rewriting them. A decommission step takes only the cell lock, then
+//! deletes claim rows; it never waits for a lease lock, and BeginUpdate never waits for a cell
+//! lock while holding rows. Every advisory lock is taken before any row lock, by every kind of
+//! transaction, so a lone operation and a group order alike. Deadlocks the planner could still
+//! produce are retried like any contention.
 //!
 //! ## Round trips (statements already prepared on the connection)
 //! | operation | round trips | flights |
@@ -47,6 +66,8 @@
 //! | BeginUpdate refused / replayed | 1 | the first flight; `ROLLBACK` is sent without waiting |
 //! | CommitUpdate / RollbackUpdate | 2 | `BEGIN`, lease lock, lease + outcome rows, lease's claims `FOR UPDATE` · deletes, releases, replaces (committed updates), lease delete, outcome insert, `COMMIT` |
 //! | CommitUpdate already done / refused | 1 | |
+//! | group of N (BeginUpdate / CommitUpdate / RollbackUpdate) | 2 | `BEGIN`, lease locks, cell locks (shared), clock + decommission marks, lease rows, outcome rows, claim rows `FOR UPDATE` · lease inserts, claim deletes, claim updates, claim inserts, lease deletes, outcome inserts, `COMMIT`: at most 14 statements for any N |
+//! | group of N, nothing to write | 1 | the first flight (at most 7 statements); `ROLLBACK` is sent without waiting |
 //! | RenewLease | 2 | `BEGIN`, lease lock, lease + outcome rows · update, `COMMIT` |
 //! | ListOutstandingLeases | 1 | page + server time |
 //! | ListClaims | 1 | one range of the record index from the cursor (inside a record when it has a key) |
@@ -66,8 +87,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
-use topology_claims::codec::encode_request;
 use tokio_postgres::types::ToSql;
+use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, GroupDecision,
     GroupOp, GroupReads, GroupResults, GroupSnapshot, LeaseRecord, LeaseSummary, SlotGrant,
@@ -293,7 +314,12 @@ impl PostgresClaimStore {
                 .await?;
         // The lock order of the module docs: lease locks ascending, then cell locks in byte
         // order (the statements sort too; sorting here makes the arrays canonical).
-        let mut lock_keys: Vec<i32> = reads.lease_ids.iter().copied().map(lease_lock_key).collect();
+        let mut lock_keys: Vec<i32> = reads
+            .lease_ids
+            .iter()
+            .copied()
+            .map(lease_lock_key)
+            .collect();
         lock_keys.sort_unstable();
         lock_keys.dedup();
         let mut cells: Vec<&str> = reads.cells.iter().map(CellId::as_str).collect();
@@ -322,9 +348,18 @@ impl PostgresClaimStore {
         session.round_trip();
         let (now, decommissioned) = rows::clock_and_marks(&clock_rows)?;
         let snapshot = GroupSnapshot {
-            claims: claim_rows.iter().map(rows::claim).collect::<Result<_, _>>()?,
-            leases: lease_rows.iter().map(rows::lease).collect::<Result<_, _>>()?,
-            outcomes: outcome_rows.iter().map(rows::outcome).collect::<Result<_, _>>()?,
+            claims: claim_rows
+                .iter()
+                .map(rows::claim)
+                .collect::<Result<_, _>>()?,
+            leases: lease_rows
+                .iter()
+                .map(rows::lease)
+                .collect::<Result<_, _>>()?,
+            outcomes: outcome_rows
+                .iter()
+                .map(rows::outcome)
+                .collect::<Result<_, _>>()?,
             decommissioned,
         };
         let GroupDecision { results, writes } = domain::decide_group(snapshot, ops, now);

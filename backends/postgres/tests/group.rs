@@ -69,7 +69,10 @@ async fn a_group_of_any_size_takes_two_round_trips_and_decides_each_operation_al
     // leases; outcomes): still two round trips.
     let mut ops = Vec::new();
     for n in 0..30 {
-        ops.push(begin(creates(&a, &[username(&format!("new-{n}"))]), 100 + n));
+        ops.push(begin(
+            creates(&a, &[username(&format!("new-{n}"))]),
+            100 + n,
+        ));
     }
     ops.push(begin(destroys(&a, &[username("x")]), 200));
     let update = moved(&username("moving"), "p", TableName::Projects, 7);
@@ -138,7 +141,10 @@ async fn a_group_of_any_size_takes_two_round_trips_and_decides_each_operation_al
     .await;
     assert_eq!(trips, 1);
     assert!(matches!(results[0], Err(ClaimsError::ClaimTaken { .. })));
-    assert!(matches!(results[1], Ok(GroupAnswer::Begun(_))), "replayed: {results:?}");
+    assert!(
+        matches!(results[1], Ok(GroupAnswer::Begun(_))),
+        "replayed: {results:?}"
+    );
     assert_eq!(results[2], Ok(GroupAnswer::Ended));
     assert!(matches!(
         results[3],
@@ -268,9 +274,7 @@ async fn random_concurrent_operations_through_the_combiner_keep_the_store_consis
     let q = |table: &str| format!("SELECT * FROM \"{schema}\".{table}");
     let claims = admin
         .query(
-            &format!(
-                "SELECT claim_value, cell_id, lease_id, lease_op FROM \"{schema}\".claims"
-            ),
+            &format!("SELECT claim_value, cell_id, lease_id, lease_op FROM \"{schema}\".claims"),
             &[],
         )
         .await
@@ -282,10 +286,7 @@ async fn random_concurrent_operations_through_the_combiner_keep_the_store_consis
         )
         .await
         .unwrap();
-    let outcomes = admin
-        .query(&q("lease_outcomes"), &[])
-        .await
-        .unwrap();
+    let outcomes = admin.query(&q("lease_outcomes"), &[]).await.unwrap();
     let lease_cells: BTreeMap<uuid::Uuid, String> = leases
         .iter()
         .map(|r| (r.get::<_, uuid::Uuid>(0), r.get::<_, String>(1)))

@@ -10,7 +10,10 @@ use topology_claims::group::{GroupCommit, GroupConfig};
 
 async fn store() -> (GroupCommit, ()) {
     match common::fresh_store().await {
-        Some((store, _schema)) => (GroupCommit::new(Arc::new(store), GroupConfig::default()), ()),
+        Some((store, _schema)) => (
+            GroupCommit::new(Arc::new(store), GroupConfig::default()),
+            (),
+        ),
         None => common::skip_process(),
     }
 }
