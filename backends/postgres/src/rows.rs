@@ -369,6 +369,17 @@ impl<'a> LeaseRows<'a> {
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
+
+    /// The statement parameters `$1..$5`.
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 5] {
+        [
+            &self.ids,
+            &self.cell_ids,
+            &self.requests,
+            &self.created_at,
+            &self.last_renewed_at,
+        ]
+    }
 }
 
 /// New outcomes as the parallel arrays of `sql::GROUP_INSERT_OUTCOMES`, in id order.
@@ -396,6 +407,11 @@ impl<'a> OutcomeRows<'a> {
 
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
+    }
+
+    /// The statement parameters `$1..$4`.
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 4] {
+        [&self.ids, &self.cell_ids, &self.outcomes, &self.decided_at]
     }
 }
 

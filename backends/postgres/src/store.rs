@@ -87,7 +87,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
-use tokio_postgres::types::ToSql;
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, GroupDecision,
@@ -383,10 +382,7 @@ impl PostgresClaimStore {
                 if new_leases.is_empty() {
                     return Ok(0);
                 }
-                let l = &new_leases;
-                let params: [&(dyn ToSql + Sync); 5] =
-                    [&l.ids, &l.cell_ids, &l.requests, &l.created_at, &l.last_renewed_at];
-                client.execute(&insert_leases, &params).await
+                client.execute(&insert_leases, &new_leases.params()).await
             },
             async {
                 if deleted.is_empty() {
@@ -416,10 +412,7 @@ impl PostgresClaimStore {
                 if outcomes.is_empty() {
                     return Ok(0);
                 }
-                let o = &outcomes;
-                let params: [&(dyn ToSql + Sync); 4] =
-                    [&o.ids, &o.cell_ids, &o.outcomes, &o.decided_at];
-                client.execute(&insert_outcomes, &params).await
+                client.execute(&insert_outcomes, &outcomes.params()).await
             },
             client.batch_execute(sql::COMMIT),
         )?;
