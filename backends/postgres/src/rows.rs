@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
-use topology_claims::codec::decode_request;
+use topology_claims::codec::{decode_request, encode_request};
 use topology_claims::domain::{
     CellLeases, LeaseRecord, LeaseSummary, Outcome, SlotHolder, SlotRow,
 };
@@ -255,6 +256,171 @@ impl<'a> RecordArrays<'a> {
     pub fn is_empty(&self) -> bool {
         self.types.is_empty()
     }
+}
+
+/// The store's clock and the decommission marks, from `sql::GROUP_CLOCK_AND_DECOMMISSIONED`.
+pub(crate) fn clock_and_marks(
+    rows: &[Row],
+) -> Result<(Timestamp, Vec<(CellId, Timestamp)>), ClaimsError> {
+    const W: &str = "decommissioned_cells";
+    let first = rows.first().ok_or_else(|| corrupt(W, "no clock row"))?;
+    let now = timestamp(get(first, 0, W)?);
+    let mut marks = Vec::new();
+    for row in rows {
+        let Some(cell) = get::<Option<&str>>(row, 1, W)? else {
+            continue;
+        };
+        let cell_id = CellId::parse(cell).map_err(|e| corrupt(W, e))?;
+        marks.push((cell_id, timestamp(get(row, 2, W)?)));
+    }
+    Ok((now, marks))
+}
+
+/// Whole claim rows as the eleven parallel arrays of `sql::GROUP_INSERT_CLAIMS` and
+/// `sql::GROUP_UPDATE_CLAIMS`, in key order.
+#[derive(Default)]
+pub(crate) struct ClaimRows<'a> {
+    pub types: Vec<i16>,
+    pub values: Vec<&'a str>,
+    pub owner_types: Vec<i16>,
+    pub owner_values: Vec<&'a str>,
+    pub table_names: Vec<i16>,
+    pub record_ids: Vec<i64>,
+    pub cell_ids: Vec<&'a str>,
+    pub lease_ids: Vec<Option<uuid::Uuid>>,
+    pub lease_ops: Vec<Option<i16>>,
+    pub created_at: Vec<SystemTime>,
+    pub updated_at: Vec<SystemTime>,
+}
+
+impl<'a> ClaimRows<'a> {
+    pub fn sorted(claims: &'a [Claim]) -> Self {
+        let mut claims: Vec<&Claim> = claims.iter().collect();
+        claims.sort_by(|a, b| a.record.key.cmp(&b.record.key));
+        let mut rows = Self::default();
+        for claim in claims {
+            let record = &claim.record;
+            rows.types.push(small(record.key.claim_type.number()));
+            rows.values.push(record.key.value.as_str());
+            rows.owner_types.push(small(record.owner_type.number()));
+            rows.owner_values.push(record.owner_value.as_str());
+            rows.table_names.push(small(record.table_name.number()));
+            rows.record_ids.push(record.table_record_id);
+            rows.cell_ids.push(claim.cell_id.as_str());
+            rows.lease_ids
+                .push(claim.lease.map(|l| *l.lease_id.as_uuid()));
+            rows.lease_ops
+                .push(claim.lease.map(|l| small(l.op.number())));
+            rows.created_at.push(system_time(claim.created_at));
+            rows.updated_at.push(system_time(claim.updated_at));
+        }
+        rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.types.is_empty()
+    }
+
+    /// The statement parameters `$1..$11`.
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 11] {
+        [
+            &self.types,
+            &self.values,
+            &self.owner_types,
+            &self.owner_values,
+            &self.table_names,
+            &self.record_ids,
+            &self.cell_ids,
+            &self.lease_ids,
+            &self.lease_ops,
+            &self.created_at,
+            &self.updated_at,
+        ]
+    }
+}
+
+/// New leases as the parallel arrays of `sql::GROUP_INSERT_LEASES`, in id order; the request is
+/// stored as its protobuf bytes (`codec::encode_request`), as BeginUpdate stores it.
+#[derive(Default)]
+pub(crate) struct LeaseRows<'a> {
+    pub ids: Vec<uuid::Uuid>,
+    pub cell_ids: Vec<&'a str>,
+    pub requests: Vec<Vec<u8>>,
+    pub created_at: Vec<SystemTime>,
+    pub last_renewed_at: Vec<SystemTime>,
+}
+
+impl<'a> LeaseRows<'a> {
+    pub fn sorted(leases: &'a [Lease]) -> Self {
+        let mut leases: Vec<&Lease> = leases.iter().collect();
+        leases.sort_by_key(|l| l.lease_id);
+        let mut rows = Self::default();
+        for lease in leases {
+            rows.ids.push(*lease.lease_id.as_uuid());
+            rows.cell_ids.push(lease.cell_id.as_str());
+            rows.requests.push(encode_request(&lease.request));
+            rows.created_at.push(system_time(lease.created_at));
+            rows.last_renewed_at
+                .push(system_time(lease.last_renewed_at));
+        }
+        rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The statement parameters `$1..$5`.
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 5] {
+        [
+            &self.ids,
+            &self.cell_ids,
+            &self.requests,
+            &self.created_at,
+            &self.last_renewed_at,
+        ]
+    }
+}
+
+/// New outcomes as the parallel arrays of `sql::GROUP_INSERT_OUTCOMES`, in id order.
+#[derive(Default)]
+pub(crate) struct OutcomeRows<'a> {
+    pub ids: Vec<uuid::Uuid>,
+    pub cell_ids: Vec<&'a str>,
+    pub outcomes: Vec<i16>,
+    pub decided_at: Vec<SystemTime>,
+}
+
+impl<'a> OutcomeRows<'a> {
+    pub fn sorted(outcomes: &'a [Outcome]) -> Self {
+        let mut outcomes: Vec<&Outcome> = outcomes.iter().collect();
+        outcomes.sort_by_key(|o| o.lease_id);
+        let mut rows = Self::default();
+        for outcome in outcomes {
+            rows.ids.push(*outcome.lease_id.as_uuid());
+            rows.cell_ids.push(outcome.cell_id.as_str());
+            rows.outcomes.push(small(outcome.outcome.number()));
+            rows.decided_at.push(system_time(outcome.decided_at));
+        }
+        rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The statement parameters `$1..$4`.
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 4] {
+        [&self.ids, &self.cell_ids, &self.outcomes, &self.decided_at]
+    }
+}
+
+/// Lease ids as a sorted `uuid[]` parameter.
+pub(crate) fn lease_ids<'a>(ids: impl IntoIterator<Item = &'a LeaseId>) -> Vec<uuid::Uuid> {
+    let mut ids: Vec<uuid::Uuid> = ids.into_iter().map(|id| *id.as_uuid()).collect();
+    ids.sort();
+    ids.dedup();
+    ids
 }
 
 #[cfg(test)]

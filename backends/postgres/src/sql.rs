@@ -226,6 +226,117 @@ pub const INSERT_OUTCOME: &str = "\
 INSERT INTO lease_outcomes (lease_id, cell_id, outcome, decided_at)
 VALUES ($1::uuid, $2::text, $3::smallint, now())";
 
+// ---------------------------------------------------------------------------------------------
+// Claim store: group commit (one transaction for a batch of BeginUpdate / CommitUpdate /
+// RollbackUpdate, `store.rs` "group commit"). Every statement takes arrays, so a batch of any
+// size costs the same statements.
+
+/// `$1` [`LEASE_LOCK_CLASS`], `$2` the batch's lease-id hashes, sorted and deduplicated. The
+/// lock calls are evaluated after the sort (PostgreSQL postpones volatile target-list functions
+/// past ORDER BY), so every transaction takes its lease locks in ascending order.
+pub const GROUP_LOCK_LEASE_IDS: &str =
+    "SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) AS k ORDER BY k";
+
+/// `$1` [`CELL_LOCK_CLASS`], `$2` the beginning cells: the shared cell locks, in byte order.
+pub const GROUP_LOCK_CELLS_SHARED: &str = "\
+SELECT pg_advisory_xact_lock_shared($1::int4, hashtext(c))
+FROM unnest($2::text[]) AS c ORDER BY c COLLATE \"C\"";
+
+/// The store's clock (`now()`, the transaction's time, the one every write of the store is
+/// stamped with), then the decommission marks among cells `$1`: one row of `(now, NULL, NULL)`
+/// when none is marked.
+pub const GROUP_CLOCK_AND_DECOMMISSIONED: &str = "\
+SELECT now(), d.cell_id, d.decommissioned_at
+FROM (SELECT 1) AS t
+LEFT JOIN decommissioned_cells AS d ON d.cell_id = ANY($1::text[])";
+
+/// The outstanding leases among ids `$1`, locked in id order.
+pub const GROUP_SELECT_LEASES_FOR_UPDATE: &str = concat!(
+    "SELECT ",
+    lease_columns!(),
+    " FROM leases WHERE lease_id = ANY($1::uuid[]) ORDER BY lease_id FOR UPDATE"
+);
+
+/// The remembered outcomes among ids `$1`, locked in id order.
+pub const GROUP_SELECT_OUTCOMES_FOR_UPDATE: &str = "\
+SELECT lease_id, cell_id, outcome, decided_at FROM lease_outcomes
+WHERE lease_id = ANY($1::uuid[]) ORDER BY lease_id FOR UPDATE";
+
+/// The claim rows of keys (`$1` types, `$2` values) and those carrying one of lease ids `$3`,
+/// each once, locked in key order. The keys of both sets are gathered first (an index probe
+/// each: the primary key, `claims_by_lease`) and joined to the rows as one semi-join; an `OR`
+/// of the two conditions would scan the table.
+pub const GROUP_SELECT_CLAIMS_FOR_UPDATE: &str = concat!(
+    "SELECT ",
+    claim_columns!(),
+    " FROM claims
+WHERE (claim_type, claim_value) IN (
+    SELECT k.claim_type, k.claim_value FROM unnest($1::smallint[], $2::text[]) AS k(claim_type, claim_value)
+    UNION ALL
+    SELECT l.claim_type, l.claim_value FROM claims AS l WHERE l.lease_id = ANY($3::uuid[]))
+ORDER BY claim_type, claim_value
+FOR UPDATE"
+);
+
+/// New leases from parallel arrays: id, cell, request payload, created, last renewed.
+pub const GROUP_INSERT_LEASES: &str = "\
+INSERT INTO leases (lease_id, cell_id, request, created_at, last_renewed_at)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::bytea[], $4::timestamptz[], $5::timestamptz[])";
+
+/// Deletes the claims of keys (`$1`, `$2`). They were locked by
+/// [`GROUP_SELECT_CLAIMS_FOR_UPDATE`], so each must still be there (else TC001, retried).
+pub const GROUP_DELETE_CLAIMS: &str = "\
+WITH deleted AS (
+    DELETE FROM claims
+    WHERE (claim_type, claim_value) IN (
+        SELECT k.claim_type, k.claim_value FROM unnest($1::smallint[], $2::text[]) AS k(claim_type, claim_value))
+    RETURNING 1)
+SELECT topology_claims_expect_rows((SELECT count(*) FROM deleted), cardinality($1::smallint[])::bigint,
+                                   'group commit: deleting claims')";
+
+/// Rewrites every column of the claims of keys (`$1`, `$2`) from the parallel arrays `$3..$11`
+/// (owner type, owner value, table, record id, cell, lease id, lease op, created, updated); each
+/// row was locked by [`GROUP_SELECT_CLAIMS_FOR_UPDATE`] and must still be there (else TC001).
+pub const GROUP_UPDATE_CLAIMS: &str = "\
+WITH updated AS (
+    UPDATE claims AS c
+    SET owner_type = r.owner_type, owner_value = r.owner_value, table_name = r.table_name,
+        table_record_id = r.table_record_id, cell_id = r.cell_id, lease_id = r.lease_id,
+        lease_op = r.lease_op, created_at = r.created_at, updated_at = r.updated_at
+    FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
+                $7::text[], $8::uuid[], $9::smallint[], $10::timestamptz[], $11::timestamptz[])
+         AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
+              cell_id, lease_id, lease_op, created_at, updated_at)
+    WHERE c.claim_type = r.claim_type AND c.claim_value = r.claim_value
+    RETURNING 1)
+SELECT topology_claims_expect_rows((SELECT count(*) FROM updated), cardinality($1::smallint[])::bigint,
+                                   'group commit: updating claims')";
+
+/// New claims from the parallel arrays of [`GROUP_UPDATE_CLAIMS`], inserted in key order. A key
+/// inserted meanwhile by a concurrent transaction raises a unique violation, which retries the
+/// whole group.
+pub const GROUP_INSERT_CLAIMS: &str = "\
+INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
+                    cell_id, lease_id, lease_op, created_at, updated_at)
+SELECT r.claim_type, r.claim_value, r.owner_type, r.owner_value, r.table_name, r.table_record_id,
+       r.cell_id, r.lease_id, r.lease_op, r.created_at, r.updated_at
+FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
+            $7::text[], $8::uuid[], $9::smallint[], $10::timestamptz[], $11::timestamptz[])
+     WITH ORDINALITY AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
+                          cell_id, lease_id, lease_op, created_at, updated_at, ord)
+ORDER BY r.ord";
+
+/// Deletes the leases `$1`, each locked in the first flight and so still there (else TC001).
+pub const GROUP_DELETE_LEASES: &str = "\
+WITH deleted AS (DELETE FROM leases WHERE lease_id = ANY($1::uuid[]) RETURNING 1)
+SELECT topology_claims_expect_rows((SELECT count(*) FROM deleted), cardinality($1::uuid[])::bigint,
+                                   'group commit: deleting leases')";
+
+/// New outcomes from parallel arrays: lease id, cell, outcome, decided.
+pub const GROUP_INSERT_OUTCOMES: &str = "\
+INSERT INTO lease_outcomes (lease_id, cell_id, outcome, decided_at)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::smallint[], $4::timestamptz[])";
+
 /// Outstanding leases of cell `$1` (a range of `leases_by_cell_lease`).
 pub const COUNT_LEASES_OF_CELL: &str = "SELECT count(*) FROM leases WHERE cell_id = $1::text";
 

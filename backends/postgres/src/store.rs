@@ -32,13 +32,32 @@
 //! sees every earlier acquire's commit. The store's clock is `statement_timestamp()` of that
 //! read, so a lock wait does not age it. Slot transactions take no other lock.
 //!
+//! ## Group commit
+//! [`ClaimStore::run_group`] runs a batch of BeginUpdate / CommitUpdate / RollbackUpdate (the
+//! combiner's, `topology_claims::group`) as one transaction of the same two flights. Flight 1
+//! locks and reads every row of `domain::GroupReads`: all lease locks in one statement, all
+//! shared cell locks in one, the clock (`now()`, the transaction's time every write of this
+//! store is stamped with) with the decommission marks, the lease and the outcome rows
+//! (`= ANY`), and in one statement the claim rows of every named key and every claim carrying
+//! one of the lease ids, in key order. `domain::decide_group` decides the operations one by one
+//! against those rows; flight 2 writes its net `GroupWrites` as array statements (`unnest`):
+//! insert leases, delete claims, update claims (every column), insert claims, delete leases,
+//! insert outcomes, `COMMIT`. Statements with nothing to write are not sent; when nothing at
+//! all is to be written the transaction is rolled back after flight 1. Deletes and updates
+//! check their row count (TC001), and a key inserted meanwhile is a unique violation: either
+//! retries the whole group, decided afresh on re-read rows. No statement count depends on the
+//! batch's size.
+//!
 //! ## Lock order (no deadlocks between batches)
-//! Advisory lease lock → advisory cell lock → lease / outcome rows → claim rows in
-//! (claim_type, claim_value) order (`ORDER BY … FOR UPDATE`) → inserts of absent claims, also in
-//! key order. Commit/Rollback lock the lease's claims in key order before rewriting them. A
-//! decommission step takes only the cell lock, then deletes claim rows; it never waits for a
-//! lease lock, and BeginUpdate never waits for a cell lock while holding rows. Deadlocks the
-//! planner could still produce are retried like any contention.
+//! Advisory lease locks (a group takes its ids' locks in ascending key order) → advisory cell
+//! locks (shared; a group takes them in byte order of the cell id) → lease / outcome rows (a
+//! group: in id order) → claim rows in (claim_type, claim_value) order (`ORDER BY … FOR
+//! UPDATE`) → inserts of absent claims, also in key order. Commit/Rollback lock the lease's
+//! claims in key order before rewriting them. A decommission step takes only the cell lock, then
+//! deletes claim rows; it never waits for a lease lock, and BeginUpdate never waits for a cell
+//! lock while holding rows. Every advisory lock is taken before any row lock, by every kind of
+//! transaction, so a lone operation and a group order alike. Deadlocks the planner could still
+//! produce are retried like any contention.
 //!
 //! ## Round trips (statements already prepared on the connection)
 //! | operation | round trips | flights |
@@ -47,6 +66,8 @@
 //! | BeginUpdate refused / replayed | 1 | the first flight; `ROLLBACK` is sent without waiting |
 //! | CommitUpdate / RollbackUpdate | 2 | `BEGIN`, lease lock, lease + outcome rows, lease's claims `FOR UPDATE` · deletes, releases, replaces (committed updates), lease delete, outcome insert, `COMMIT` |
 //! | CommitUpdate already done / refused | 1 | |
+//! | group of N (BeginUpdate / CommitUpdate / RollbackUpdate) | 2 | `BEGIN`, lease locks, cell locks (shared), clock + decommission marks, lease rows, outcome rows, claim rows `FOR UPDATE` · lease inserts, claim deletes, claim updates, claim inserts, lease deletes, outcome inserts, `COMMIT`: at most 14 statements for any N |
+//! | group of N, nothing to write | 1 | the first flight (at most 7 statements); `ROLLBACK` is sent without waiting |
 //! | RenewLease | 2 | `BEGIN`, lease lock, lease + outcome rows · update, `COMMIT` |
 //! | ListOutstandingLeases | 1 | page + server time |
 //! | ListClaims | 1 | one range of the record index from the cursor (inside a record when it has a key) |
@@ -68,8 +89,9 @@ use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
-    self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, LeaseRecord,
-    LeaseSummary, SlotGrant, SlotHolder, SlotLimit, SlotRow,
+    self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, GroupDecision,
+    GroupOp, GroupReads, GroupResults, GroupSnapshot, LeaseRecord, LeaseSummary, SlotGrant,
+    SlotHolder, SlotLimit, SlotRow,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -260,6 +282,143 @@ impl PostgresClaimStore {
             last_renewed_at: rows::timestamp(lease_row.try_get(1).map_err(internal)?),
             request: request.clone(),
         })
+    }
+
+    /// One attempt of a group (see "group commit" in the module docs): the rows of `reads`
+    /// locked and read in one flight, the batch decided by `domain::decide_group`, its net
+    /// writes and `COMMIT` in a second flight. Every statement takes arrays, so the number of
+    /// statements does not depend on the batch's size.
+    async fn group_attempt(
+        &self,
+        ops: &[GroupOp],
+        reads: &GroupReads,
+    ) -> Result<GroupResults, Failure> {
+        let mut session = self.shared.session().await?;
+        let [lock_leases, lock_cells, clock, select_leases, select_outcomes, select_claims, insert_leases, delete_claims, update_claims, insert_claims, delete_leases, insert_outcomes] =
+            session
+                .prepare([
+                    sql::GROUP_LOCK_LEASE_IDS,
+                    sql::GROUP_LOCK_CELLS_SHARED,
+                    sql::GROUP_CLOCK_AND_DECOMMISSIONED,
+                    sql::GROUP_SELECT_LEASES_FOR_UPDATE,
+                    sql::GROUP_SELECT_OUTCOMES_FOR_UPDATE,
+                    sql::GROUP_SELECT_CLAIMS_FOR_UPDATE,
+                    sql::GROUP_INSERT_LEASES,
+                    sql::GROUP_DELETE_CLAIMS,
+                    sql::GROUP_UPDATE_CLAIMS,
+                    sql::GROUP_INSERT_CLAIMS,
+                    sql::GROUP_DELETE_LEASES,
+                    sql::GROUP_INSERT_OUTCOMES,
+                ])
+                .await?;
+        // The lock order of the module docs: lease locks ascending, then cell locks in byte
+        // order (the statements sort too; sorting here makes the arrays canonical).
+        let mut lock_keys: Vec<i32> = reads
+            .lease_ids
+            .iter()
+            .copied()
+            .map(lease_lock_key)
+            .collect();
+        lock_keys.sort_unstable();
+        lock_keys.dedup();
+        let mut cells: Vec<&str> = reads.cells.iter().map(CellId::as_str).collect();
+        cells.sort_unstable();
+        let ids = rows::lease_ids(&reads.lease_ids);
+        let keys = KeyArrays::sorted(&reads.keys);
+        let begin = session.begin_transaction();
+        let client = session.client()?;
+        // Flight 1: every lock, then every row the decision needs (the shared cell locks come
+        // before the marks are read: "why a cell lock").
+        let (_, _, _, clock_rows, lease_rows, outcome_rows, claim_rows) = tokio::try_join!(
+            biased;
+            client.batch_execute(begin),
+            async { client.execute(&lock_leases, &[&sql::LEASE_LOCK_CLASS, &lock_keys]).await },
+            async {
+                if cells.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&lock_cells, &[&sql::CELL_LOCK_CLASS, &cells]).await
+            },
+            async { client.query(&clock, &[&cells]).await },
+            async { client.query(&select_leases, &[&ids]).await },
+            async { client.query(&select_outcomes, &[&ids]).await },
+            async { client.query(&select_claims, &[&keys.types, &keys.values, &ids]).await },
+        )?;
+        session.round_trip();
+        let (now, decommissioned) = rows::clock_and_marks(&clock_rows)?;
+        let snapshot = GroupSnapshot {
+            claims: claim_rows
+                .iter()
+                .map(rows::claim)
+                .collect::<Result<_, _>>()?,
+            leases: lease_rows
+                .iter()
+                .map(rows::lease)
+                .collect::<Result<_, _>>()?,
+            outcomes: outcome_rows
+                .iter()
+                .map(rows::outcome)
+                .collect::<Result<_, _>>()?,
+            decommissioned,
+        };
+        let GroupDecision { results, writes } = domain::decide_group(snapshot, ops, now);
+        if writes.is_empty() {
+            // Every operation refused, replayed or already done: dropping the session rolls the
+            // read-only transaction back.
+            return Ok(results);
+        }
+        let new_leases = rows::LeaseRows::sorted(&writes.insert_leases);
+        let deleted = KeyArrays::sorted(&writes.delete_claims);
+        let updated = rows::ClaimRows::sorted(&writes.update_claims);
+        let inserted = rows::ClaimRows::sorted(&writes.insert_claims);
+        let ended = rows::lease_ids(&writes.delete_leases);
+        let outcomes = rows::OutcomeRows::sorted(&writes.insert_outcomes);
+        // Flight 2: the net writes and COMMIT. Any failing statement aborts the transaction,
+        // which turns the pipelined COMMIT into a rollback; a unique violation (a key inserted
+        // meanwhile) or a row-count mismatch retries the whole group, decided afresh.
+        tokio::try_join!(
+            biased;
+            async {
+                if new_leases.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&insert_leases, &new_leases.params()).await
+            },
+            async {
+                if deleted.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&delete_claims, &[&deleted.types, &deleted.values]).await
+            },
+            async {
+                if updated.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&update_claims, &updated.params()).await
+            },
+            async {
+                if inserted.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&insert_claims, &inserted.params()).await
+            },
+            async {
+                if ended.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&delete_leases, &[&ended]).await
+            },
+            async {
+                if outcomes.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&insert_outcomes, &outcomes.params()).await
+            },
+            client.batch_execute(sql::COMMIT),
+        )?;
+        session.round_trip();
+        session.committed();
+        Ok(results)
     }
 
     /// CommitUpdate and RollbackUpdate: the same transaction, decided by `decide`.
@@ -745,6 +904,22 @@ impl ClaimStore for PostgresClaimStore {
                 self.release_slot_attempt(holder)
             })
             .await
+    }
+
+    async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        let reads = GroupReads::of(ops);
+        let operation = format!("a group of {} operations", ops.len());
+        self.shared
+            .run(&operation, || self.group_attempt(ops, &reads))
+            .await
+    }
+
+    /// One group per pooled connection.
+    fn group_parallelism(&self) -> usize {
+        self.shared.pool.status().max_size
     }
 
     fn retries(&self) -> u64 {

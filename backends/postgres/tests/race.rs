@@ -2,6 +2,7 @@
 //! server backed by PostgreSQL: exactly one owner per claim, only protocol refusals (never an
 //! internal or unavailable error), and no deadlock. And BeginUpdates racing a decommission step
 //! of their cell: the cell advisory lock lets exactly one side win.
+//! Each race runs twice: on the store alone and behind the group-commit combiner.
 
 mod common;
 
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 use tonic::Code;
+use topology_claims::group::{GroupCommit, GroupConfig};
 use topology_claims::grpc::convert::begin_update_to_pb;
 use topology_claims::grpc::pb::CommitUpdateRequest;
 use topology_claims::testing::fixtures::{cell, record_in};
@@ -19,7 +21,7 @@ use topology_claims::{
     BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimState, ClaimStore, ClaimType, ClaimsError,
     TableName,
 };
-use topology_claims_postgres::PostgresOptions;
+use topology_claims_postgres::{PostgresClaimStore, PostgresOptions};
 
 const TASKS: usize = 32;
 const CELLS: usize = 4;
@@ -118,15 +120,42 @@ fn winners(results: &[Raced]) -> BTreeMap<ClaimKey, Vec<CellId>> {
     winners
 }
 
+/// The store the service runs on: the PostgreSQL store itself, or the group-commit combiner in
+/// front of it (`serve --group-commit on`), whose groups take every lock of their operations.
+/// Two groups at a time (fewer than the pool's connections), so racing calls share groups.
+fn service(store: &Arc<PostgresClaimStore>, grouped: bool) -> Arc<dyn ClaimStore> {
+    if grouped {
+        let config = GroupConfig {
+            parallelism: Some(2),
+            ..GroupConfig::default()
+        };
+        Arc::new(GroupCommit::new(
+            Arc::clone(store) as Arc<dyn ClaimStore>,
+            config,
+        ))
+    } else {
+        Arc::clone(store) as Arc<dyn ClaimStore>
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_begin_updates_through_grpc_leave_exactly_one_owner_per_claim() {
+    racing_begin_updates_leave_exactly_one_owner_per_claim(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_begin_updates_through_the_combiner_leave_exactly_one_owner_per_claim() {
+    racing_begin_updates_leave_exactly_one_owner_per_claim(true).await;
+}
+
+async fn racing_begin_updates_leave_exactly_one_owner_per_claim(grouped: bool) {
     let Some((store, schema)) =
         common::fresh_store_with(|o| PostgresOptions { pool_size: 8, ..o }).await
     else {
         return;
     };
     let store = Arc::new(store);
-    let server = TestServer::start(Arc::clone(&store) as Arc<dyn ClaimStore>).await;
+    let server = TestServer::start(service(&store, grouped)).await;
 
     // Round 1: creates only.
     let creates: Vec<BeginUpdate> = (0..TASKS)
@@ -227,14 +256,25 @@ async fn racing_begin_updates_through_grpc_leave_exactly_one_owner_per_claim() {
 /// decommissioned cell.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_decommission_step_racing_begin_updates_never_leaves_a_lease_in_a_decommissioned_cell() {
+    decommission_step_racing_begin_updates(false).await;
+}
+
+/// The same race with the BeginUpdates in groups: a group's shared cell locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_decommission_step_racing_grouped_begin_updates_never_leaves_a_lease_in_a_decommissioned_cell(
+) {
+    decommission_step_racing_begin_updates(true).await;
+}
+
+async fn decommission_step_racing_begin_updates(grouped: bool) {
     const ROUNDS: usize = 12;
     const BEGINS: usize = 6;
-    let Some((store, schema)) =
+    let Some((pg, schema)) =
         common::fresh_store_with(|o| PostgresOptions { pool_size: 8, ..o }).await
     else {
         return;
     };
-    let store = Arc::new(store);
+    let store = service(&Arc::new(pg), grouped);
     let mut stepped = 0;
     for round in 0..ROUNDS {
         let doomed = cell(&format!("doomed-{round}"));

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
+use topology_claims::group::{GroupCommit, GroupConfig};
 use topology_claims::testing::fixtures::{cell, username};
 use topology_claims::{BeginUpdate, ClaimStore, ClaimsError, LeaseId};
 use topology_claims_postgres::tokio_postgres::config::Host;
@@ -62,6 +63,17 @@ async fn check_global_invariants(admin: &Client, schema: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn terminated_backends_mid_run_recover_and_leave_no_half_applied_batch() {
+    terminated_backends_mid_run(false).await;
+}
+
+/// The same with every BeginUpdate and CommitUpdate in groups (two at a time, so workers share
+/// them): a group whose connection dies is retried whole, or fails whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn terminated_backends_mid_run_leave_no_half_applied_group() {
+    terminated_backends_mid_run(true).await;
+}
+
+async fn terminated_backends_mid_run(grouped: bool) {
     let Some(admin) = common::admin().await else {
         return;
     };
@@ -76,11 +88,20 @@ async fn terminated_backends_mid_run_recover_and_leave_no_half_applied_batch() {
             .await
             .expect("open the store"),
     );
+    let service: Arc<dyn ClaimStore> = if grouped {
+        let config = GroupConfig {
+            parallelism: Some(2),
+            ..GroupConfig::default()
+        };
+        Arc::new(GroupCommit::new(store.clone(), config))
+    } else {
+        store.clone()
+    };
 
     // Workers: begin (client-chosen lease id) then commit, over partly shared keys.
     let mut workers = JoinSet::new();
     for worker in 0..6 {
-        let store = Arc::clone(&store);
+        let store = Arc::clone(&service);
         workers.spawn(async move {
             let mut attempts = Vec::new();
             for i in 0..30 {
@@ -192,16 +213,16 @@ async fn terminated_backends_mid_run_recover_and_leave_no_half_applied_batch() {
             &[username("after-the-storm")],
         )
     };
-    let lease = store
+    let lease = service
         .begin_update(after)
         .await
         .expect("a request after the kills succeeds");
-    store
+    service
         .commit_update(&cell("cell-a"), lease.lease_id)
         .await
         .expect("and its commit");
     println!(
-        "kill run: terminated {terminated:?} backends, outcomes {outcomes:?}, {:?}",
+        "kill run (grouped: {grouped}): terminated {terminated:?} backends, outcomes {outcomes:?}, {:?}",
         store.stats()
     );
     common::drop_schema(&admin, &schema).await;
