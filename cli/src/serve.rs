@@ -110,9 +110,11 @@ pub struct ServeArgs {
           value_parser = ["on", "off"])]
     group_commit: String,
 
-    /// Most calls one group-commit store transaction carries.
+    /// Most calls one group-commit store transaction carries. On PostgreSQL a group holds one
+    /// advisory lock per lease id: keep --group-max × --pg-pool-size well under the server's
+    /// lock table (max_locks_per_transaction × max_connections, 6,400 by default).
     #[arg(long, env = "TOPOLOGY_CLAIMS_GROUP_MAX", default_value_t = 64,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
     group_max: u32,
 
     /// Group-commit store transactions in flight at once; more requests queue and share the
