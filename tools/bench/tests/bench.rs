@@ -3,7 +3,9 @@
 //! Asserts only that it runs and reports; speed is the benchmark's business, never a test's.
 //! With CI=true PostgreSQL and etcd must be there (the bench refuses to skip them).
 //! The verify mode (`--verify 2000`) runs both read paths and must repair exactly the drift it
-//! injected, with a clean second run.
+//! injected, with a clean second run. The A/B mode (`--serve-variant`) starts one server per
+//! store and variant, `sqlite:` in a fresh file that is gone afterwards, the noop baseline beside
+//! them, and reports the combiner's batch sizes.
 #![cfg(unix)]
 
 use std::process::Command;
@@ -98,7 +100,7 @@ fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
         .filter_map(|s| s["system"].as_str())
         .collect();
     // Every system is either measured or named as skipped: nothing disappears silently.
-    for system in ["postgres", "raw-sql", "etcd"] {
+    for system in ["postgres", "raw-sql", "etcd", "noop"] {
         assert!(
             systems.contains(&system) || skipped.contains(&system),
             "{system} neither measured nor reported skipped: {systems:?} / {skipped:?}"
@@ -162,6 +164,114 @@ fn tls_both_measures_a_plaintext_and_a_mutual_tls_server_side_by_side() {
             .unwrap_or_else(|| panic!("no {system} row in:\n{stdout}"));
         assert!(row.ends_with("| – |"), "calls failed: {row}");
     }
+}
+
+#[test]
+fn serve_variants_run_each_store_once_per_variant_beside_the_noop_baseline() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json_path = dir.path().join("ab.json");
+    // The bench's own temporary files (the SQLite stores) go here, so their removal is visible.
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).expect("temp subdir");
+    let mut command = Command::new(BIN);
+    command
+        .args(["--store", "memory:,sqlite:", "--baselines", "noop"])
+        .args(["--serve-variant", "on=--group-commit=on --group-max=64"])
+        .args(["--serve-variant", "off=--group-commit=off"])
+        .args(["--scenario", "unique,hot", "--hot-keys", "50"])
+        .args(["--clients", "8", "--duration", "300ms", "--warmup", "50ms"])
+        .args(["--rounds", "1", "--preload", "0", "--json"])
+        .arg(&json_path)
+        .env("TMPDIR", &tmp)
+        .env("RUST_LOG", "warn");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("TOPOLOGY_CLAIMS_") {
+            command.env_remove(name);
+        }
+    }
+    let output = command.output().expect("run topology-claims-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "bench --serve-variant failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .expect("read the temp dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "the bench left {left:?} behind");
+
+    let text = std::fs::read_to_string(&json_path).expect("the JSON report is written");
+    let report: Value = serde_json::from_str(&text).expect("the JSON report parses");
+    let systems: Vec<&str> = report["systems"]
+        .as_array()
+        .expect("systems is a list")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        systems,
+        ["memory/on", "memory/off", "sqlite/on", "sqlite/off", "noop"],
+        "{report:#}"
+    );
+    assert_eq!(report["config"]["serve_variants"][1]["name"], "off");
+    let results = report["results"].as_array().expect("results is a list");
+    for row in results {
+        let system = row["system"].as_str().expect("system");
+        assert!(row["pairs"].as_u64().unwrap_or(0) > 0, "{row:#}");
+        if row["scenario"] == "unique" {
+            assert!(
+                row["outcomes"]
+                    .as_object()
+                    .expect("outcomes")
+                    .keys()
+                    .all(|k| k.ends_with(":OK")),
+                "{row:#}"
+            );
+        }
+        let groups = &row["group_commit"];
+        if system == "noop" {
+            assert!(groups.is_null(), "{row:#}");
+            assert!(row["cpu"]["server_s"].as_f64().is_some(), "{row:#}");
+            continue;
+        }
+        let count = groups["groups"].as_u64().expect("group count");
+        let calls = groups["calls"].as_f64().expect("calls");
+        let by_size: u64 = groups["distribution"]
+            .as_array()
+            .expect("distribution")
+            .iter()
+            .map(|d| d["groups"].as_u64().expect("groups"))
+            .sum();
+        assert_eq!(by_size, count, "{row:#}");
+        if system.ends_with("/off") {
+            // Without group commit the combiner forms no groups at all.
+            assert_eq!(count, 0, "{row:#}");
+        } else {
+            // The measured calls went through the combiner: about a begin and a commit per
+            // pair (the scrapes bracket the measured part only roughly); groups carry at least
+            // one call each and at most --group-max.
+            let pairs = row["pairs"].as_u64().expect("pairs");
+            assert!(calls >= pairs as f64, "{row:#}");
+            let mean = groups["mean_size"].as_f64().expect("mean");
+            assert!(count > 0 && (1.0..=64.0).contains(&mean), "{row:#}");
+        }
+    }
+    let ratios = report["ratios"].as_array().expect("ratios is a list");
+    for system in ["memory/on", "memory/off", "sqlite/on", "sqlite/off"] {
+        assert!(
+            ratios.iter().any(|r| r["system"] == system
+                && r["baseline"] == "noop"
+                && r["ratio"].as_f64().is_some_and(|x| x > 0.0)),
+            "no ratio of {system} to noop: {ratios:#?}"
+        );
+    }
+    assert!(
+        stdout.contains("| store transactions (groups) |"),
+        "{stdout}"
+    );
 }
 
 #[test]
