@@ -269,13 +269,16 @@ fn parse_variant(text: &str) -> Result<ServeVariant, String> {
         format!("invalid serve variant {text:?}: expected NAME=ARGS, e.g. off=--group-commit=off")
     })?;
     let name = name.trim();
+    // A name never starts with '-': `--serve-variant --group-commit=off` lacks its NAME=.
     if name.is_empty()
+        || name.starts_with('-')
         || !name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
     {
         return Err(format!(
-            "invalid serve variant name {name:?}: 1 or more of A-Z a-z 0-9 . _ -"
+            "invalid serve variant name {name:?}: 1 or more of A-Z a-z 0-9 . _ -, not starting \
+             with -; expected NAME=ARGS, e.g. off=--group-commit=off"
         ));
     }
     Ok(ServeVariant {
@@ -408,6 +411,72 @@ async fn postgres_settings(url: &str) -> serde_json::Value {
     read.await
         .map(serde_json::Value::Object)
         .unwrap_or_else(|e| json!({ "error": e }))
+}
+
+/// The `--pg-pool-size` of a `serve` command line (its last one), else the product's default.
+fn pg_pool_size(args: &[String]) -> u64 {
+    let mut size = PostgresOptions::default().pool_size as u64;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let value = match arg.strip_prefix("--pg-pool-size") {
+            Some("") => args.next().map(String::as_str),
+            Some(rest) => rest.strip_prefix('='),
+            None => None,
+        };
+        if let Some(n) = value.and_then(|v| v.parse().ok()) {
+            size = n;
+        }
+    }
+    size
+}
+
+/// Warns when the run's PostgreSQL sessions at their peak (every PostgreSQL server's full pool,
+/// which it keeps for the whole run, plus a raw-SQL baseline's connection per client, plus the
+/// bench's own) do not fit in `max_connections` beside the sessions already open: a segment
+/// would then fail with "too many clients" part-way through a long run.
+async fn warn_about_postgres_connections(args: &BenchArgs, url: &str) {
+    let base: Vec<String> = args.serve_args.clone();
+    let variants: Vec<Vec<String>> = if args.serve_variants.is_empty() {
+        vec![base.clone()]
+    } else {
+        args.serve_variants
+            .iter()
+            .map(|v| base.iter().chain(&v.args).cloned().collect())
+            .collect()
+    };
+    let tls_copies = if args.tls == TlsMode::Both { 2 } else { 1 };
+    let pools: u64 = args.store.iter().filter(|u| is_postgres(u)).count() as u64
+        * tls_copies
+        * variants.iter().map(|a| pg_pool_size(a)).sum::<u64>();
+    let raw_sql = if args.baselines.iter().any(|b| b.sql_mode().is_some()) {
+        args.clients.iter().copied().max().unwrap_or(0) as u64
+    } else {
+        0
+    };
+    // The CPU reader's session and the one that vacuums between groups.
+    let needed = pools + raw_sql + 2;
+    let read = async {
+        let config = topology_claims_postgres::tokio_postgres::Config::from_str_url(url)?;
+        let client = raw_sql::connect(&config).await?;
+        let row = client
+            .query_one(
+                "SELECT current_setting('max_connections')::bigint, \
+                        (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>((row.get::<_, i64>(0), row.get::<_, i64>(1)))
+    };
+    match read.await {
+        Ok((max, open)) if needed as i64 + open > max => eprintln!(
+            "warning: this run needs up to {needed} PostgreSQL sessions ({pools} in the servers' \
+             pools, {raw_sql} for a raw-SQL baseline, 2 of the bench's), {open} are open already \
+             and max_connections is {max}: segments may fail with \"too many clients\""
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("warning: cannot count PostgreSQL sessions: {e}"),
+    }
 }
 
 /// `from_str` with the error as a message that never echoes the URL (it may hold a password).
@@ -606,6 +675,15 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
     let application_name = format!("tc-bench-{tag}");
     if !args.verify.is_empty() {
         return run_verify(&args, cleanup, &tag, &application_name).await;
+    }
+
+    if let Some(url) = args
+        .store
+        .iter()
+        .find(|u| is_postgres(u))
+        .or(args.baseline_postgres.as_ref())
+    {
+        warn_about_postgres_connections(&args, url).await;
     }
 
     // The systems, services first (their order is the report's).
@@ -996,6 +1074,34 @@ async fn run_verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serve_variants_are_a_name_and_space_separated_arguments() {
+        assert_eq!(
+            parse_variant("on=--group-commit=on --group-max=16"),
+            Ok(ServeVariant {
+                name: "on".into(),
+                args: vec!["--group-commit=on".into(), "--group-max=16".into()],
+            })
+        );
+        assert_eq!(parse_variant("default=").map(|v| v.args.len()), Ok(0));
+        assert!(parse_variant("--group-commit=off").is_err());
+        assert!(parse_variant("a/b=--x").is_err());
+        assert!(parse_variant("no-equals-sign").is_err());
+    }
+
+    #[test]
+    fn the_pool_size_is_the_last_one_given_else_the_default() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let default = PostgresOptions::default().pool_size as u64;
+        assert_eq!(pg_pool_size(&[]), default);
+        assert_eq!(pg_pool_size(&args(&["--pg-pool-size=8"])), 8);
+        assert_eq!(
+            pg_pool_size(&args(&["--pg-pool-size", "8", "--pg-pool-size=32"])),
+            32
+        );
+        assert_eq!(pg_pool_size(&args(&["--group-max=4"])), default);
+    }
 
     #[test]
     fn claim_counts_take_k_and_m_suffixes() {
