@@ -9,7 +9,7 @@
 //! [`SUBCOMMAND`], and the child prints `listening on HOST:PORT` (plaintext, 127.0.0.1, a free
 //! port). Owns that server only; it must not hold protocol rules.
 
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::time::SystemTime;
 
 use tonic::transport::server::TcpIncoming;
@@ -34,24 +34,16 @@ pub fn start() -> Result<ServeChild, String> {
 }
 
 /// The child's whole life: serve on 127.0.0.1:0 until killed.
-pub fn main() -> std::process::ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
+pub fn main() -> ExitCode {
+    topology_claims_harness::run_tool(None, async {
+        match serve().await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: noop server: {e}");
+                ExitCode::FAILURE
+            }
         }
-    };
-    match runtime.block_on(serve()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: noop server: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    })
 }
 
 async fn serve() -> Result<(), String> {

@@ -14,6 +14,42 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_topology-claims-bench");
 
+/// The bench without the ambient `TOPOLOGY_CLAIMS_*` settings (they would change what a run
+/// measures) other than `keep`, logging warnings only.
+fn bench(keep: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command.env("RUST_LOG", "warn");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("TOPOLOGY_CLAIMS_") && !keep.contains(&name.as_str()) {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// Runs `command`, which must succeed; its stdout.
+fn succeed(mut command: Command, what: &str) -> String {
+    let output = command.output().expect("run topology-claims-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "bench {what} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    stdout
+}
+
+/// The systems a JSON report measured, in order.
+fn measured(report: &Value) -> Vec<&str> {
+    report["systems"]
+        .as_array()
+        .expect("systems is a list")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect()
+}
+
 fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
 }
@@ -23,28 +59,14 @@ fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
     let dir = tempfile::tempdir().expect("temp dir");
     let json_path = dir.path().join("bench.json");
     let plot_path = dir.path().join("bench.png");
-    let mut command = Command::new(BIN);
+    let mut command = bench(&["TOPOLOGY_CLAIMS_TEST_POSTGRES_URL"]);
     command
         .arg("--smoke")
         .arg("--json")
         .arg(&json_path)
         .arg("--plot")
-        .arg(&plot_path)
-        .env("RUST_LOG", "warn");
-    for (name, _) in std::env::vars() {
-        // Ambient settings would change what the smoke run measures.
-        if name.starts_with("TOPOLOGY_CLAIMS_") && name != "TOPOLOGY_CLAIMS_TEST_POSTGRES_URL" {
-            command.env_remove(name);
-        }
-    }
-    let output = command.output().expect("run topology-claims-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "bench --smoke failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
+        .arg(&plot_path);
+    let stdout = succeed(command, "--smoke");
     assert!(
         stdout.contains("| scenario | clients | system |"),
         "{stdout}"
@@ -87,12 +109,7 @@ fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
         "{scale:#?}"
     );
 
-    let systems: Vec<&str> = report["systems"]
-        .as_array()
-        .expect("systems is a list")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let systems = measured(&report);
     let skipped: Vec<&str> = report["skipped"]
         .as_array()
         .expect("skipped is a list")
@@ -130,7 +147,7 @@ fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
 
 #[test]
 fn tls_both_measures_a_plaintext_and_a_mutual_tls_server_side_by_side() {
-    let mut command = Command::new(BIN);
+    let mut command = bench(&[]);
     command
         .args([
             "--store",
@@ -141,21 +158,8 @@ fn tls_both_measures_a_plaintext_and_a_mutual_tls_server_side_by_side() {
             "unique",
         ])
         .args(["--clients", "2", "--duration", "200ms", "--warmup", "50ms"])
-        .args(["--rounds", "1", "--preload", "0"])
-        .env("RUST_LOG", "warn");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("TOPOLOGY_CLAIMS_") {
-            command.env_remove(name);
-        }
-    }
-    let output = command.output().expect("run topology-claims-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "bench --tls both failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
+        .args(["--rounds", "1", "--preload", "0"]);
+    let stdout = succeed(command, "--tls both");
     // Each client presented its cell's certificate: a refused call would be "not OK".
     for system in ["| memory |", "| memory-tls |"] {
         let row = stdout
@@ -173,7 +177,7 @@ fn serve_variants_run_each_store_once_per_variant_beside_the_noop_baseline() {
     // The bench's own temporary files (the SQLite stores) go here, so their removal is visible.
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).expect("temp subdir");
-    let mut command = Command::new(BIN);
+    let mut command = bench(&[]);
     command
         .args(["--store", "memory:,sqlite:", "--baselines", "noop"])
         .args(["--serve-variant", "on=--group-commit=on --group-max=64"])
@@ -182,21 +186,8 @@ fn serve_variants_run_each_store_once_per_variant_beside_the_noop_baseline() {
         .args(["--clients", "8", "--duration", "300ms", "--warmup", "50ms"])
         .args(["--rounds", "1", "--preload", "0", "--json"])
         .arg(&json_path)
-        .env("TMPDIR", &tmp)
-        .env("RUST_LOG", "warn");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("TOPOLOGY_CLAIMS_") {
-            command.env_remove(name);
-        }
-    }
-    let output = command.output().expect("run topology-claims-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "bench --serve-variant failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
+        .env("TMPDIR", &tmp);
+    let stdout = succeed(command, "--serve-variant");
     let left: Vec<_> = std::fs::read_dir(&tmp)
         .expect("read the temp dir")
         .map(|e| e.expect("entry").file_name())
@@ -205,12 +196,7 @@ fn serve_variants_run_each_store_once_per_variant_beside_the_noop_baseline() {
 
     let text = std::fs::read_to_string(&json_path).expect("the JSON report is written");
     let report: Value = serde_json::from_str(&text).expect("the JSON report parses");
-    let systems: Vec<&str> = report["systems"]
-        .as_array()
-        .expect("systems is a list")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let systems = measured(&report);
     assert_eq!(
         systems,
         ["memory/on", "memory/off", "sqlite/on", "sqlite/off", "noop"],
@@ -280,17 +266,11 @@ fn verify_mode_repairs_the_injected_drift_streaming_and_paging_and_a_second_run_
     let json_path = dir.path().join("verify.json");
     let postgres = std::env::var("TOPOLOGY_CLAIMS_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let mut command = Command::new(BIN);
+    let mut command = bench(&[]);
     command
         .args(["--store", &postgres, "--verify", "2000", "--drift", "0.01"])
         .args(["--rounds", "1", "--json"])
-        .arg(&json_path)
-        .env("RUST_LOG", "warn");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("TOPOLOGY_CLAIMS_") {
-            command.env_remove(name);
-        }
-    }
+        .arg(&json_path);
     let output = command.output().expect("run topology-claims-bench");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
