@@ -219,8 +219,8 @@ pub struct BenchArgs {
 
     /// A few seconds end to end: tiny segments, one round, 1000 claims for the scale check;
     /// without --store: memory: plus PostgreSQL at TOPOLOGY_CLAIMS_TEST_POSTGRES_URL if
-    /// reachable, and every baseline whose system is there (noop always). With CI=true a missing PostgreSQL or
-    /// etcd is an error, never a silent skip.
+    /// reachable, and every baseline whose system is there (noop always). With CI=true a missing
+    /// PostgreSQL or etcd is an error, never a silent skip.
     #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_SMOKE")]
     smoke: bool,
 
@@ -466,7 +466,8 @@ async fn warn_about_postgres_connections(args: &BenchArgs, url: &str) {
             )
             .await
             .map_err(|e| e.to_string())?;
-        Ok::<_, String>((row.get::<_, i64>(0), row.get::<_, i64>(1)))
+        // Less this session, which closes before the servers start.
+        Ok::<_, String>((row.get::<_, i64>(0), row.get::<_, i64>(1) - 1))
     };
     match read.await {
         Ok((max, open)) if needed as i64 + open > max => eprintln!(
