@@ -1,10 +1,11 @@
 //! `topology-claims-bench`: the load generator. N concurrent clients over real gRPC do
 //! BeginUpdate + CommitUpdate pairs of K-claim batches against the service (a `serve` child per
-//! `--store`, or `--server URL`), interleaved round by round with baselines on the same machine
-//! (the adapter's SQL run directly, etcd), so the ratios hold even when the machine drifts.
-//! Reports pairs/s, claims/s, latency percentiles per RPC and per pair, outcomes by reason, CPU
-//! and memory per process, the scale checks (ListClaims / LookupClaim with many claims), JSON and
-//! a PNG plot; `--verify N` measures `topology-claims verify` instead (streaming and paging,
+//! `--store` and `--serve-variant`, or `--server URL`), interleaved round by round with baselines
+//! on the same machine (the adapter's SQL run directly, etcd, an empty gRPC server), so the ratios
+//! hold even when the machine drifts. Reports pairs/s, claims/s, latency percentiles per RPC and
+//! per pair, outcomes by reason, CPU and memory per process, the batch sizes the server's
+//! combiner formed, the scale checks (ListClaims / LookupClaim with many claims), JSON and a PNG
+//! plot; `--verify N` measures `topology-claims verify` instead (streaming and paging,
 //! over N records with injected drift). How to run it and the measured numbers: `docs/benchmarks.md`.
 //!
 //! Drives the real `topology-claims` binary as a child process (found beside this one, on PATH,
@@ -12,6 +13,8 @@
 //! of the product binary or hold protocol rules.
 
 mod etcd;
+mod group_sizes;
+mod noop;
 mod plot;
 mod procs;
 mod raw_sql;
@@ -53,9 +56,10 @@ pub struct BenchArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_SERVER", conflicts_with = "store")]
     server: Option<String>,
 
-    /// Store URLs to measure, comma-separated (memory:, sqlite://PATH, postgres://…). For each,
-    /// the bench starts `topology-claims serve --listen 127.0.0.1:0 --store URL` as a child; a
-    /// PostgreSQL store gets a fresh schema of its own, dropped at the end.
+    /// Store URLs to measure, comma-separated (memory:, sqlite:, sqlite://PATH, postgres://…).
+    /// For each, the bench starts `topology-claims serve --listen 127.0.0.1:0 --store URL` as a
+    /// child; a PostgreSQL store gets a fresh schema of its own, dropped at the end; `sqlite:` is
+    /// the embedded default store in a fresh file per server, deleted at the end.
     #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_STORE", value_delimiter = ',')]
     store: Vec<String>,
 
@@ -107,7 +111,8 @@ pub struct BenchArgs {
     zipf: f64,
 
     /// Baselines run in the same rounds, comma-separated: raw-sql (the adapter's statements one
-    /// round trip each), raw-sql-pipelined (the same in the adapter's two flights), etcd.
+    /// round trip each), raw-sql-pipelined (the same in the adapter's two flights), etcd, noop
+    /// (the claims gRPC service with handlers that only answer: the RPC stack's ceiling).
     #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_BASELINES", value_delimiter = ',')]
     baselines: Vec<Baseline>,
 
@@ -156,6 +161,20 @@ pub struct BenchArgs {
     )]
     serve_args: Vec<String>,
 
+    /// A/B of `serve` arguments in one run: NAME=ARGS (ARGS space-separated, may be empty), e.g.
+    /// `--serve-variant on=--group-commit=on --serve-variant off=--group-commit=off`. Each
+    /// --store is then started once per variant (label `STORE/NAME`, own schema or file), and
+    /// the variants run in turn in every round like the other systems. ARGS come after
+    /// --serve-arg. `;`-separated in the env var. Default: none (one server per store).
+    #[arg(
+        long = "serve-variant",
+        env = "TOPOLOGY_CLAIMS_BENCH_SERVE_VARIANTS",
+        value_delimiter = ';',
+        allow_hyphen_values = true,
+        value_parser = parse_variant
+    )]
+    serve_variants: Vec<ServeVariant>,
+
     /// Mutual TLS for the servers the bench starts (--store): `on` (also plain `--tls`): every
     /// one serves TLS with a development PKI the bench makes (`topology-claims certs`, in a
     /// temporary directory) and each client connects over https:// with the certificate of its
@@ -200,8 +219,8 @@ pub struct BenchArgs {
 
     /// A few seconds end to end: tiny segments, one round, 1000 claims for the scale check;
     /// without --store: memory: plus PostgreSQL at TOPOLOGY_CLAIMS_TEST_POSTGRES_URL if
-    /// reachable, and every baseline whose system is there. With CI=true a missing PostgreSQL or
-    /// etcd is an error, never a silent skip.
+    /// reachable, and every baseline whose system is there (noop always). With CI=true a missing
+    /// PostgreSQL or etcd is an error, never a silent skip.
     #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_SMOKE")]
     smoke: bool,
 
@@ -237,6 +256,37 @@ fn parse_drift(text: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("invalid drift {text:?}: a fraction from 0 to 0.3, e.g. 0.01"))
 }
 
+/// One `--serve-variant`: a name for the label and the extra `serve` arguments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServeVariant {
+    name: String,
+    args: Vec<String>,
+}
+
+/// `NAME=ARGS`: NAME of `[A-Za-z0-9._-]`, ARGS split on whitespace.
+fn parse_variant(text: &str) -> Result<ServeVariant, String> {
+    let (name, args) = text.split_once('=').ok_or_else(|| {
+        format!("invalid serve variant {text:?}: expected NAME=ARGS, e.g. off=--group-commit=off")
+    })?;
+    let name = name.trim();
+    // A name never starts with '-': `--serve-variant --group-commit=off` lacks its NAME=.
+    if name.is_empty()
+        || name.starts_with('-')
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        return Err(format!(
+            "invalid serve variant name {name:?}: 1 or more of A-Z a-z 0-9 . _ -, not starting \
+             with -; expected NAME=ARGS, e.g. off=--group-commit=off"
+        ));
+    }
+    Ok(ServeVariant {
+        name: name.to_owned(),
+        args: args.split_whitespace().map(str::to_owned).collect(),
+    })
+}
+
 fn parse_count_or_zero(text: &str) -> Result<u64, String> {
     if text.trim() == "0" {
         Ok(0)
@@ -246,6 +296,12 @@ fn parse_count_or_zero(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == noop::SUBCOMMAND)
+    {
+        return noop::main();
+    }
     let args = BenchArgs::parse();
     let bin = args.bin.clone();
     topology_claims_harness::run_tool(bin.as_deref(), run(args))
@@ -272,17 +328,24 @@ enum TlsMode {
     Both,
 }
 
-/// What a run created outside itself: children (killed when dropped) and PostgreSQL schemas.
+/// What a run created outside itself: children (killed when dropped), PostgreSQL schemas and
+/// the directories of `sqlite:` stores.
 #[derive(Default)]
 struct Cleanup {
     systems: Vec<System>,
     schemas: Vec<PgSchema>,
+    dirs: Vec<PathBuf>,
 }
 
 impl Cleanup {
     async fn run(mut self) {
-        // Children first: a schema is dropped only once no server uses it.
+        // Children first: a schema or file is dropped only once no server uses it.
         self.systems.clear();
+        for dir in self.dirs.drain(..) {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                eprintln!("warning: could not remove {}: {e}", dir.display());
+            }
+        }
         for pg in self.schemas.drain(..) {
             if let Err(e) = drop_schema(&pg).await {
                 eprintln!(
@@ -350,6 +413,73 @@ async fn postgres_settings(url: &str) -> serde_json::Value {
         .unwrap_or_else(|e| json!({ "error": e }))
 }
 
+/// The `--pg-pool-size` of a `serve` command line (its last one), else the product's default.
+fn pg_pool_size(args: &[String]) -> u64 {
+    let mut size = PostgresOptions::default().pool_size as u64;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let value = match arg.strip_prefix("--pg-pool-size") {
+            Some("") => args.next().map(String::as_str),
+            Some(rest) => rest.strip_prefix('='),
+            None => None,
+        };
+        if let Some(n) = value.and_then(|v| v.parse().ok()) {
+            size = n;
+        }
+    }
+    size
+}
+
+/// Warns when the run's PostgreSQL sessions at their peak (every PostgreSQL server's full pool,
+/// which it keeps for the whole run, plus a raw-SQL baseline's connection per client, plus the
+/// bench's own) do not fit in `max_connections` beside the sessions already open: a segment
+/// would then fail with "too many clients" part-way through a long run.
+async fn warn_about_postgres_connections(args: &BenchArgs, url: &str) {
+    let base: Vec<String> = args.serve_args.clone();
+    let variants: Vec<Vec<String>> = if args.serve_variants.is_empty() {
+        vec![base.clone()]
+    } else {
+        args.serve_variants
+            .iter()
+            .map(|v| base.iter().chain(&v.args).cloned().collect())
+            .collect()
+    };
+    let tls_copies = if args.tls == TlsMode::Both { 2 } else { 1 };
+    let pools: u64 = args.store.iter().filter(|u| is_postgres(u)).count() as u64
+        * tls_copies
+        * variants.iter().map(|a| pg_pool_size(a)).sum::<u64>();
+    let raw_sql = if args.baselines.iter().any(|b| b.sql_mode().is_some()) {
+        args.clients.iter().copied().max().unwrap_or(0) as u64
+    } else {
+        0
+    };
+    // The CPU reader's session and the one that vacuums between groups.
+    let needed = pools + raw_sql + 2;
+    let read = async {
+        let config = topology_claims_postgres::tokio_postgres::Config::from_str_url(url)?;
+        let client = raw_sql::connect(&config).await?;
+        let row = client
+            .query_one(
+                "SELECT current_setting('max_connections')::bigint, \
+                        (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        // Less this session, which closes before the servers start.
+        Ok::<_, String>((row.get::<_, i64>(0), row.get::<_, i64>(1) - 1))
+    };
+    match read.await {
+        Ok((max, open)) if needed as i64 + open > max => eprintln!(
+            "warning: this run needs up to {needed} PostgreSQL sessions ({pools} in the servers' \
+             pools, {raw_sql} for a raw-SQL baseline, 2 of the bench's), {open} are open already \
+             and max_connections is {max}: segments may fail with \"too many clients\""
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("warning: cannot count PostgreSQL sessions: {e}"),
+    }
+}
+
 /// `from_str` with the error as a message that never echoes the URL (it may hold a password).
 trait FromStrUrl: Sized {
     fn from_str_url(url: &str) -> Result<Self, String>;
@@ -396,6 +526,54 @@ async fn postgres_reachable(url: &str) -> Result<(), String> {
         .await
         .map(drop)
         .map_err(|e| e.to_string())
+}
+
+/// `sqlite:` (also `sqlite://` or `sqlite`): the embedded default store, a fresh file per server.
+fn is_fresh_sqlite(url: &str) -> bool {
+    matches!(url, "sqlite:" | "sqlite://" | "sqlite")
+}
+
+/// What one `serve` child of `--store url` gets: a fresh SQLite file in a directory of its own
+/// (removed by `cleanup`) for `sqlite:`, else the URL itself.
+fn server_store_url(url: &str, name: &str, cleanup: &mut Cleanup) -> Result<String, String> {
+    if !is_fresh_sqlite(url) {
+        return Ok(url.to_owned());
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "topology-claims-bench-{}-{name}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    cleanup.dirs.push(dir.clone());
+    let file = std::path::absolute(dir.join("store.db"))
+        .map_err(|e| format!("cannot make {} absolute: {e}", dir.display()))?;
+    Ok(format!("sqlite://{}", file.display()))
+}
+
+/// `serve` with the extra arguments of the run and its variant, and a metrics endpoint on a
+/// free port (unless the arguments ask for one themselves) whose address it returns.
+fn start_server(
+    store_url: &str,
+    args: &[String],
+) -> Result<
+    (
+        topology_claims_harness::serve::ServeChild,
+        Option<std::net::SocketAddr>,
+    ),
+    String,
+> {
+    let ours = !args.iter().any(|a| a.starts_with("--metrics-listen"));
+    let mut args = args.to_vec();
+    if ours {
+        args.extend(["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]);
+    }
+    let child = procs::start_server(store_url, &args)?;
+    let metrics = if ours {
+        Some(child.metrics_addr(Duration::from_secs(30))?)
+    } else {
+        None
+    };
+    Ok((child, metrics))
 }
 
 fn store_label(url: &str) -> &str {
@@ -449,6 +627,8 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
             } else {
                 skipped.push(("etcd".into(), format!("{} not found", args.etcd_bin)));
             }
+            // Always there: it is this binary.
+            args.baselines.push(Baseline::Noop);
         }
         for (system, why) in &skipped {
             eprintln!("bench: smoke run without {system}: {why}");
@@ -462,6 +642,33 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
     }
     args.baselines.sort();
     args.baselines.dedup();
+    for (i, variant) in args.serve_variants.iter().enumerate() {
+        if args.serve_variants[..i]
+            .iter()
+            .any(|v| v.name == variant.name)
+        {
+            return Err(format!(
+                "--serve-variant {} is given twice; each needs a name of its own",
+                variant.name
+            ));
+        }
+    }
+    if !args.serve_variants.is_empty() && args.store.is_empty() {
+        return Err("--serve-variant needs --store: the bench starts each variant's server".into());
+    }
+    let servers_per_store =
+        args.serve_variants.len().max(1) * if args.tls == TlsMode::Both { 2 } else { 1 };
+    if let Some(url) = args
+        .store
+        .iter()
+        .find(|u| u.starts_with("sqlite://") && !is_fresh_sqlite(u))
+        .filter(|_| servers_per_store > 1)
+    {
+        return Err(format!(
+            "--store {url}: {servers_per_store} servers (variants, --tls both) cannot share one \
+             SQLite file; give sqlite: for a fresh file per server"
+        ));
+    }
 
     // One tag per run: schema names and unique keys never collide with another run's; the
     // PostgreSQL sessions of the run carry it as application_name.
@@ -469,6 +676,15 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
     let application_name = format!("tc-bench-{tag}");
     if !args.verify.is_empty() {
         return run_verify(&args, cleanup, &tag, &application_name).await;
+    }
+
+    if let Some(url) = args
+        .store
+        .iter()
+        .find(|u| is_postgres(u))
+        .or(args.baseline_postgres.as_ref())
+    {
+        warn_about_postgres_connections(&args, url).await;
     }
 
     // The systems, services first (their order is the report's).
@@ -479,6 +695,7 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
             child: None,
             postgres: None,
             tls: None,
+            metrics: None,
         });
     }
     let bench_tls = match args.tls {
@@ -506,47 +723,69 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
         {
             base_label = format!("{base_label}-{i}");
         }
+        let variants: Vec<Option<&ServeVariant>> = if args.serve_variants.is_empty() {
+            vec![None]
+        } else {
+            args.serve_variants.iter().map(Some).collect()
+        };
         for &tls_on in tls_variants {
             let tls = bench_tls.clone().filter(|_| tls_on);
-            let (label, schema) = match &tls {
+            let (tls_label, tls_schema) = match &tls {
                 Some(_) => (
                     format!("{base_label}-tls"),
                     format!("tc_bench_{tag}_s{i}_tls"),
                 ),
                 None => (base_label.clone(), format!("tc_bench_{tag}_s{i}")),
             };
-            eprintln!("bench: starting the server on {label}");
-            let (store_url, postgres) = if is_postgres(url) {
-                let pg = fresh_schema(url, schema).await?;
-                cleanup.schemas.push(pg.clone());
-                (
-                    url_with_search_path(url, &pg.schema, &application_name)?,
-                    Some(pg),
-                )
-            } else {
-                (url.clone(), None)
-            };
-            let mut serve_args = args.serve_args.clone();
-            if let Some(tls) = &tls {
-                serve_args.extend(tls.serve_args());
+            for (v, variant) in variants.iter().enumerate() {
+                let (label, schema) = match variant {
+                    Some(variant) => (
+                        format!("{tls_label}/{}", variant.name),
+                        format!("{tls_schema}_v{v}"),
+                    ),
+                    None => (tls_label.clone(), tls_schema.clone()),
+                };
+                eprintln!("bench: starting the server on {label}");
+                let (store_url, postgres) = if is_postgres(url) {
+                    let pg = fresh_schema(url, schema).await?;
+                    cleanup.schemas.push(pg.clone());
+                    (
+                        url_with_search_path(url, &pg.schema, &application_name)?,
+                        Some(pg),
+                    )
+                } else {
+                    (server_store_url(url, &schema, cleanup)?, None)
+                };
+                let mut serve_args = args.serve_args.clone();
+                if let Some(tls) = &tls {
+                    serve_args.extend(tls.serve_args());
+                }
+                if let Some(variant) = variant {
+                    serve_args.extend(variant.args.iter().cloned());
+                }
+                let (child, metrics) = start_server(&store_url, &serve_args)?;
+                // The server's certificate names 127.0.0.1, the address it announced.
+                let endpoint = match &tls {
+                    Some(_) => child.endpoint().replacen("http://", "https://", 1),
+                    None => child.endpoint(),
+                };
+                cleanup.systems.push(System::Service {
+                    label,
+                    endpoint,
+                    child: Some(child),
+                    postgres,
+                    tls: tls.clone(),
+                    metrics,
+                });
             }
-            let child = procs::start_server(&store_url, &serve_args)?;
-            // The server's certificate names 127.0.0.1, the address it announced.
-            let endpoint = match &tls {
-                Some(_) => child.endpoint().replacen("http://", "https://", 1),
-                None => child.endpoint(),
-            };
-            cleanup.systems.push(System::Service {
-                label,
-                endpoint,
-                child: Some(child),
-                postgres,
-                tls,
-            });
         }
     }
     for baseline in &args.baselines {
         match baseline.sql_mode() {
+            None if *baseline == Baseline::Noop => {
+                eprintln!("bench: starting the noop gRPC server");
+                cleanup.systems.push(System::Noop(noop::start()?));
+            }
             Some(mode) => {
                 let url = args
                     .baseline_postgres
@@ -707,6 +946,7 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
         "postgres_settings": postgres_settings,
         "page_size": args.page_size,
         "serve_args": args.serve_args,
+        "serve_variants": args.serve_variants.iter().map(|v| json!({"name": v.name, "args": v.args})).collect::<Vec<_>>(),
         "tls": format!("{:?}", args.tls).to_lowercase(),
         "smoke": args.smoke,
         "seed": args.seed,
@@ -746,6 +986,9 @@ async fn run_verify(
     if args.tls != TlsMode::Off {
         return Err("--verify runs without --tls".into());
     }
+    if !args.serve_variants.is_empty() {
+        return Err("--verify runs without --serve-variant (give --serve-arg)".into());
+    }
     let local_url = args
         .store
         .iter()
@@ -772,15 +1015,16 @@ async fn run_verify(
                     Some(pg),
                 )
             } else {
-                (url.clone(), None)
+                (server_store_url(url, &prefix, cleanup)?, None)
             };
-            let child = procs::start_server(&store_url, &args.serve_args)?;
+            let (child, metrics) = start_server(&store_url, &args.serve_args)?;
             let system = System::Service {
                 label,
                 endpoint: child.endpoint(),
                 child: Some(child),
                 postgres,
                 tls: None,
+                metrics,
             };
             let local = PgSchema {
                 url: local_url.clone(),
@@ -831,6 +1075,34 @@ async fn run_verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serve_variants_are_a_name_and_space_separated_arguments() {
+        assert_eq!(
+            parse_variant("on=--group-commit=on --group-max=16"),
+            Ok(ServeVariant {
+                name: "on".into(),
+                args: vec!["--group-commit=on".into(), "--group-max=16".into()],
+            })
+        );
+        assert_eq!(parse_variant("default=").map(|v| v.args.len()), Ok(0));
+        assert!(parse_variant("--group-commit=off").is_err());
+        assert!(parse_variant("a/b=--x").is_err());
+        assert!(parse_variant("no-equals-sign").is_err());
+    }
+
+    #[test]
+    fn the_pool_size_is_the_last_one_given_else_the_default() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let default = PostgresOptions::default().pool_size as u64;
+        assert_eq!(pg_pool_size(&[]), default);
+        assert_eq!(pg_pool_size(&args(&["--pg-pool-size=8"])), 8);
+        assert_eq!(
+            pg_pool_size(&args(&["--pg-pool-size", "8", "--pg-pool-size=32"])),
+            32
+        );
+        assert_eq!(pg_pool_size(&args(&["--group-max=4"])), default);
+    }
 
     #[test]
     fn claim_counts_take_k_and_m_suffixes() {

@@ -1,6 +1,7 @@
 //! Turns measured segments into results: one row per (scenario, clients, system) over all
-//! rounds, the ratios of each service row to each baseline row of the same run, the JSON
-//! document (`--json`) and the Markdown tables printed to stdout.
+//! rounds, the ratios of each service row to each baseline row of the same run, the batch sizes
+//! the server's combiner formed, the JSON document (`--json`) and the Markdown tables printed to
+//! stdout.
 //!
 //! Owns aggregation and formatting only.
 
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::group_sizes::GroupSizes;
 use super::stats::{median, per_second, Cpu, Segment, Tally};
 
 /// All rounds of one system at one scenario and client count.
@@ -24,6 +26,8 @@ pub struct Row {
     pub server_rss_kib: Option<u64>,
     /// pairs/s of each round, in round order.
     pub rounds: Vec<f64>,
+    /// The combiner's groups over all rounds (`None`: the server does not export them).
+    pub groups: Option<GroupSizes>,
 }
 
 impl Row {
@@ -56,6 +60,7 @@ impl Row {
             "outcomes": self.tally.outcomes,
             "cpu": self.cpu.to_json(self.tally.pairs),
             "server_rss_kib_max": self.server_rss_kib,
+            "group_commit": self.groups.as_ref().map(GroupSizes::to_json),
         })
     }
 }
@@ -95,6 +100,7 @@ pub fn rows(segments: &[Segment], baselines: &[String], on_postgres: &[String]) 
                     cpu: Cpu::default(),
                     server_rss_kib: None,
                     rounds: Vec::new(),
+                    groups: None,
                 });
                 let last = rows.len() - 1;
                 &mut rows[last]
@@ -105,6 +111,11 @@ pub fn rows(segments: &[Segment], baselines: &[String], on_postgres: &[String]) 
         row.cpu.add(&segment.cpu);
         row.server_rss_kib = row.server_rss_kib.max(segment.server_rss_kib);
         row.rounds.push(segment.pairs_per_s());
+        if let Some(groups) = &segment.groups {
+            row.groups
+                .get_or_insert_with(GroupSizes::default)
+                .add(groups);
+        }
     }
     rows
 }
@@ -238,6 +249,32 @@ pub fn markdown(rows: &[Row], ratios: &[Ratio], scale: &[Value]) -> String {
                 out,
                 "| {} | {} | {} | {} | {:.2}× | {:.2}× |",
                 r.scenario, r.clients, r.system, r.baseline, r.ratio, r.median_round_ratio
+            );
+        }
+    }
+    if rows.iter().any(|row| row.groups.is_some()) {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| scenario | clients | system | store transactions (groups) | calls | mean group size | groups by size |"
+        );
+        let _ = writeln!(out, "|---|---:|---|---:|---:|---:|---|");
+        for row in rows {
+            let Some(groups) = &row.groups else { continue };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {:.0} | {} | {} |",
+                row.scenario,
+                row.clients,
+                row.system,
+                groups.count,
+                groups.sum,
+                if groups.count > 0 {
+                    format!("{:.2}", groups.mean())
+                } else {
+                    "–".to_owned()
+                },
+                groups.distribution(),
             );
         }
     }

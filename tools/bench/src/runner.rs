@@ -1,6 +1,7 @@
 //! Runs one measured segment: N concurrent clients against one system for a warm-up plus a
 //! measured duration, each doing BeginUpdate + CommitUpdate pairs of the scenario's batches,
-//! while a progress line goes to stderr and the server's CPU and memory are sampled.
+//! while a progress line goes to stderr and the server's CPU and memory are sampled; the
+//! combiner's batch-size histogram is scraped around the measured part where the server exports it.
 //!
 //! Owns the load loop and the sampling around it. Must not choose systems or print reports.
 
@@ -13,6 +14,7 @@ use futures::future::try_join_all;
 use tokio::sync::Notify;
 use topology_claims::LeaseId;
 
+use super::group_sizes::{self, GroupSizes};
 use super::procs;
 use super::raw_sql::PgProcesses;
 use super::stats::{Cpu, Segment, Tally};
@@ -90,6 +92,7 @@ pub async fn run(
     ));
 
     tokio::time::sleep_until(record_from.into()).await;
+    let groups_before = scrape_groups(system).await;
     let before = cpu_snapshot(system, postgres).await;
     let mut tally = Tally::default();
     // Connections stay open until the CPU is read: a closed backend's CPU would be lost.
@@ -103,6 +106,7 @@ pub async fn run(
     }
     let elapsed = record_from.elapsed();
     let after = cpu_snapshot(system, postgres).await;
+    let groups_after = scrape_groups(system).await;
     drop(open);
     done.notify_one();
     let server_rss_kib = sampler.await.unwrap_or(None);
@@ -117,7 +121,24 @@ pub async fn run(
         tally,
         cpu: difference(&before, &after),
         server_rss_kib,
+        groups: match (groups_before, groups_after) {
+            (Some(before), Some(after)) => Some(after.since(&before)),
+            _ => None,
+        },
     })
+}
+
+/// The combiner's histogram now, if the system exports it; a failed scrape is a warning (the
+/// segment's throughput is still good), and the row then shows no batch sizes.
+async fn scrape_groups(system: &System) -> Option<GroupSizes> {
+    let addr = system.metrics_addr()?;
+    match group_sizes::scrape(addr).await {
+        Ok(sizes) => sizes,
+        Err(e) => {
+            eprintln!("warning: {}: {e}", system.label());
+            None
+        }
+    }
 }
 
 /// One client: pairs until the deadline; pairs started before `record_from` are warm-up.

@@ -47,7 +47,7 @@ pub fn value(i: u64) -> String {
 }
 
 /// Loads claims `from..to` of [`SCALE_CELL`] into a system's store: SQL bulk insert (then
-/// `ANALYZE`) for PostgreSQL, gRPC batches otherwise; etcd is left empty. Returns the path used.
+/// `ANALYZE`) for PostgreSQL, gRPC batches otherwise; etcd and noop hold nothing. Returns the path used.
 pub async fn load(system: &System, from: u64, to: u64) -> Result<&'static str, String> {
     match system {
         System::Service {
@@ -57,7 +57,7 @@ pub async fn load(system: &System, from: u64, to: u64) -> Result<&'static str, S
             .await
             .map(|()| "grpc"),
         System::RawSql(target) => load_sql(&target.schema, from, to).await.map(|()| "sql"),
-        System::Etcd(_) => Ok("none"),
+        System::Etcd(_) | System::Noop(_) => Ok("none"),
     }
 }
 

@@ -9,6 +9,8 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
+use super::group_sizes::GroupSizes;
+
 /// Highest latency a histogram holds exactly (longer ones are clamped): one minute.
 const MAX_MICROS: u64 = 60_000_000;
 
@@ -182,6 +184,9 @@ pub struct Segment {
     pub cpu: Cpu,
     /// Largest resident set of the server child seen during the segment.
     pub server_rss_kib: Option<u64>,
+    /// The groups the server's combiner formed during the measured part (`None`: not exported
+    /// or not scraped).
+    pub groups: Option<GroupSizes>,
 }
 
 impl Segment {

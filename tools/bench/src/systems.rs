@@ -1,10 +1,12 @@
 //! The systems a benchmark run measures side by side, and one client connection to each:
 //! the claims service over real gRPC (a `serve` child or `--server URL`), and the baselines —
-//! the adapter's SQL run directly (`raw_sql`) and etcd (`etcd`).
+//! the adapter's SQL run directly (`raw_sql`), etcd (`etcd`) and the empty gRPC server
+//! (`noop`, through the same client code as the service).
 //!
 //! Owns the uniform begin/commit interface the load loop drives. Must not measure or report.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use tonic::transport::Channel;
@@ -36,11 +38,15 @@ pub enum System {
         postgres: Option<PgSchema>,
         /// Mutual TLS: each client connects over https:// with its cell's certificate.
         tls: Option<Arc<BenchTls>>,
+        /// The child's `--metrics-listen` address, scraped for the combiner's batch sizes.
+        metrics: Option<SocketAddr>,
     },
     /// The adapter's statements, executed directly with tokio-postgres.
     RawSql(Arc<SqlTarget>),
     /// etcd on loopback.
     Etcd(EtcdServer),
+    /// The claims gRPC service with empty handlers (`noop`), a child process.
+    Noop(ServeChild),
 }
 
 impl System {
@@ -49,6 +55,7 @@ impl System {
             Self::Service { label, .. } => label.clone(),
             Self::RawSql(target) => target.mode.label().to_owned(),
             Self::Etcd(_) => "etcd".to_owned(),
+            Self::Noop(_) => "noop".to_owned(),
         }
     }
 
@@ -61,7 +68,7 @@ impl System {
         match self {
             Self::Service { postgres, .. } => postgres.is_some(),
             Self::RawSql(_) => true,
-            Self::Etcd(_) => false,
+            Self::Etcd(_) | Self::Noop(_) => false,
         }
     }
 
@@ -71,6 +78,15 @@ impl System {
             Self::Service { child, .. } => child.as_ref().map(|c| c.pid()),
             Self::RawSql(_) => None,
             Self::Etcd(server) => Some(server.pid()),
+            Self::Noop(child) => Some(child.pid()),
+        }
+    }
+
+    /// Where the server exports its metrics, when the bench started it with an endpoint.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Service { metrics, .. } => *metrics,
+            _ => None,
         }
     }
 
@@ -81,6 +97,7 @@ impl System {
                 child: Some(child), ..
             } => child.check_alive(),
             Self::Etcd(server) => server.check_alive(),
+            Self::Noop(child) => child.check_alive(),
             _ => Ok(()),
         }
     }
@@ -93,6 +110,7 @@ impl System {
             }
             Self::RawSql(target) => Conn::Sql(Box::new(SqlConn::connect(target).await?)),
             Self::Etcd(server) => Conn::Etcd(EtcdConn::connect(&server.endpoint).await?),
+            Self::Noop(child) => Conn::Grpc(GrpcConn::connect(&child.endpoint(), None).await?),
         })
     }
 
@@ -229,6 +247,7 @@ pub enum Baseline {
     RawSql,
     RawSqlPipelined,
     Etcd,
+    Noop,
 }
 
 impl std::str::FromStr for Baseline {
@@ -239,8 +258,9 @@ impl std::str::FromStr for Baseline {
             "raw-sql" => Ok(Self::RawSql),
             "raw-sql-pipelined" => Ok(Self::RawSqlPipelined),
             "etcd" => Ok(Self::Etcd),
+            "noop" => Ok(Self::Noop),
             other => Err(format!(
-                "unknown baseline {other:?}; expected raw-sql, raw-sql-pipelined or etcd"
+                "unknown baseline {other:?}; expected raw-sql, raw-sql-pipelined, etcd or noop"
             )),
         }
     }
@@ -251,7 +271,7 @@ impl Baseline {
         match self {
             Self::RawSql => Some(SqlMode::Naive),
             Self::RawSqlPipelined => Some(SqlMode::Pipelined),
-            Self::Etcd => None,
+            Self::Etcd | Self::Noop => None,
         }
     }
 }

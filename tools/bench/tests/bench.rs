@@ -3,7 +3,9 @@
 //! Asserts only that it runs and reports; speed is the benchmark's business, never a test's.
 //! With CI=true PostgreSQL and etcd must be there (the bench refuses to skip them).
 //! The verify mode (`--verify 2000`) runs both read paths and must repair exactly the drift it
-//! injected, with a clean second run.
+//! injected, with a clean second run. The A/B mode (`--serve-variant`) starts one server per
+//! store and variant, `sqlite:` in a fresh file that is gone afterwards, the noop baseline beside
+//! them, and reports the combiner's batch sizes.
 #![cfg(unix)]
 
 use std::process::Command;
@@ -11,6 +13,42 @@ use std::process::Command;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_topology-claims-bench");
+
+/// The bench without the ambient `TOPOLOGY_CLAIMS_*` settings (they would change what a run
+/// measures) other than `keep`, logging warnings only.
+fn bench(keep: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command.env("RUST_LOG", "warn");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("TOPOLOGY_CLAIMS_") && !keep.contains(&name.as_str()) {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// Runs `command`, which must succeed; its stdout.
+fn succeed(mut command: Command, what: &str) -> String {
+    let output = command.output().expect("run topology-claims-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "bench {what} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    stdout
+}
+
+/// The systems a JSON report measured, in order.
+fn measured(report: &Value) -> Vec<&str> {
+    report["systems"]
+        .as_array()
+        .expect("systems is a list")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect()
+}
 
 fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
@@ -21,28 +59,14 @@ fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
     let dir = tempfile::tempdir().expect("temp dir");
     let json_path = dir.path().join("bench.json");
     let plot_path = dir.path().join("bench.png");
-    let mut command = Command::new(BIN);
+    let mut command = bench(&["TOPOLOGY_CLAIMS_TEST_POSTGRES_URL"]);
     command
         .arg("--smoke")
         .arg("--json")
         .arg(&json_path)
         .arg("--plot")
-        .arg(&plot_path)
-        .env("RUST_LOG", "warn");
-    for (name, _) in std::env::vars() {
-        // Ambient settings would change what the smoke run measures.
-        if name.starts_with("TOPOLOGY_CLAIMS_") && name != "TOPOLOGY_CLAIMS_TEST_POSTGRES_URL" {
-            command.env_remove(name);
-        }
-    }
-    let output = command.output().expect("run topology-claims-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "bench --smoke failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
+        .arg(&plot_path);
+    let stdout = succeed(command, "--smoke");
     assert!(
         stdout.contains("| scenario | clients | system |"),
         "{stdout}"
@@ -85,12 +109,7 @@ fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
         "{scale:#?}"
     );
 
-    let systems: Vec<&str> = report["systems"]
-        .as_array()
-        .expect("systems is a list")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let systems = measured(&report);
     let skipped: Vec<&str> = report["skipped"]
         .as_array()
         .expect("skipped is a list")
@@ -98,7 +117,7 @@ fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
         .filter_map(|s| s["system"].as_str())
         .collect();
     // Every system is either measured or named as skipped: nothing disappears silently.
-    for system in ["postgres", "raw-sql", "etcd"] {
+    for system in ["postgres", "raw-sql", "etcd", "noop"] {
         assert!(
             systems.contains(&system) || skipped.contains(&system),
             "{system} neither measured nor reported skipped: {systems:?} / {skipped:?}"
@@ -128,7 +147,7 @@ fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
 
 #[test]
 fn tls_both_measures_a_plaintext_and_a_mutual_tls_server_side_by_side() {
-    let mut command = Command::new(BIN);
+    let mut command = bench(&[]);
     command
         .args([
             "--store",
@@ -139,21 +158,8 @@ fn tls_both_measures_a_plaintext_and_a_mutual_tls_server_side_by_side() {
             "unique",
         ])
         .args(["--clients", "2", "--duration", "200ms", "--warmup", "50ms"])
-        .args(["--rounds", "1", "--preload", "0"])
-        .env("RUST_LOG", "warn");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("TOPOLOGY_CLAIMS_") {
-            command.env_remove(name);
-        }
-    }
-    let output = command.output().expect("run topology-claims-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "bench --tls both failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
+        .args(["--rounds", "1", "--preload", "0"]);
+    let stdout = succeed(command, "--tls both");
     // Each client presented its cell's certificate: a refused call would be "not OK".
     for system in ["| memory |", "| memory-tls |"] {
         let row = stdout
@@ -165,22 +171,106 @@ fn tls_both_measures_a_plaintext_and_a_mutual_tls_server_side_by_side() {
 }
 
 #[test]
+fn serve_variants_run_each_store_once_per_variant_beside_the_noop_baseline() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json_path = dir.path().join("ab.json");
+    // The bench's own temporary files (the SQLite stores) go here, so their removal is visible.
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).expect("temp subdir");
+    let mut command = bench(&[]);
+    command
+        .args(["--store", "memory:,sqlite:", "--baselines", "noop"])
+        .args(["--serve-variant", "on=--group-commit=on --group-max=64"])
+        .args(["--serve-variant", "off=--group-commit=off"])
+        .args(["--scenario", "unique,hot", "--hot-keys", "50"])
+        .args(["--clients", "8", "--duration", "300ms", "--warmup", "50ms"])
+        .args(["--rounds", "1", "--preload", "0", "--json"])
+        .arg(&json_path)
+        .env("TMPDIR", &tmp);
+    let stdout = succeed(command, "--serve-variant");
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .expect("read the temp dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "the bench left {left:?} behind");
+
+    let text = std::fs::read_to_string(&json_path).expect("the JSON report is written");
+    let report: Value = serde_json::from_str(&text).expect("the JSON report parses");
+    let systems = measured(&report);
+    assert_eq!(
+        systems,
+        ["memory/on", "memory/off", "sqlite/on", "sqlite/off", "noop"],
+        "{report:#}"
+    );
+    assert_eq!(report["config"]["serve_variants"][1]["name"], "off");
+    let results = report["results"].as_array().expect("results is a list");
+    for row in results {
+        let system = row["system"].as_str().expect("system");
+        assert!(row["pairs"].as_u64().unwrap_or(0) > 0, "{row:#}");
+        if row["scenario"] == "unique" {
+            assert!(
+                row["outcomes"]
+                    .as_object()
+                    .expect("outcomes")
+                    .keys()
+                    .all(|k| k.ends_with(":OK")),
+                "{row:#}"
+            );
+        }
+        let groups = &row["group_commit"];
+        if system == "noop" {
+            assert!(groups.is_null(), "{row:#}");
+            assert!(row["cpu"]["server_s"].as_f64().is_some(), "{row:#}");
+            continue;
+        }
+        let count = groups["groups"].as_u64().expect("group count");
+        let calls = groups["calls"].as_f64().expect("calls");
+        let by_size: u64 = groups["distribution"]
+            .as_array()
+            .expect("distribution")
+            .iter()
+            .map(|d| d["groups"].as_u64().expect("groups"))
+            .sum();
+        assert_eq!(by_size, count, "{row:#}");
+        if system.ends_with("/off") {
+            // Without group commit the combiner forms no groups at all.
+            assert_eq!(count, 0, "{row:#}");
+        } else {
+            // The measured calls went through the combiner: about a begin and a commit per
+            // pair (the scrapes bracket the measured part only roughly); groups carry at least
+            // one call each and at most --group-max.
+            let pairs = row["pairs"].as_u64().expect("pairs");
+            assert!(calls >= pairs as f64, "{row:#}");
+            let mean = groups["mean_size"].as_f64().expect("mean");
+            assert!(count > 0 && (1.0..=64.0).contains(&mean), "{row:#}");
+        }
+    }
+    let ratios = report["ratios"].as_array().expect("ratios is a list");
+    for system in ["memory/on", "memory/off", "sqlite/on", "sqlite/off"] {
+        assert!(
+            ratios.iter().any(|r| r["system"] == system
+                && r["baseline"] == "noop"
+                && r["ratio"].as_f64().is_some_and(|x| x > 0.0)),
+            "no ratio of {system} to noop: {ratios:#?}"
+        );
+    }
+    assert!(
+        stdout.contains("| store transactions (groups) |"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn verify_mode_repairs_the_injected_drift_streaming_and_paging_and_a_second_run_is_clean() {
     let dir = tempfile::tempdir().expect("temp dir");
     let json_path = dir.path().join("verify.json");
     let postgres = std::env::var("TOPOLOGY_CLAIMS_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let mut command = Command::new(BIN);
+    let mut command = bench(&[]);
     command
         .args(["--store", &postgres, "--verify", "2000", "--drift", "0.01"])
         .args(["--rounds", "1", "--json"])
-        .arg(&json_path)
-        .env("RUST_LOG", "warn");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("TOPOLOGY_CLAIMS_") {
-            command.env_remove(name);
-        }
-    }
+        .arg(&json_path);
     let output = command.output().expect("run topology-claims-bench");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
