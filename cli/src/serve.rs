@@ -419,6 +419,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         let config = GroupConfig {
             max: args.group_max as usize,
             parallelism: (args.group_parallelism > 0).then_some(args.group_parallelism as usize),
+            lone_direct: true,
         };
         let mut group = GroupCommit::new(store, config);
         if let Some(metrics) = &metrics {

@@ -28,10 +28,12 @@ pub use grpc_store::{GrpcClaimStore, GrpcStoreGuard};
 /// (`serve --group-commit on`), so the whole suite and the model test run through
 /// `ClaimStore::run_group`: every BeginUpdate, CommitUpdate and RollbackUpdate is a group.
 pub fn grouped<S: crate::ClaimStore, G>((store, guard): (S, G)) -> (crate::group::GroupCommit, G) {
-    let combiner = crate::group::GroupCommit::new(
-        std::sync::Arc::new(store),
-        crate::group::GroupConfig::default(),
-    );
+    let config = crate::group::GroupConfig {
+        // Even a lone call is a group: the suites prove `run_group`.
+        lone_direct: false,
+        ..crate::group::GroupConfig::default()
+    };
+    let combiner = crate::group::GroupCommit::new(std::sync::Arc::new(store), config);
     (combiner, guard)
 }
 pub use local::LocalLeaseFixture;

@@ -46,6 +46,13 @@ pub const LEASE_LOCK_CLASS: i32 = 0x7C1A_0001;
 /// BeginUpdate of the cell (see `store.rs`, "why a cell lock").
 pub const CELL_LOCK_CLASS: i32 = 0x7C1A_0002;
 
+/// Advisory lock class of claim keys, second key a 32-bit hash of (claim type, value): every
+/// BeginUpdate (lone or in a group) takes the locks of the keys it names, in ascending order,
+/// after its lease locks. A claim that does not exist yet has no row to lock; without this, two
+/// transactions inserting one hot key would race to the primary key and the loser retry, and a
+/// group of many keys would keep losing (see `store.rs`, "why key locks").
+pub const KEY_LOCK_CLASS: i32 = 0x7C1A_0004;
+
 /// Advisory lock class of the verification slots, second key `hashtext(current_schema())` (one
 /// lock per store, as the table is one per schema): every acquire takes it before
 /// it reads `verification_slots` (see `store.rs`, "why a slot lock").
@@ -231,10 +238,11 @@ VALUES ($1::uuid, $2::text, $3::smallint, now())";
 // RollbackUpdate, `store.rs` "group commit"). Every statement takes arrays, so a batch of any
 // size costs the same statements.
 
-/// `$1` [`LEASE_LOCK_CLASS`], `$2` the batch's lease-id hashes, sorted and deduplicated. The
-/// lock calls are evaluated after the sort (PostgreSQL postpones volatile target-list functions
-/// past ORDER BY), so every transaction takes its lease locks in ascending order.
-pub const GROUP_LOCK_LEASE_IDS: &str =
+/// `$1` a lock class ([`LEASE_LOCK_CLASS`] for a group's lease ids, [`KEY_LOCK_CLASS`] for the
+/// claim keys a BeginUpdate names), `$2` the second keys, sorted and deduplicated. The lock
+/// calls are evaluated after the sort (PostgreSQL postpones volatile target-list functions past
+/// ORDER BY), so every transaction takes its locks of one class in ascending order.
+pub const LOCK_ASCENDING: &str =
     "SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) AS k ORDER BY k";
 
 /// `$1` [`CELL_LOCK_CLASS`], `$2` the beginning cells: the shared cell locks, in byte order.

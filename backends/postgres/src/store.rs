@@ -48,8 +48,20 @@
 //! retries the whole group, decided afresh on re-read rows. No statement count depends on the
 //! batch's size.
 //!
+//! ## Why key locks
+//! `SELECT … FOR UPDATE` cannot lock a claim that does not exist yet, so two transactions that
+//! both create one key both read "absent", and the second insert fails on the primary key and
+//! retries the whole transaction. For a lone BeginUpdate that is cheap; a group of dozens of
+//! operations over hot keys would lose that race over and over (measured: groups of 16–48 on
+//! the benchmark's hot keys ran out of their 12 attempts). Every BeginUpdate, lone or grouped,
+//! therefore takes `pg_advisory_xact_lock(KEY_LOCK_CLASS, hash(key))` for each key it names, in
+//! ascending order, right after its lease locks: transactions on one key serialize before they
+//! read, and the later one's read (READ COMMITTED: a new snapshot per statement) sees the
+//! earlier one's insert.
+//!
 //! ## Lock order (no deadlocks between batches)
-//! Advisory lease locks (a group takes its ids' locks in ascending key order) → advisory cell
+//! Advisory lease locks (a group takes its ids' locks in ascending key order) → advisory key
+//! locks of every claim a BeginUpdate names (ascending) → advisory cell
 //! locks (shared; a group takes them in byte order of the cell id) → lease / outcome rows (a
 //! group: in id order) → claim rows in (claim_type, claim_value) order (`ORDER BY … FOR
 //! UPDATE`) → inserts of absent claims, also in key order. Commit/Rollback lock the lease's
@@ -62,7 +74,7 @@
 //! ## Round trips (statements already prepared on the connection)
 //! | operation | round trips | flights |
 //! |---|---|---|
-//! | BeginUpdate | 2 | `BEGIN`, lease lock, cell lock (shared), decommission mark, lease + outcome rows, claim rows `FOR UPDATE` · inserts, destroy marks, update marks, lease insert, `COMMIT` |
+//! | BeginUpdate | 2 | `BEGIN`, lease lock, key locks, cell lock (shared), decommission mark, lease + outcome rows, claim rows `FOR UPDATE` · inserts, destroy marks, update marks, lease insert, `COMMIT` |
 //! | BeginUpdate refused / replayed | 1 | the first flight; `ROLLBACK` is sent without waiting |
 //! | CommitUpdate / RollbackUpdate | 2 | `BEGIN`, lease lock, lease + outcome rows, lease's claims `FOR UPDATE` · deletes, releases, replaces (committed updates), lease delete, outcome insert, `COMMIT` |
 //! | CommitUpdate already done / refused | 1 | |
@@ -180,10 +192,11 @@ impl PostgresClaimStore {
         payload: &[u8],
     ) -> Result<Lease, Failure> {
         let mut session = self.shared.session().await?;
-        let [lock, lock_cell, decommissioned, select_lease, select_outcome, select_claims, insert_claims, mark_claims, insert_lease] =
+        let [lock, lock_keys, lock_cell, decommissioned, select_lease, select_outcome, select_claims, insert_claims, mark_claims, insert_lease] =
             session
                 .prepare([
                     sql::LOCK_LEASE_ID,
+                    sql::LOCK_ASCENDING,
                     sql::LOCK_CELL_SHARED,
                     sql::CELL_DECOMMISSIONED,
                     sql::SELECT_LEASE_FOR_UPDATE,
@@ -197,15 +210,17 @@ impl PostgresClaimStore {
         let id = lease_id.as_uuid();
         let lock_key = lease_lock_key(lease_id);
         let keys = KeyArrays::sorted(request.operations().map(|(_, record)| &record.key));
+        let key_locks = key_lock_keys(request.operations().map(|(_, record)| &record.key));
         let begin = session.begin_transaction();
         let client = session.client()?;
         let cell = request.cell_id.as_str();
         // Flight 1: open the transaction and lock + read everything the decision needs. The
         // shared cell lock comes before the mark is read (see "why a cell lock").
-        let (_, _, _, decommissioned_row, lease_row, outcome_row, claim_rows) = tokio::try_join!(
+        let (_, _, _, _, decommissioned_row, lease_row, outcome_row, claim_rows) = tokio::try_join!(
             biased;
             client.batch_execute(begin),
             async { client.execute(&lock, &[&sql::LEASE_LOCK_CLASS, &lock_key]).await },
+            async { client.execute(&lock_keys, &[&sql::KEY_LOCK_CLASS, &key_locks]).await },
             async { client.execute(&lock_cell, &[&sql::CELL_LOCK_CLASS, &cell]).await },
             async { client.query_one(&decommissioned, &[&cell]).await },
             async { client.query_opt(&select_lease, &[id]).await },
@@ -294,10 +309,11 @@ impl PostgresClaimStore {
         reads: &GroupReads,
     ) -> Result<GroupResults, Failure> {
         let mut session = self.shared.session().await?;
-        let [lock_leases, lock_cells, clock, select_leases, select_outcomes, select_claims, insert_leases, delete_claims, update_claims, insert_claims, delete_leases, insert_outcomes] =
+        let [lock_leases, lock_keys_statement, lock_cells, clock, select_leases, select_outcomes, select_claims, insert_leases, delete_claims, update_claims, insert_claims, delete_leases, insert_outcomes] =
             session
                 .prepare([
-                    sql::GROUP_LOCK_LEASE_IDS,
+                    sql::LOCK_ASCENDING,
+                    sql::LOCK_ASCENDING,
                     sql::GROUP_LOCK_CELLS_SHARED,
                     sql::GROUP_CLOCK_AND_DECOMMISSIONED,
                     sql::GROUP_SELECT_LEASES_FOR_UPDATE,
@@ -321,6 +337,7 @@ impl PostgresClaimStore {
             .collect();
         lock_keys.sort_unstable();
         lock_keys.dedup();
+        let key_locks = key_lock_keys(&reads.keys);
         let mut cells: Vec<&str> = reads.cells.iter().map(CellId::as_str).collect();
         cells.sort_unstable();
         let ids = rows::lease_ids(&reads.lease_ids);
@@ -329,10 +346,16 @@ impl PostgresClaimStore {
         let client = session.client()?;
         // Flight 1: every lock, then every row the decision needs (the shared cell locks come
         // before the marks are read: "why a cell lock").
-        let (_, _, _, clock_rows, lease_rows, outcome_rows, claim_rows) = tokio::try_join!(
+        let (_, _, _, _, clock_rows, lease_rows, outcome_rows, claim_rows) = tokio::try_join!(
             biased;
             client.batch_execute(begin),
             async { client.execute(&lock_leases, &[&sql::LEASE_LOCK_CLASS, &lock_keys]).await },
+            async {
+                if key_locks.is_empty() {
+                    return Ok(0);
+                }
+                client.execute(&lock_keys_statement, &[&sql::KEY_LOCK_CLASS, &key_locks]).await
+            },
             async {
                 if cells.is_empty() {
                     return Ok(0);
@@ -791,6 +814,27 @@ fn internal(error: tokio_postgres::Error) -> Failure {
 
 /// The second key of a lease's advisory lock: the lease id folded to 32 bits. Two ids with the
 /// same fold only serialise each other; correctness never depends on it being unique.
+/// The second keys of the claim-key advisory locks of `keys`, sorted and deduplicated: FNV-1a
+/// of (claim type, value) folded to 32 bits. Two keys with the same hash only serialize each
+/// other; correctness never depends on it being unique.
+fn key_lock_keys<'k>(keys: impl IntoIterator<Item = &'k ClaimKey>) -> Vec<i32> {
+    let mut hashes: Vec<i32> = keys
+        .into_iter()
+        .map(|key| {
+            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+            let bytes = std::iter::once(key.claim_type.number() as u8).chain(key.value.bytes());
+            for byte in bytes {
+                hash ^= u64::from(byte);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+            ((hash as u32) ^ ((hash >> 32) as u32)) as i32
+        })
+        .collect();
+    hashes.sort_unstable();
+    hashes.dedup();
+    hashes
+}
+
 fn lease_lock_key(lease_id: LeaseId) -> i32 {
     let wide = lease_id.as_uuid().as_u128();
     let folded = (wide as u64) ^ ((wide >> 64) as u64);

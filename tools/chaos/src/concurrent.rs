@@ -503,6 +503,7 @@ mod tests {
         let config = GroupConfig {
             max: 8,
             parallelism: Some(3),
+            ..GroupConfig::default()
         };
         passes(Arc::new(store), config, WORKLOAD).await;
         schema.drop().await.expect("dropping the schema");
