@@ -8,9 +8,12 @@ use gcloud_googleapis::spanner::v1::Mutation;
 use gcloud_spanner::key::Key;
 use gcloud_spanner::mutation::{delete, insert, update};
 use gcloud_spanner::row::Row;
+use gcloud_spanner::statement::ToKind;
 use gcloud_spanner::value::CommitTimestamp;
 use topology_claims::codec::{decode_request, encode_request, timestamp_from_pb, timestamp_to_pb};
-use topology_claims::domain::{CellLeases, LeaseOutcome, Outcome, SlotHolder, SlotRow};
+use topology_claims::domain::{
+    CellLeases, GroupWrites, LeaseOutcome, Outcome, SlotHolder, SlotRow,
+};
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease,
     LeaseId, LeaseOp, OwnerType, TableName, Timestamp,
@@ -46,6 +49,7 @@ pub(crate) const LEASE_COLUMNS: [&str; 5] = [
     "last_renewed_at",
 ];
 pub(crate) const OUTCOME_COLUMNS: [&str; 4] = ["lease_id", "cell_id", "outcome", "decided_at"];
+pub(crate) const DECOMMISSIONED_COLUMNS: [&str; 2] = ["cell_id", "decommissioned_at"];
 
 /// The comma-separated column list for SQL.
 pub(crate) fn select_list(columns: &[&str]) -> String {
@@ -176,11 +180,19 @@ pub(crate) fn decommissioned_key(cell: &CellId) -> Key {
     Key::new(&cell.as_str())
 }
 
+/// A `decommissioned_cells` row read with [`DECOMMISSIONED_COLUMNS`].
+pub(crate) fn decommissioned_from_row(row: &Row) -> Result<(CellId, Timestamp), ClaimsError> {
+    Ok((
+        cell_id(&column::<String>(row, "cell_id")?)?,
+        timestamp(row, "decommissioned_at")?,
+    ))
+}
+
 /// The decommission mark of a cell, stamped with the commit timestamp.
 pub(crate) fn insert_decommissioned(cell: &CellId) -> Mutation {
     insert(
         DECOMMISSIONED,
-        &["cell_id", "decommissioned_at"],
+        &DECOMMISSIONED_COLUMNS,
         &[&cell.as_str(), &CommitTimestamp::new()],
     )
 }
@@ -290,6 +302,53 @@ pub(crate) fn replace_claim(record: &ClaimRecord) -> Mutation {
     )
 }
 
+/// A whole claim row as a group decided it (`domain::GroupWrites`): `insert` for a claim the
+/// group created (fails at commit if the row appeared meanwhile), else `update` of every column
+/// (fails if the row is gone). A timestamp equal to `fresh`, the stand-in clock the group was
+/// decided at, is written as the commit timestamp; an older one is the row's own and is left
+/// out of the update (Spanner keeps nanoseconds that the domain's microseconds would cut).
+pub(crate) fn write_claim(claim: &Claim, fresh: Timestamp, existing: bool) -> Mutation {
+    let record = &claim.record;
+    let claim_type = i64::from(record.key.claim_type.number());
+    let owner_type = i64::from(record.owner_type.number());
+    let table_name = i64::from(record.table_name.number());
+    let lease_id = claim.lease.map(|l| l.lease_id.to_string());
+    let lease_op = claim.lease.map_or(NO_LEASE_OP, |l| i64::from(l.op.number()));
+    let stamp = CommitTimestamp::new();
+    let created_at = timestamp_to_pb(claim.created_at);
+    let updated_at = timestamp_to_pb(claim.updated_at);
+    let cell = claim.cell_id.as_str();
+    let mut columns: Vec<&str> = CLAIM_COLUMNS[..9].to_vec();
+    let mut values: Vec<&dyn ToKind> = vec![
+        &claim_type,
+        &record.key.value,
+        &owner_type,
+        &record.owner_value,
+        &cell,
+        &table_name,
+        &record.table_record_id,
+        &lease_id,
+        &lease_op,
+    ];
+    for (column, value, pb) in [
+        ("created_at", claim.created_at, &created_at),
+        ("updated_at", claim.updated_at, &updated_at),
+    ] {
+        if value == fresh {
+            columns.push(column);
+            values.push(&stamp);
+        } else if !existing {
+            columns.push(column);
+            values.push(pb);
+        }
+    }
+    if existing {
+        update(CLAIMS, &columns, &values)
+    } else {
+        insert(CLAIMS, &columns, &values)
+    }
+}
+
 /// Clears the lease from a claim (it becomes, or stays, committed).
 pub(crate) fn release_claim(key: &ClaimKey) -> Mutation {
     set_claim_lease(key, None, NO_LEASE_OP)
@@ -346,6 +405,10 @@ pub(crate) fn delete_lease(lease_id: LeaseId) -> Mutation {
     delete(LEASES, lease_key(lease_id))
 }
 
+pub(crate) fn delete_leases(keys: Vec<Key>) -> Mutation {
+    delete(LEASES, keys)
+}
+
 /// The remembered end of a lease, decided now (commit timestamp).
 pub(crate) fn insert_outcome(
     lease_id: LeaseId,
@@ -366,4 +429,64 @@ pub(crate) fn insert_outcome(
 
 pub(crate) fn delete_outcomes(keys: Vec<Key>) -> Mutation {
     delete(OUTCOMES, keys)
+}
+
+/// The mutations of a decided group (`domain::GroupWrites`), decided at the stand-in clock
+/// `fresh`. Inserts are `insert` and updates `update`, never `insert_or_update`: a row that
+/// appeared or vanished since the transaction read it fails the commit, which re-runs the group.
+/// Every lease and outcome a group inserts was begun or decided by it, at `fresh`: they are
+/// stamped with the commit timestamp.
+pub(crate) fn group_mutations(writes: &GroupWrites, fresh: Timestamp) -> Vec<Mutation> {
+    let mut mutations = Vec::with_capacity(
+        writes.insert_claims.len()
+            + writes.update_claims.len()
+            + writes.insert_leases.len()
+            + writes.insert_outcomes.len()
+            + 2,
+    );
+    if !writes.delete_claims.is_empty() {
+        mutations.push(delete_claims(
+            writes.delete_claims.iter().map(claim_key).collect(),
+        ));
+    }
+    mutations.extend(
+        writes
+            .insert_claims
+            .iter()
+            .map(|c| write_claim(c, fresh, false)),
+    );
+    mutations.extend(
+        writes
+            .update_claims
+            .iter()
+            .map(|c| write_claim(c, fresh, true)),
+    );
+    mutations.extend(
+        writes
+            .insert_leases
+            .iter()
+            .map(|lease| insert_lease(lease.lease_id, &lease.request)),
+    );
+    if !writes.delete_leases.is_empty() {
+        mutations.push(delete_leases(
+            writes.delete_leases.iter().map(|id| lease_key(*id)).collect(),
+        ));
+    }
+    mutations.extend(
+        writes
+            .insert_outcomes
+            .iter()
+            .map(|o| insert_outcome(o.lease_id, &o.cell_id, o.outcome)),
+    );
+    mutations
+}
+
+/// Rows a group's writes touch (Spanner's mutation limit counts per row and column).
+pub(crate) fn rows_written(writes: &GroupWrites) -> usize {
+    writes.insert_claims.len()
+        + writes.update_claims.len()
+        + writes.delete_claims.len()
+        + writes.insert_leases.len()
+        + writes.delete_leases.len()
+        + writes.insert_outcomes.len()
 }

@@ -6,7 +6,7 @@
 //! Reads are strong read-only snapshots. Owns the transaction shapes; must not decide protocol
 //! questions (that is `domain`) nor classify errors (that is `error.rs`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -20,7 +20,8 @@ use gcloud_spanner::transaction_rw::ReadWriteTransaction;
 use gcloud_spanner::value::TimestampBound;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, EndWrites,
-    LeaseOutcome, LeaseRecord, LeaseSummary, SlotGrant, SlotHolder, SlotLimit,
+    GroupAnswer, GroupDecision, GroupOp, GroupReads, GroupResults, GroupSnapshot, LeaseOutcome,
+    LeaseRecord, LeaseSummary, SlotGrant, SlotHolder, SlotLimit,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -38,6 +39,12 @@ use crate::transaction::Attempts;
 
 /// Outcomes deleted per transaction by `collect_outcomes` (far below Spanner's mutation limit).
 const COLLECT_BATCH: usize = 1000;
+/// Most rows one group transaction writes. Spanner refuses a commit of more than 80,000
+/// mutations, counted per column written and per index entry changed: a claim row costs up to
+/// about 20 (11 columns, three indexes), so 3,000 rows keep a group well inside the limit. A
+/// bigger group is split in two, each half its own transaction, in order (a lone operation of
+/// `--max-batch` claims is far below it).
+const GROUP_MAX_ROWS: usize = 3000;
 /// Spanner's earliest TIMESTAMP, 0001-01-01T00:00:00Z: a cutoff at or before it selects nothing
 /// (and could not be sent as a parameter).
 const SPANNER_MIN_TIMESTAMP: Timestamp = Timestamp::from_unix_micros(-62_135_596_800_000_000);
@@ -230,19 +237,37 @@ impl SpannerClaimStore {
         tx: &mut Transaction,
         keys: &BTreeSet<&ClaimKey>,
     ) -> Result<BTreeMap<ClaimKey, Claim>, TxError> {
-        let mut current = BTreeMap::new();
+        let keys = keys.iter().map(|k| rows::claim_key(k)).collect();
+        let claims = self
+            .read_keys(tx, CLAIMS, &CLAIM_COLUMNS, keys, rows::claim_from_row)
+            .await?;
+        Ok(claims
+            .into_iter()
+            .map(|c| (c.record.key.clone(), c))
+            .collect())
+    }
+
+    /// The rows of `table` at `keys`, in one Read (none without keys); inside a read-write
+    /// transaction the read locks them, absent keys included.
+    async fn read_keys<T>(
+        &self,
+        tx: &mut Transaction,
+        table: &str,
+        columns: &[&str],
+        keys: Vec<Key>,
+        decode: impl Fn(&Row) -> Result<T, ClaimsError>,
+    ) -> Result<Vec<T>, TxError> {
+        let mut decoded = Vec::new();
         if keys.is_empty() {
-            return Ok(current);
+            return Ok(decoded);
         }
-        let keys: Vec<Key> = keys.iter().map(|k| rows::claim_key(k)).collect();
         let mut found = tx
-            .read_with_option(CLAIMS, &CLAIM_COLUMNS, keys, self.read_options())
+            .read_with_option(table, columns, keys, self.read_options())
             .await?;
         while let Some(row) = found.next().await? {
-            let claim = rows::claim_from_row(&row)?;
-            current.insert(claim.record.key.clone(), claim);
+            decoded.push(decode(&row)?);
         }
-        Ok(current)
+        Ok(decoded)
     }
 
     /// Runs a query inside a read-write transaction: a failed RPC stays a `TxError::Status`, so
@@ -548,6 +573,95 @@ impl SpannerClaimStore {
             }
         };
         answer
+    }
+
+    /// One attempt of a group (`ClaimStore::run_group`): read every row of
+    /// `GroupReads::of(ops)` in at most four Reads, decide the operations one by one
+    /// (`domain::decide_group`), buffer the net writes.
+    ///
+    /// 1. `leases_outstanding` at every lease id;
+    /// 2. `claims` at every key a BeginUpdate names and every key of a lease found in 1: a claim
+    ///    carries only an outstanding lease's id, and only for a key of that lease's request,
+    ///    so these are all the claims carrying one of the ids (what a lone CommitUpdate reads);
+    /// 3. `lease_outcomes` at the ids not found in 1;
+    /// 4. `decommissioned_cells` at every cell that begins.
+    ///
+    /// The group is decided at a stand-in clock later than every timestamp read; whatever
+    /// carries it is written as, and answered with, the commit timestamp (time is Spanner's, as
+    /// for a lone call).
+    async fn group_attempt(
+        &self,
+        tx: &mut ReadWriteTransaction,
+        ops: &[GroupOp],
+    ) -> Result<GroupAttempt, TxError> {
+        let reads = GroupReads::of(ops);
+        let lease_keys = reads.lease_ids.iter().map(|id| rows::lease_key(*id));
+        let leases = self
+            .read_keys(tx, LEASES, &LEASE_COLUMNS, lease_keys.collect(), rows::lease_from_row)
+            .await?;
+        let mut keys: BTreeSet<&ClaimKey> = reads.keys.iter().collect();
+        keys.extend(
+            leases
+                .iter()
+                .flat_map(|lease| lease.request.operations().map(|(_, r)| &r.key)),
+        );
+        let claims = self.claims(tx, &keys).await?;
+        let outstanding: BTreeSet<LeaseId> = leases.iter().map(|l| l.lease_id).collect();
+        let ended = reads
+            .lease_ids
+            .iter()
+            .filter(|id| !outstanding.contains(id))
+            .map(|id| rows::lease_key(*id))
+            .collect();
+        let outcomes = self
+            .read_keys(tx, OUTCOMES, &OUTCOME_COLUMNS, ended, rows::outcome_from_row)
+            .await?;
+        let cells = reads.cells.iter().map(rows::decommissioned_key).collect();
+        let decommissioned = self
+            .read_keys(
+                tx,
+                DECOMMISSIONED,
+                &rows::DECOMMISSIONED_COLUMNS,
+                cells,
+                rows::decommissioned_from_row,
+            )
+            .await?;
+        let snapshot = GroupSnapshot {
+            claims: claims.into_values().collect(),
+            leases,
+            outcomes,
+            decommissioned,
+        };
+        let stand_in = later_than_all(&snapshot);
+        let GroupDecision { results, writes } = domain::decide_group(snapshot, ops, stand_in);
+        if ops.len() > 1 && rows::rows_written(&writes) > GROUP_MAX_ROWS {
+            return Ok(GroupAttempt::TooLarge);
+        }
+        tx.buffer_write(rows::group_mutations(&writes, stand_in));
+        Ok(GroupAttempt::Decided { results, stand_in })
+    }
+
+    /// One group in one read-write transaction, retried whole (and decided afresh) on abort.
+    async fn run_one_group(&self, ops: &[GroupOp]) -> Result<Option<GroupResults>, ClaimsError> {
+        let mut attempts = self.attempts("group commit");
+        let (attempt, committed_at) = loop {
+            let Some(mut tx) = attempts.begin(&self.client).await? else {
+                continue;
+            };
+            let result = self.group_attempt(&mut tx, ops).await;
+            if let Some(done) = attempts.end(&mut tx, result).await? {
+                break done;
+            }
+        };
+        Ok(match attempt {
+            GroupAttempt::TooLarge => None,
+            GroupAttempt::Decided { results, stand_in } => Some(
+                results
+                    .into_iter()
+                    .map(|result| result.map(|answer| stamped(answer, stand_in, committed_at)))
+                    .collect(),
+            ),
+        })
     }
 
     /// One attempt of RenewLease.
@@ -871,7 +985,89 @@ impl ClaimStore for SpannerClaimStore {
         answer
     }
 
+    /// One read-write transaction per group (`group_attempt`). A group that would write more
+    /// than `GROUP_MAX_ROWS` rows is split in two halves run one after the other, so each
+    /// operation still sees the ones before it; if a later part fails for good, its operations
+    /// (and those after it) get the error while the parts before stay committed and answered.
+    async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {
+        let mut results = Vec::with_capacity(ops.len());
+        let mut parts = VecDeque::from([ops]);
+        while let Some(part) = parts.pop_front() {
+            match self.run_one_group(part).await {
+                Ok(Some(answers)) => results.extend(answers),
+                Ok(None) => {
+                    let (first, second) = part.split_at(part.len() / 2);
+                    parts.push_front(second);
+                    parts.push_front(first);
+                }
+                Err(error) if results.is_empty() => return Err(error),
+                Err(error) => {
+                    let failed = part.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+                    results.extend((0..failed).map(|_| Err(error.clone())));
+                    break;
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    /// Concurrent read-write transactions are bounded by the session pool; the emulator runs
+    /// one at a time (a second one aborts), so there the combiner keeps one group in flight.
+    fn group_parallelism(&self) -> usize {
+        if self.options.emulator().is_some() {
+            1
+        } else {
+            self.options.session_pool_size
+        }
+    }
+
     fn retries(&self) -> u64 {
         self.retries.load(Ordering::Relaxed)
+    }
+}
+
+/// What one attempt of a group came to.
+enum GroupAttempt {
+    /// Decided (and its writes buffered) at the stand-in clock `stand_in`.
+    Decided {
+        results: GroupResults,
+        stand_in: Timestamp,
+    },
+    /// Writes more than `GROUP_MAX_ROWS` rows: nothing buffered, to be split.
+    TooLarge,
+}
+
+/// A clock later than every timestamp of `snapshot`: whatever a group decided at it carries it
+/// only because the group wrote it now.
+fn later_than_all(snapshot: &GroupSnapshot) -> Timestamp {
+    let claims = snapshot
+        .claims
+        .iter()
+        .flat_map(|c| [c.created_at, c.updated_at]);
+    let leases = snapshot
+        .leases
+        .iter()
+        .flat_map(|l| [l.created_at, l.last_renewed_at]);
+    let outcomes = snapshot.outcomes.iter().map(|o| o.decided_at);
+    let marks = snapshot.decommissioned.iter().map(|(_, at)| *at);
+    claims
+        .chain(leases)
+        .chain(outcomes)
+        .chain(marks)
+        .max()
+        .unwrap_or(SPANNER_MIN_TIMESTAMP)
+        .saturating_add(Duration::from_micros(1))
+}
+
+/// An answer decided at `stand_in`, with the commit timestamp in its place.
+fn stamped(answer: GroupAnswer, stand_in: Timestamp, committed_at: Timestamp) -> GroupAnswer {
+    let stamp = |at: Timestamp| if at == stand_in { committed_at } else { at };
+    match answer {
+        GroupAnswer::Begun(mut lease) => {
+            lease.created_at = stamp(lease.created_at);
+            lease.last_renewed_at = stamp(lease.last_renewed_at);
+            GroupAnswer::Begun(lease)
+        }
+        GroupAnswer::Ended => GroupAnswer::Ended,
     }
 }
