@@ -313,7 +313,9 @@ pub(crate) fn write_claim(claim: &Claim, fresh: Timestamp, existing: bool) -> Mu
     let owner_type = i64::from(record.owner_type.number());
     let table_name = i64::from(record.table_name.number());
     let lease_id = claim.lease.map(|l| l.lease_id.to_string());
-    let lease_op = claim.lease.map_or(NO_LEASE_OP, |l| i64::from(l.op.number()));
+    let lease_op = claim
+        .lease
+        .map_or(NO_LEASE_OP, |l| i64::from(l.op.number()));
     let stamp = CommitTimestamp::new();
     let created_at = timestamp_to_pb(claim.created_at);
     let updated_at = timestamp_to_pb(claim.updated_at);
@@ -469,7 +471,11 @@ pub(crate) fn group_mutations(writes: &GroupWrites, fresh: Timestamp) -> Vec<Mut
     );
     if !writes.delete_leases.is_empty() {
         mutations.push(delete_leases(
-            writes.delete_leases.iter().map(|id| lease_key(*id)).collect(),
+            writes
+                .delete_leases
+                .iter()
+                .map(|id| lease_key(*id))
+                .collect(),
         ));
     }
     mutations.extend(

@@ -597,7 +597,13 @@ impl SpannerClaimStore {
         let reads = GroupReads::of(ops);
         let lease_keys = reads.lease_ids.iter().map(|id| rows::lease_key(*id));
         let leases = self
-            .read_keys(tx, LEASES, &LEASE_COLUMNS, lease_keys.collect(), rows::lease_from_row)
+            .read_keys(
+                tx,
+                LEASES,
+                &LEASE_COLUMNS,
+                lease_keys.collect(),
+                rows::lease_from_row,
+            )
             .await?;
         let mut keys: BTreeSet<&ClaimKey> = reads.keys.iter().collect();
         keys.extend(
@@ -614,7 +620,13 @@ impl SpannerClaimStore {
             .map(|id| rows::lease_key(*id))
             .collect();
         let outcomes = self
-            .read_keys(tx, OUTCOMES, &OUTCOME_COLUMNS, ended, rows::outcome_from_row)
+            .read_keys(
+                tx,
+                OUTCOMES,
+                &OUTCOME_COLUMNS,
+                ended,
+                rows::outcome_from_row,
+            )
             .await?;
         let cells = reads.cells.iter().map(rows::decommissioned_key).collect();
         let decommissioned = self
