@@ -10,6 +10,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod concurrent;
+
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
