@@ -3,11 +3,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use topology_claims::group::GroupCommit;
 use topology_claims::testing::fixtures::{cell, creates, destroys, moved, updates, username};
 use topology_claims::{
-    BeginUpdate, CellId, ClaimStore, ClaimsError, Lease, LeaseId, LeasesQuery, TableName,
+    BeginUpdate, CellId, ClaimRecord, ClaimStore, ClaimsError, Lease, LeaseId, LeasesQuery,
+    TableName,
 };
 
 /// Every outstanding lease of `cell_id`.
@@ -20,50 +22,39 @@ pub async fn outstanding(store: &impl ClaimStore, cell_id: &CellId) -> Vec<Lease
     page.leases
 }
 
-/// One task's script: a begin of a few of the keys, then (mostly) its commit or rollback.
-#[derive(Clone, Debug)]
-struct Script {
-    cell: CellId,
-    request: BeginUpdate,
-    end: Option<bool>,
+/// A random BeginUpdate by `cell` of one or two of `keys`: creates, destroys or updates.
+fn random_request(rng: &mut fastrand::Rng, cell: &CellId, keys: &[ClaimRecord]) -> BeginUpdate {
+    let mut chosen = BTreeSet::new();
+    for _ in 0..rng.usize(1..=2) {
+        chosen.insert(rng.usize(..keys.len()));
+    }
+    let records: Vec<_> = chosen.iter().map(|&i| keys[i].clone()).collect();
+    match rng.usize(..3) {
+        0 => creates(cell, &records),
+        1 => destroys(cell, &records),
+        _ => {
+            let moved: Vec<_> = records
+                .iter()
+                .map(|r| moved(r, "p", TableName::Routes, rng.i64(1..9)))
+                .collect();
+            updates(cell, &moved)
+        }
+    }
 }
 
-/// Fires 32 tasks at once, each a random BeginUpdate of one or two of 6 keys by one of 3
-/// cells and (mostly) its commit or rollback, through `combiner`; then checks that groups of
-/// more than one formed and the tables are consistent: the outstanding leases are exactly those
-/// begun and not ended (with the timestamps their BeginUpdate answered), each holds every claim
-/// of its request, no claim carries another lease, and every ended lease's outcome is remembered.
+/// How one begun lease ended in the history: `None` still open, else committed or not.
+type Ended = Option<bool>;
+
+/// Fires 16 tasks at once, each up to 4 rounds of a random BeginUpdate of one or two of 6 keys
+/// by one of 3 cells, then (mostly) its commit or rollback, all through `combiner`; then checks
+/// that groups of more than one formed and the tables are consistent: the outstanding leases
+/// are exactly those begun and not ended (with the timestamps their BeginUpdate answered), each
+/// holds every claim of its request, no claim carries another lease, and every ended lease's
+/// outcome is remembered.
 pub async fn random_operations(combiner: &GroupCommit, seed: u64) {
     {
         let keys: Vec<_> = (0..6).map(|i| username(&format!("hot-{i}"))).collect();
         let cells = [cell("cell-a"), cell("cell-b"), cell("cell-c")];
-        let mut rng = fastrand::Rng::with_seed(seed);
-        let scripts: Vec<Script> = (0..32)
-            .map(|_| {
-                let cell = cells[rng.usize(..cells.len())].clone();
-                let mut chosen = BTreeSet::new();
-                for _ in 0..rng.usize(1..=2) {
-                    chosen.insert(rng.usize(..keys.len()));
-                }
-                let records: Vec<_> = chosen.iter().map(|&i| keys[i].clone()).collect();
-                let request = match rng.usize(..3) {
-                    0 => creates(&cell, &records),
-                    1 => destroys(&cell, &records),
-                    _ => updates(
-                        &cell,
-                        &records
-                            .iter()
-                            .map(|r| moved(r, "p", TableName::Routes, rng.i64(1..9)))
-                            .collect::<Vec<_>>(),
-                    ),
-                };
-                let end = match rng.usize(..4) {
-                    0 => None,
-                    n => Some(n < 3),
-                };
-                Script { cell, request, end }
-            })
-            .collect();
         // A first round makes claims to destroy and update.
         for cell in &cells {
             let lease = combiner.begin_update(creates(cell, &keys[..2])).await;
@@ -72,63 +63,79 @@ pub async fn random_operations(combiner: &GroupCommit, seed: u64) {
             }
         }
         let before = combiner.stats().operations.load(Ordering::Relaxed);
-        let tasks: Vec<_> = scripts
-            .iter()
-            .cloned()
-            .map(|script| {
+        let tasks: Vec<_> = (0..16u64)
+            .map(|task| {
                 let combiner = combiner.clone();
+                let (keys, cells) = (keys.clone(), cells.clone());
+                let mut rng = fastrand::Rng::with_seed(seed * 1000 + task);
                 tokio::spawn(async move {
-                    let lease = match combiner.begin_update(script.request.clone()).await {
-                        Ok(lease) => lease,
-                        Err(refusal) => {
-                            assert!(
-                                matches!(
-                                    refusal,
-                                    ClaimsError::ClaimTaken { .. }
-                                        | ClaimsError::ClaimLeased { .. }
-                                        | ClaimsError::ClaimNotFound { .. }
-                                        | ClaimsError::NotClaimOwner { .. }
-                                ),
-                                "a refusal of the protocol, not of the store: {refusal:?}"
-                            );
-                            return (None, None);
+                    let mut history: Vec<(Lease, Ended)> = Vec::new();
+                    for _round in 0..4 {
+                        // Spread out a little, so groups mix begins and ends.
+                        let pause = Duration::from_micros(rng.u64(..4000));
+                        tokio::time::sleep(pause).await;
+                        let cell = cells[rng.usize(..cells.len())].clone();
+                        let request = random_request(&mut rng, &cell, &keys);
+                        let lease = match combiner.begin_update(request).await {
+                            Ok(lease) => lease,
+                            Err(refusal) => {
+                                assert!(
+                                    matches!(
+                                        refusal,
+                                        ClaimsError::ClaimTaken { .. }
+                                            | ClaimsError::ClaimLeased { .. }
+                                            | ClaimsError::ClaimNotFound { .. }
+                                            | ClaimsError::NotClaimOwner { .. }
+                                    ),
+                                    "a refusal of the protocol, not of the store: {refusal:?}"
+                                );
+                                continue;
+                            }
+                        };
+                        if rng.usize(..6) == 0 {
+                            // Left open: it keeps its claims to the end.
+                            history.push((lease, None));
+                            break;
                         }
-                    };
-                    let ended = match script.end {
-                        None => None,
-                        Some(commit) => {
-                            let ended = if commit {
-                                combiner.commit_update(&script.cell, lease.lease_id).await
-                            } else {
-                                combiner.rollback_update(&script.cell, lease.lease_id).await
-                            };
-                            ended.expect("the lease's own end succeeds");
-                            Some(commit)
-                        }
-                    };
-                    (Some(lease), ended)
+                        let commit = rng.usize(..3) < 2;
+                        let ended = if commit {
+                            combiner.commit_update(&cell, lease.lease_id).await
+                        } else {
+                            combiner.rollback_update(&cell, lease.lease_id).await
+                        };
+                        ended.expect("the lease's own end succeeds");
+                        history.push((lease, Some(commit)));
+                    }
+                    history
                 })
             })
             .collect();
         let mut open: BTreeMap<LeaseId, Lease> = BTreeMap::new();
         let mut ended = BTreeMap::new();
         for task in tasks {
-            match task.await.expect("no task panics") {
-                (Some(lease), None) => {
-                    open.insert(lease.lease_id, lease);
+            for (lease, end) in task.await.expect("no task panics") {
+                match end {
+                    None => {
+                        open.insert(lease.lease_id, lease);
+                    }
+                    Some(commit) => {
+                        ended.insert(lease.lease_id, (lease.cell_id, commit));
+                    }
                 }
-                (Some(lease), Some(commit)) => {
-                    ended.insert(lease.lease_id, (lease.cell_id, commit));
-                }
-                (None, _) => {}
             }
         }
 
         let stats = combiner.stats();
         let operations = stats.operations.load(Ordering::Relaxed) - before;
+        println!(
+            "seed {seed}: {operations} operations, {} open and {} ended leases; group sizes (up to, count) {:?}",
+            open.len(),
+            ended.len(),
+            stats.size_distribution(),
+        );
         assert!(
-            operations >= 32,
-            "every begin went through the combiner: {operations}"
+            operations >= 64,
+            "every begin and end went through the combiner: {operations}"
         );
         let grouped: u64 = stats
             .size_distribution()
@@ -151,7 +158,7 @@ pub async fn random_operations(combiner: &GroupCommit, seed: u64) {
         }
         assert_eq!(
             listed, open,
-            "outstanding leases, with their answered timestamps"
+            "outstanding leases, with their answered timestamps (seed {seed})"
         );
         // Every open lease holds each claim of its request; no claim carries any other lease.
         let mut holders = BTreeMap::new();
