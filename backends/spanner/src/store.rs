@@ -3,6 +3,9 @@
 //! Every write is one read-write transaction that reads the rows the request touches (point
 //! reads by primary key, which lock them), asks `topology_claims::domain`, and buffers exactly
 //! the mutations the decision names; the commit timestamp is the time of everything written.
+//! A group of BeginUpdate / CommitUpdate / RollbackUpdate calls (`ClaimStore::run_group`, the
+//! combiner's) is one such transaction too: at most four multi-key reads, `domain::decide_group`,
+//! the net mutations, one commit.
 //! Reads are strong read-only snapshots. Owns the transaction shapes; must not decide protocol
 //! questions (that is `domain`) nor classify errors (that is `error.rs`).
 

@@ -12,15 +12,8 @@ use topology_claims::group::{GroupCommit, GroupConfig};
 use topology_claims::testing::fixtures::{
     cell, creates, destroys, lease_id, moved, updates, username,
 };
+use topology_claims::testing::run_async;
 use topology_claims::{BeginUpdate, ClaimStore, ClaimsError, Lease, LeaseId, LeaseOp, TableName};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-}
 
 fn begin(request: BeginUpdate, id: LeaseId) -> GroupOp {
     GroupOp::Begin {
@@ -38,7 +31,7 @@ fn begun(answer: &Result<GroupAnswer, ClaimsError>) -> Lease {
 
 #[test]
 fn a_group_is_decided_op_by_op_and_stamped_with_its_commit_timestamp() {
-    runtime().block_on(async {
+    run_async(async {
         let store = common::fresh_store(common::Mode::Plain).await;
         let (a, b) = (cell("cell-a"), cell("cell-b"));
         let (k, j) = (username("grouped-k"), username("grouped-j"));
@@ -116,7 +109,7 @@ fn a_group_is_decided_op_by_op_and_stamped_with_its_commit_timestamp() {
 
 #[test]
 fn updates_and_destroys_in_one_group_rewrite_whole_rows() {
-    runtime().block_on(async {
+    run_async(async {
         let store = common::fresh_store(common::Mode::Plain).await;
         let a = cell("cell-a");
         let (k, j) = (username("whole-k"), username("whole-j"));
@@ -175,7 +168,7 @@ fn updates_and_destroys_in_one_group_rewrite_whole_rows() {
 
 #[test]
 fn a_group_too_large_for_one_commit_is_split_in_order() {
-    runtime().block_on(async {
+    run_async(async {
         let store = common::fresh_store(common::Mode::Plain).await;
         let a = cell("cell-a");
         let batch = |n: usize| -> Vec<_> {
@@ -217,7 +210,7 @@ fn a_group_too_large_for_one_commit_is_split_in_order() {
 
 #[test]
 fn concurrent_operations_through_the_combiner_form_groups_and_keep_the_tables_consistent() {
-    runtime().block_on(async {
+    run_async(async {
         let store = common::fresh_store(common::Mode::Plain).await;
         let combiner = GroupCommit::new(Arc::new(store), GroupConfig::default());
         common::concurrent::random_operations(&combiner, 17).await;
