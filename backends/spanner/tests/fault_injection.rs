@@ -1,7 +1,8 @@
 //! The shared ClaimStore conformance suite and model-based property test against an emulator
 //! started with `--enable_fault_injection`, which aborts a share of commits at random: every
 //! case must still pass (the adapter retries aborted transactions), and the suite's invariants,
-//! checked after every step of the model test, show that no batch is ever half-applied.
+//! checked after every step of the model test, show that no batch is ever half-applied. The
+//! same holds behind the group-commit combiner, whose groups are aborted and re-run whole.
 
 mod common;
 
@@ -12,6 +13,16 @@ async fn store() -> (SpannerClaimStore, ()) {
 }
 
 topology_claims::claim_store_conformance!(store, model_cases = 8);
+
+/// The same suite through the group-commit combiner: an aborted group is re-run whole and
+/// decided afresh.
+mod grouped {
+    pub(super) async fn store() -> (topology_claims::group::GroupCommit, ()) {
+        topology_claims::testing::grouped(super::store().await)
+    }
+
+    topology_claims::claim_store_conformance!(store, model_cases = 8);
+}
 
 /// Guards the guard: the emulator of this binary really aborts commits, so the suite above ran
 /// under injected faults (a single attempt per transaction here, no retry).
@@ -83,6 +94,27 @@ fn aborted_transactions_are_counted_as_retries() {
         assert!(
             store.retries() > 0,
             "80 transactions under fault injection, none retried"
+        );
+    });
+}
+
+#[test]
+fn aborted_groups_are_rerun_whole_and_leave_consistent_tables() {
+    topology_claims::testing::run_async(async {
+        // A share of commits aborts at random: run histories until some group was re-run (and
+        // at least three of them).
+        let mut retries = 0;
+        for seed in 1..=30 {
+            let (combiner, ()) = grouped::store().await;
+            common::concurrent::random_operations(&combiner, seed).await;
+            retries += topology_claims::ClaimStore::retries(&combiner);
+            if retries > 0 && seed >= 3 {
+                break;
+            }
+        }
+        assert!(
+            retries > 0,
+            "30 histories under fault injection, no group re-run"
         );
     });
 }

@@ -80,8 +80,8 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Creates the database of `url` with no schema at all, as an operator might by hand.
 async fn create_empty_database(emulator: &common::Emulator, url: &str) {
-    // The shared instance exists once any store was created through `migrate`.
-    let scratch = common::fresh_url();
+    // The instance exists once any store was created in it through `migrate`.
+    let scratch = format!("{url}-scratch");
     topology_claims_spanner::migrate(&scratch, common::options(emulator), true)
         .await
         .unwrap();
@@ -90,14 +90,10 @@ async fn create_empty_database(emulator: &common::Emulator, url: &str) {
         ..AdminClientConfig::default()
     };
     let admin = AdminClient::new(config).await.unwrap();
-    let database = url.rsplit('/').next().unwrap();
+    let name = topology_claims_spanner::DatabaseName::parse(url).unwrap();
     let request = CreateDatabaseRequest {
-        parent: format!(
-            "projects/{}/instances/{}",
-            common::PROJECT,
-            common::INSTANCE
-        ),
-        create_statement: format!("CREATE DATABASE `{database}`"),
+        parent: name.instance_path(),
+        create_statement: format!("CREATE DATABASE `{}`", name.database),
         database_dialect: DatabaseDialect::GoogleStandardSql as i32,
         ..Default::default()
     };
