@@ -5,10 +5,7 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use topology_claims::domain::{GroupAnswer, GroupOp};
-use topology_claims::group::{GroupCommit, GroupConfig};
 use topology_claims::testing::fixtures::{
     cell, creates, destroys, lease_id, moved, updates, username,
 };
@@ -212,7 +209,8 @@ fn a_group_too_large_for_one_commit_is_split_in_order() {
 fn concurrent_operations_through_the_combiner_form_groups_and_keep_the_tables_consistent() {
     run_async(async {
         let store = common::fresh_store(common::Mode::Plain).await;
-        let combiner = GroupCommit::new(Arc::new(store), GroupConfig::default());
+        // Every call through `run_group`, lone ones too (`grouped`).
+        let (combiner, ()) = topology_claims::testing::grouped((store, ()));
         common::concurrent::random_operations(&combiner, 17).await;
     });
 }
