@@ -91,7 +91,10 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// `domain::decide_group` at the store's clock, write its `GroupWrites`, commit once, and
     /// return its per-operation results. Contention is retried like any transaction (the whole
     /// group, decided afresh). `Err` means the transaction failed for good: nothing of the group
-    /// committed and every operation gets that error.
+    /// committed and every operation gets that error. A store whose transactions are bounded
+    /// (Spanner's mutation limit) may split a large group, in order, into several transactions;
+    /// then an operation of a later part that failed for good carries that error in its own
+    /// result, and the earlier parts' operations keep their (committed) answers.
     ///
     /// The default runs the operations one by one (a store without group commit).
     async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {

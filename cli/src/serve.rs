@@ -118,8 +118,9 @@ pub struct ServeArgs {
     group_max: u32,
 
     /// Group-commit store transactions in flight at once; more requests queue and share the
-    /// next ones. 0: the store's connection pool size (PostgreSQL --pg-pool-size, the Spanner
-    /// session pool; 1 for SQLite and memory). Fewer than the pool means larger groups.
+    /// next ones. Fewer means larger groups and less store CPU per call. 0: this machine's CPU
+    /// count, at most what the store can run at once (PostgreSQL --pg-pool-size, the Spanner
+    /// session pool; 1 for SQLite, memory and the Spanner emulator).
     #[arg(long, env = "TOPOLOGY_CLAIMS_GROUP_PARALLELISM", default_value_t = 0)]
     group_parallelism: u32,
 
@@ -418,7 +419,12 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let store: Arc<dyn ClaimStore> = if args.group_commit == "on" {
         let config = GroupConfig {
             max: args.group_max as usize,
-            parallelism: (args.group_parallelism > 0).then_some(args.group_parallelism as usize),
+            parallelism: Some(if args.group_parallelism > 0 {
+                args.group_parallelism as usize
+            } else {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                cores.min(store.group_parallelism())
+            }),
             lone_direct: true,
         };
         let mut group = GroupCommit::new(store, config);
