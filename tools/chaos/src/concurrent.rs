@@ -508,4 +508,39 @@ mod tests {
         passes(Arc::new(store), config, WORKLOAD).await;
         schema.drop().await.expect("dropping the schema");
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn spanner_emulator_through_the_combiner_is_linearizable() {
+        use topology_claims_harness::spanner::{emulator_binary, Emulator, Mode};
+        use topology_claims_spanner::{SpannerClaimStore, SpannerOptions};
+        if let Err(why) = emulator_binary() {
+            assert!(
+                !topology_claims_harness::in_ci(),
+                "CI=true needs the emulator: {why}"
+            );
+            eprintln!("spanner concurrent model test skipped: {why}");
+            return;
+        }
+        let emulator = Emulator::start(Mode::Plain, &std::env::temp_dir()).expect("the emulator");
+        let url = "spanner://projects/chaos/instances/chaos/databases/group-commit";
+        let options = SpannerOptions {
+            session_pool_size: 8,
+            emulator_host: Some(emulator.host.clone()),
+            ..SpannerOptions::default()
+        };
+        topology_claims_spanner::migrate(url, options.clone(), true)
+            .await
+            .expect("creating the database");
+        let store =
+            SpannerClaimStore::connect(url, options, topology_claims::MigrationPolicy::Refuse)
+                .await
+                .expect("a Spanner store");
+        // The emulator runs one read-write transaction at a time: a smaller history.
+        let workload = Workload {
+            tasks: 8,
+            leases_per_task: 8,
+            ..WORKLOAD
+        };
+        passes(Arc::new(store), GroupConfig::default(), workload).await;
+    }
 }
