@@ -1,8 +1,10 @@
 //! The fleet-wide verification limit through the real binary: with
 //! `serve --max-concurrent-verifications 1`, three `verify` processes of three cells started at
 //! once take turns (the intervals in which each held its slot, from its stderr lines, never
-//! overlap) and all finish; and the slot of a verifier killed with SIGKILL frees after its
-//! time-to-live, so the next verifier gets it.
+//! overlap) and all finish; the slot of a verifier killed with SIGKILL frees after its
+//! time-to-live, so the next verifier gets it; and a verifier paused past its slot's
+//! time-to-live, whose slot another verifier took meanwhile, stops when it resumes, says so and
+//! exits 3.
 
 mod common;
 
@@ -99,11 +101,17 @@ fn spawn_verify(
 
 /// The `at=` unix milliseconds of the first line containing `what`, waiting for it.
 fn stamp(lines: &mpsc::Receiver<String>, what: &str, seen: &mut Vec<String>) -> u128 {
+    let line = wait_for(lines, what, seen);
+    let at = line.split("at=").nth(1).expect("an at= stamp");
+    at.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// The first line containing `what`, waiting for it.
+fn wait_for(lines: &mpsc::Receiver<String>, what: &str, seen: &mut Vec<String>) -> String {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if let Some(line) = seen.iter().find(|l| l.contains(what)) {
-            let at = line.split("at=").nth(1).expect("an at= stamp");
-            return at.split_whitespace().next().unwrap().parse().unwrap();
+            return line.clone();
         }
         let left = deadline.saturating_duration_since(Instant::now());
         match lines.recv_timeout(left) {
@@ -210,5 +218,66 @@ fn a_killed_verifiers_slot_frees_after_its_time_to_live() {
         took < Duration::from_secs(2 + 4 + 10),
         "the slot freed after its ttl; the second verifier got it {took:?} after the kill"
     );
+    server.stop_with("TERM");
+}
+
+#[test]
+fn a_verifier_that_lost_its_slot_stops_says_why_and_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(
+        dir.path(),
+        &[
+            "--max-concurrent-verifications",
+            "1",
+            "--verification-slot-ttl",
+            "2s",
+        ],
+    );
+    // Many records: both verifiers are still running when the first resumes.
+    let (mut first, first_lines) = spawn_verify(dir.path(), &server, "cell-a", 5_000);
+    let mut first_seen = Vec::new();
+    stamp(&first_lines, "verification slot taken", &mut first_seen);
+    wait_for(&first_lines, "progress: records=2 ", &mut first_seen);
+    // Paused (as a stalled process or host would be), it renews nothing: the slot expires.
+    let pid = first.id();
+    let signal = |name| topology_claims_harness::process::signal(pid, name).unwrap();
+    signal("STOP");
+    let (mut second, second_lines) = spawn_verify(dir.path(), &server, "cell-b", 5_000);
+    let mut second_seen = Vec::new();
+    stamp(&second_lines, "verification slot taken", &mut second_seen);
+    signal("CONT");
+
+    let status = wait(&mut first);
+    first_seen.extend(first_lines.iter());
+    assert_eq!(status.code(), Some(3), "{first_seen:#?}");
+    let said = |what: &str| first_seen.iter().filter(|l| l.contains(what)).count();
+    assert_eq!(said("verification slot lost at="), 1, "{first_seen:#?}");
+    assert_eq!(
+        said("error: verification slot of cell-a/"),
+        1,
+        "one error line names the slot: {first_seen:#?}"
+    );
+    assert_eq!(
+        said("the run stopped, its cursor is saved and the next run resumes there"),
+        1,
+        "{first_seen:#?}"
+    );
+    assert_eq!(
+        said("verification slot released"),
+        0,
+        "a lost slot is not given back: the other verifier holds it: {first_seen:#?}"
+    );
+    // The cursor it saved is where the next run starts: somewhere inside the table.
+    let cursor = std::fs::read_to_string(dir.path().join("cell-a.cursor")).unwrap();
+    let saved: i64 = cursor
+        .trim()
+        .strip_prefix("users=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(saved > 1 && saved < 5_000, "saved cursor {cursor:?}");
+
+    let _ = second.kill();
+    second.wait().unwrap();
     server.stop_with("TERM");
 }

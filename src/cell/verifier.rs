@@ -15,6 +15,15 @@
 //! claims; a chunk refused because of one claim is retried claim by claim so one conflict (a
 //! value taken by another cell: needs a human) does not block the rest.
 //!
+//! A correction is decided on a comparison that may be out of date by the time it is sent: the
+//! page and the local records are read at different moments, and the cell's own transactions go
+//! on meanwhile (an "extra" claim whose record the cell has just created again, say). So each
+//! correcting lease checks again before it commits: once BeginUpdate has leased its claims, no
+//! transaction of the cell can change their records (each needs a lease on the claim), so the
+//! local records of the range are read once more, and a correction they no longer call for is
+//! rolled back (*withdrawn*) instead of committed. A destroy therefore never frees a claim that
+//! the cell's committed records hold.
+//!
 //! Must not bypass the protocol: every correction is an ordinary lease of this cell.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -180,6 +189,9 @@ pub struct VerifyReport {
     pub skipped_recent: u64,
     pub corrections_applied: u64,
     pub corrections_failed: u64,
+    /// Corrections rolled back because the local records changed after the comparison and no
+    /// longer called for them (the next run compares again).
+    pub corrections_withdrawn: u64,
     pub discrepancies: Vec<Discrepancy>,
     /// False when the time budget ran out (the cursor is saved).
     pub finished: bool,
@@ -191,7 +203,7 @@ impl std::fmt::Display for VerifyReport {
         let rate = self.records_checked as f64 / self.elapsed.as_secs_f64().max(1e-3);
         write!(
             f,
-            "records={} claims={} missing={} different={} extra={} skipped_recent={} corrected={} failed={} rate={rate:.0} records/s{}",
+            "records={} claims={} missing={} different={} extra={} skipped_recent={} corrected={} failed={} withdrawn={} rate={rate:.0} records/s{}",
             self.records_checked,
             self.claims_checked,
             self.missing,
@@ -200,6 +212,7 @@ impl std::fmt::Display for VerifyReport {
             self.skipped_recent,
             self.corrections_applied,
             self.corrections_failed,
+            self.corrections_withdrawn,
             if self.finished { "" } else { " (time budget reached; resumable)" }
         )
     }
@@ -208,12 +221,61 @@ impl std::fmt::Display for VerifyReport {
 /// Where a verifier reports what happens to its slot.
 type SlotEvents = Box<dyn Fn(&SlotEvent) + Send + Sync>;
 
+/// The calls of a correcting lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CorrectionCall {
+    Begin,
+    Commit,
+    /// The local records no longer call for the correction (or could not be read again).
+    Rollback,
+}
+
+/// One call of a correcting lease, reported before it is sent (`answer: None`) and when it has
+/// answered: an audit trail of everything the verifier did to the service.
+#[derive(Clone, Copy, Debug)]
+pub struct CorrectionEvent<'a> {
+    pub lease_id: LeaseId,
+    pub op: LeaseOp,
+    pub records: &'a [ClaimRecord],
+    pub call: CorrectionCall,
+    pub answer: Option<&'a Result<(), ClaimsError>>,
+}
+
+/// Where a verifier reports its correcting calls.
+type CorrectionEvents = Box<dyn Fn(&CorrectionEvent<'_>) + Send + Sync>;
+
+/// How one correcting lease ended.
+enum Corrected {
+    Applied,
+    /// Rolled back: the local records changed since the comparison and no longer call for it.
+    Withdrawn,
+}
+
+/// The id range of one page of one table: the local records a correction is checked against
+/// again.
+#[derive(Clone, Copy)]
+struct PageRange {
+    table: TableName,
+    start: i64,
+    end: i64,
+}
+
+/// Whether the local records `local` (read while the correction's lease holds the claim) still
+/// call for correcting `record` with `op`.
+fn still_called_for(op: LeaseOp, record: &ClaimRecord, local: &[LocalClaim]) -> bool {
+    match op {
+        LeaseOp::Create | LeaseOp::Update => local.iter().any(|c| c.record == *record),
+        LeaseOp::Destroy => !local.iter().any(|c| c.record.key == record.key),
+    }
+}
+
 /// The verifier of one cell.
 pub struct Verifier<S> {
     client: ClaimsClient,
     source: S,
     config: VerifierConfig,
     on_slot: SlotEvents,
+    on_correction: CorrectionEvents,
 }
 
 impl<S: ClaimSource> Verifier<S> {
@@ -223,12 +285,22 @@ impl<S: ClaimSource> Verifier<S> {
             source,
             config,
             on_slot: Box::new(|_| {}),
+            on_correction: Box::new(|_| {}),
         }
     }
 
-    /// Calls `on_slot` when the run waits for, takes or releases its verification slot.
+    /// Calls `on_slot` when the run waits for, takes, loses or releases its verification slot.
     pub fn on_slot(mut self, on_slot: impl Fn(&SlotEvent) + Send + Sync + 'static) -> Self {
         self.on_slot = Box::new(on_slot);
+        self
+    }
+
+    /// Calls `on_correction` before and after each call of a correcting lease.
+    pub fn on_correction(
+        mut self,
+        on_correction: impl Fn(&CorrectionEvent<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_correction = Box::new(on_correction);
         self
     }
 
@@ -248,12 +320,19 @@ impl<S: ClaimSource> Verifier<S> {
         let slot = slot::take_slot(&self.client, &holder, settings.ttl, &*self.on_slot).await?;
         let result = self.run_pages(progress, slot.as_ref()).await;
         if let Some(slot) = slot {
-            // Reported before the call: the run no longer uses the slot, and until the service
-            // has deleted it nobody else holds it, so no two reported intervals overlap.
-            (self.on_slot)(&SlotEvent::Released);
-            if let Err(error) = slot.release(&self.client).await {
-                // It expires on its own after its time-to-live.
-                tracing::warn!(%error, "verification slot release failed");
+            if slot.lost() {
+                // Another verifier holds it now: nothing to give back.
+                (self.on_slot)(&SlotEvent::Lost);
+                drop(slot);
+            } else {
+                // Reported before the call: the run no longer uses the slot, and until the
+                // service has deleted it nobody else holds it, so no two reported intervals
+                // overlap.
+                (self.on_slot)(&SlotEvent::Released);
+                if let Err(error) = slot.release(&self.client).await {
+                    // It expires on its own after its time-to-live.
+                    tracing::warn!(%error, "verification slot release failed");
+                }
             }
         }
         result
@@ -288,11 +367,10 @@ impl<S: ClaimSource> Verifier<S> {
                     report.finished = false;
                     break 'tables;
                 }
-                if slot.is_some_and(HeldSlot::lost) {
-                    return Err(ClaimsError::unavailable(
-                        "verification slot lost to another verifier (renewals failed for longer \
-                         than its time-to-live); stopped, the cursor is saved",
-                    ));
+                if let Some(slot) = slot.filter(|slot| slot.lost()) {
+                    return Err(ClaimsError::VerificationSlotLost {
+                        holder: slot.holder().to_string(),
+                    });
                 }
                 let query = ClaimsQuery::new(
                     self.config.cell_id.clone(),
@@ -321,7 +399,12 @@ impl<S: ClaimSource> Verifier<S> {
                         .await?;
                     let found = self.compare(local, service, &mut report);
                     if !self.config.dry_run {
-                        self.correct(found, &mut report).await;
+                        let range = PageRange {
+                            table,
+                            start: page.start_range,
+                            end: page.end_range,
+                        };
+                        self.correct(found, range, &mut report).await;
                     }
                 }
                 report.elapsed = started.elapsed();
@@ -445,7 +528,7 @@ impl<S: ClaimSource> Verifier<S> {
         found
     }
 
-    async fn correct(&self, found: Vec<Discrepancy>, report: &mut VerifyReport) {
+    async fn correct(&self, found: Vec<Discrepancy>, range: PageRange, report: &mut VerifyReport) {
         let mut creates = Vec::new();
         let mut updates = Vec::new();
         let mut destroys = Vec::new();
@@ -457,44 +540,73 @@ impl<S: ClaimSource> Verifier<S> {
                 Discrepancy::Extra(r) => destroys.push(r),
             }
         }
-        self.apply(creates, LeaseOp::Create, report).await;
-        self.apply(updates, LeaseOp::Update, report).await;
-        self.apply(destroys, LeaseOp::Destroy, report).await;
+        self.apply(creates, LeaseOp::Create, range, report).await;
+        self.apply(updates, LeaseOp::Update, range, report).await;
+        self.apply(destroys, LeaseOp::Destroy, range, report).await;
     }
 
-    async fn apply(&self, records: Vec<ClaimRecord>, op: LeaseOp, report: &mut VerifyReport) {
+    async fn apply(
+        &self,
+        records: Vec<ClaimRecord>,
+        op: LeaseOp,
+        range: PageRange,
+        report: &mut VerifyReport,
+    ) {
         for chunk in records.chunks(self.config.chunk.max(1)) {
-            match self.begin_and_commit(chunk, op).await {
-                Ok(()) => report.corrections_applied += chunk.len() as u64,
+            let one_by_one = match self.correct_chunk(chunk, op, range).await {
+                Ok(Corrected::Applied) => {
+                    report.corrections_applied += chunk.len() as u64;
+                    false
+                }
+                Ok(Corrected::Withdrawn) if chunk.len() == 1 => {
+                    report.corrections_withdrawn += 1;
+                    false
+                }
+                // Which of them no longer stand is for each one's own lease to find out.
+                Ok(Corrected::Withdrawn) => true,
                 Err(error) if error.claim().is_some() && chunk.len() > 1 => {
                     tracing::warn!(%error, "a correction chunk was refused; retrying claim by claim");
-                    for one in chunk {
-                        match self.begin_and_commit(std::slice::from_ref(one), op).await {
-                            Ok(()) => report.corrections_applied += 1,
-                            Err(error) => {
-                                report.corrections_failed += 1;
-                                tracing::error!(claim = %one.key, %error, "correction refused; needs manual intervention");
-                            }
-                        }
-                    }
+                    true
                 }
                 Err(error) => {
                     report.corrections_failed += chunk.len() as u64;
                     tracing::error!(%error, claims = chunk.len(), "correction failed");
+                    false
+                }
+            };
+            if !one_by_one {
+                continue;
+            }
+            for one in chunk {
+                match self
+                    .correct_chunk(std::slice::from_ref(one), op, range)
+                    .await
+                {
+                    Ok(Corrected::Applied) => report.corrections_applied += 1,
+                    Ok(Corrected::Withdrawn) => report.corrections_withdrawn += 1,
+                    Err(error) => {
+                        report.corrections_failed += 1;
+                        tracing::error!(claim = %one.key, %error, "correction refused; needs manual intervention");
+                    }
                 }
             }
         }
     }
 
-    async fn begin_and_commit(
+    /// One correcting lease: BeginUpdate, the local records of `range` read again while the
+    /// lease holds the claims, then CommitUpdate if they still call for every correction, else
+    /// RollbackUpdate.
+    async fn correct_chunk(
         &self,
         records: &[ClaimRecord],
         op: LeaseOp,
-    ) -> Result<(), ClaimsError> {
+        range: PageRange,
+    ) -> Result<Corrected, ClaimsError> {
         let cell_id = self.config.cell_id.clone();
+        let lease_id = LeaseId::generate();
         let mut request = BeginUpdate {
             cell_id: cell_id.clone(),
-            lease_id: Some(LeaseId::generate()),
+            lease_id: Some(lease_id),
             creates: Vec::new(),
             destroys: Vec::new(),
             updates: Vec::new(),
@@ -505,8 +617,46 @@ impl<S: ClaimSource> Verifier<S> {
             LeaseOp::Update => &mut request.updates,
         };
         *list = records.to_vec();
-        let lease = self.client.begin_update(request).await?;
-        self.client.commit_update(&cell_id, lease.lease_id).await
+        let report = |call, answer: Option<&Result<(), ClaimsError>>| {
+            (self.on_correction)(&CorrectionEvent {
+                lease_id,
+                op,
+                records,
+                call,
+                answer,
+            })
+        };
+        report(CorrectionCall::Begin, None);
+        let begun = self.client.begin_update(request).await.map(drop);
+        report(CorrectionCall::Begin, Some(&begun));
+        begun?;
+        let end = |call| async move {
+            report(call, None);
+            let ended = match call {
+                CorrectionCall::Commit => self.client.commit_update(&cell_id, lease_id).await,
+                _ => self.client.rollback_update(&cell_id, lease_id).await,
+            };
+            report(call, Some(&ended));
+            ended
+        };
+        let local = self
+            .source
+            .claims_in_range(range.table, range.start, range.end)
+            .await;
+        let stands = match &local {
+            Ok(local) => records.iter().all(|r| still_called_for(op, r, local)),
+            Err(_) => false,
+        };
+        if stands {
+            return end(CorrectionCall::Commit)
+                .await
+                .map(|()| Corrected::Applied);
+        }
+        if let Err(error) = end(CorrectionCall::Rollback).await {
+            // Not recorded locally, so the cell's reconciler rolls it back once it is stale.
+            tracing::warn!(%error, lease = %lease_id, "rolling back a withdrawn correction failed; the reconciler will");
+        }
+        local.map(|_| Corrected::Withdrawn)
     }
 }
 
