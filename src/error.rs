@@ -79,9 +79,10 @@ pub enum ClaimsError {
         retry_after: std::time::Duration,
     },
     /// A verifier's verification slot expired (not renewed within its time-to-live) and another
-    /// verifier took it: the run stopped after the page it was on, with its cursor saved. Raised
-    /// by the cell-side verifier, never sent by the service.
-    #[error("verification slot of {holder} lost: it was not renewed within its time-to-live and another verifier took it; the run stopped, its cursor is saved and the next run resumes there")]
+    /// verifier took it: the run stopped before its next correcting lease or page (the cursor of
+    /// its last whole page is saved). Raised by the cell-side verifier, never sent by the
+    /// service.
+    #[error("verification slot of {holder} lost: it was not renewed within its time-to-live and another verifier took it; the run stopped and the next run resumes from its saved cursor")]
     VerificationSlotLost { holder: String },
     /// An admin call that could not be written to the audit log first, so it did not act
     /// (UNAVAILABLE): fix the log (disk, permissions) and retry.

@@ -101,22 +101,26 @@ fn spawn_verify(
 
 /// The `at=` unix milliseconds of the first line containing `what`, waiting for it.
 fn stamp(lines: &mpsc::Receiver<String>, what: &str, seen: &mut Vec<String>) -> u128 {
-    let line = wait_for(lines, what, seen);
+    let line = wait_for(lines, seen, |l| l.contains(what));
     let at = line.split("at=").nth(1).expect("an at= stamp");
     at.split_whitespace().next().unwrap().parse().unwrap()
 }
 
-/// The first line containing `what`, waiting for it.
-fn wait_for(lines: &mpsc::Receiver<String>, what: &str, seen: &mut Vec<String>) -> String {
+/// The first line that is `what`, waiting for it.
+fn wait_for(
+    lines: &mpsc::Receiver<String>,
+    seen: &mut Vec<String>,
+    what: impl Fn(&str) -> bool,
+) -> String {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        if let Some(line) = seen.iter().find(|l| l.contains(what)) {
+        if let Some(line) = seen.iter().find(|l| what(l)) {
             return line.clone();
         }
         let left = deadline.saturating_duration_since(Instant::now());
         match lines.recv_timeout(left) {
             Ok(line) => seen.push(line),
-            Err(e) => panic!("no {what:?} line within {PATIENCE:?} ({e}); saw {seen:?}"),
+            Err(e) => panic!("no such line within {PATIENCE:?} ({e}); saw {seen:?}"),
         }
     }
 }
@@ -237,7 +241,6 @@ fn a_verifier_that_lost_its_slot_stops_says_why_and_exits_3() {
     let (mut first, first_lines) = spawn_verify(dir.path(), &server, "cell-a", 5_000);
     let mut first_seen = Vec::new();
     stamp(&first_lines, "verification slot taken", &mut first_seen);
-    wait_for(&first_lines, "progress: records=2 ", &mut first_seen);
     // Paused (as a stalled process or host would be), it renews nothing: the slot expires.
     let pid = first.id();
     let signal = |name| topology_claims_harness::process::signal(pid, name).unwrap();
@@ -258,7 +261,7 @@ fn a_verifier_that_lost_its_slot_stops_says_why_and_exits_3() {
         "one error line names the slot: {first_seen:#?}"
     );
     assert_eq!(
-        said("the run stopped, its cursor is saved and the next run resumes there"),
+        said("the run stopped and the next run resumes from its saved cursor"),
         1,
         "{first_seen:#?}"
     );
@@ -267,15 +270,12 @@ fn a_verifier_that_lost_its_slot_stops_says_why_and_exits_3() {
         0,
         "a lost slot is not given back: the other verifier holds it: {first_seen:#?}"
     );
-    // The cursor it saved is where the next run starts: somewhere inside the table.
-    let cursor = std::fs::read_to_string(dir.path().join("cell-a.cursor")).unwrap();
-    let saved: i64 = cursor
-        .trim()
-        .strip_prefix("users=")
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(saved > 1 && saved < 5_000, "saved cursor {cursor:?}");
+    // It stopped between two correcting leases, long before the end of its 5,000 records (the
+    // service holds none of them, so they are all one page, whose end it never reached).
+    assert!(
+        !first_seen.iter().any(|l| l.starts_with("progress:")),
+        "{first_seen:#?}"
+    );
 
     let _ = second.kill();
     second.wait().unwrap();

@@ -260,6 +260,16 @@ struct PageRange {
     end: i64,
 }
 
+/// Stops a run whose verification slot was lost (it expired and another verifier took it).
+fn lost_slot(slot: Option<&HeldSlot>) -> Result<(), ClaimsError> {
+    match slot.filter(|slot| slot.lost()) {
+        Some(slot) => Err(ClaimsError::VerificationSlotLost {
+            holder: slot.holder().to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Whether the local records `local` (read while the correction's lease holds the claim) still
 /// call for correcting `record` with `op`.
 fn still_called_for(op: LeaseOp, record: &ClaimRecord, local: &[LocalClaim]) -> bool {
@@ -307,8 +317,9 @@ impl<S: ClaimSource> Verifier<S> {
     /// Verifies every configured table, calling `progress` after each page. With
     /// [`VerifierConfig::slot`], a verification slot is taken first (waiting while all are
     /// held), renewed while the run goes on, and released at its end, an error included. A run
-    /// whose slot was lost (a renewal found it taken by another verifier) stops after the page it
-    /// was on, with the cursor saved, and fails.
+    /// whose slot was lost (a renewal found it taken by another verifier) stops before its next
+    /// correcting lease or page, with the cursor of its last whole page saved, and fails with
+    /// [`ClaimsError::VerificationSlotLost`].
     pub async fn run(
         &self,
         progress: impl FnMut(&VerifyReport),
@@ -367,11 +378,7 @@ impl<S: ClaimSource> Verifier<S> {
                     report.finished = false;
                     break 'tables;
                 }
-                if let Some(slot) = slot.filter(|slot| slot.lost()) {
-                    return Err(ClaimsError::VerificationSlotLost {
-                        holder: slot.holder().to_string(),
-                    });
-                }
+                lost_slot(slot)?;
                 let query = ClaimsQuery::new(
                     self.config.cell_id.clone(),
                     table,
@@ -404,7 +411,9 @@ impl<S: ClaimSource> Verifier<S> {
                             start: page.start_range,
                             end: page.end_range,
                         };
-                        self.correct(found, range, &mut report).await;
+                        // A lost slot stops the run between correcting leases, before this
+                        // page's cursor is saved: the next run corrects the rest of the page.
+                        self.correct(found, range, slot, &mut report).await?;
                     }
                 }
                 report.elapsed = started.elapsed();
@@ -528,7 +537,13 @@ impl<S: ClaimSource> Verifier<S> {
         found
     }
 
-    async fn correct(&self, found: Vec<Discrepancy>, range: PageRange, report: &mut VerifyReport) {
+    async fn correct(
+        &self,
+        found: Vec<Discrepancy>,
+        range: PageRange,
+        slot: Option<&HeldSlot>,
+        report: &mut VerifyReport,
+    ) -> Result<(), ClaimsError> {
         let mut creates = Vec::new();
         let mut updates = Vec::new();
         let mut destroys = Vec::new();
@@ -540,9 +555,12 @@ impl<S: ClaimSource> Verifier<S> {
                 Discrepancy::Extra(r) => destroys.push(r),
             }
         }
-        self.apply(creates, LeaseOp::Create, range, report).await;
-        self.apply(updates, LeaseOp::Update, range, report).await;
-        self.apply(destroys, LeaseOp::Destroy, range, report).await;
+        self.apply(creates, LeaseOp::Create, range, slot, report)
+            .await?;
+        self.apply(updates, LeaseOp::Update, range, slot, report)
+            .await?;
+        self.apply(destroys, LeaseOp::Destroy, range, slot, report)
+            .await
     }
 
     async fn apply(
@@ -550,9 +568,11 @@ impl<S: ClaimSource> Verifier<S> {
         records: Vec<ClaimRecord>,
         op: LeaseOp,
         range: PageRange,
+        slot: Option<&HeldSlot>,
         report: &mut VerifyReport,
-    ) {
+    ) -> Result<(), ClaimsError> {
         for chunk in records.chunks(self.config.chunk.max(1)) {
+            lost_slot(slot)?;
             let one_by_one = match self.correct_chunk(chunk, op, range).await {
                 Ok(Corrected::Applied) => {
                     report.corrections_applied += chunk.len() as u64;
@@ -578,6 +598,7 @@ impl<S: ClaimSource> Verifier<S> {
                 continue;
             }
             for one in chunk {
+                lost_slot(slot)?;
                 match self
                     .correct_chunk(std::slice::from_ref(one), op, range)
                     .await
@@ -591,6 +612,7 @@ impl<S: ClaimSource> Verifier<S> {
                 }
             }
         }
+        Ok(())
     }
 
     /// One correcting lease: BeginUpdate, the local records of `range` read again while the
