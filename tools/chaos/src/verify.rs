@@ -101,7 +101,7 @@ impl VerifyStats {
                 n(&self.withdrawn),
             ),
             (
-                "corrections refused (raced a transaction)",
+                "corrections failed (raced a transaction, faults)",
                 n(&self.refused),
             ),
             (
