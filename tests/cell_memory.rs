@@ -961,3 +961,69 @@ async fn a_correction_the_records_no_longer_call_for_is_withdrawn_not_committed(
     ));
     server.shutdown().await;
 }
+
+/// A record that moved to another table (a route of a project that now lives in its group's
+/// table, say) looks extra in the old table and missing in the new one. Whichever table the
+/// verifier walks first, it corrects the claim with one update to the new values: never a
+/// destroy and a create, so the claim is never free. A second run finds nothing.
+#[tokio::test]
+async fn a_record_moved_to_another_table_is_corrected_by_one_update_in_either_order() {
+    for tables in [
+        vec![TableName::Emails, TableName::Users],
+        vec![TableName::Users, TableName::Emails],
+    ] {
+        let server = TestServer::start(Arc::new(MemoryClaimStore::with_clock(Arc::new(
+            TwoHoursAgo,
+        ))))
+        .await;
+        let client = client(&server);
+        let a = cell("cell-a");
+        let old = record_in(TableName::Emails, 3, ClaimType::Username, "alice");
+        let moved = user_record(7, "alice");
+        let lease = client
+            .begin_update(creates(&a, std::slice::from_ref(&old)))
+            .await
+            .unwrap();
+        client.commit_update(&a, lease.lease_id).await.unwrap();
+        let records = Records(Mutex::new(vec![LocalClaim {
+            record: moved.clone(),
+            created_at: Timestamp::from_unix_micros(1_000_000),
+        }]));
+        let committed = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&committed);
+        let config = VerifierConfig {
+            chunk: 1,
+            slot: None,
+            ..VerifierConfig::new(a.clone(), tables.clone())
+        };
+        let report = Verifier::new(client.clone(), &records, config.clone())
+            .on_correction(move |e| {
+                if e.answer.is_some_and(Result::is_ok) {
+                    seen.lock().unwrap().push((e.op, e.call));
+                }
+            })
+            .run(|_| {})
+            .await
+            .unwrap();
+        use topology_claims::cell::verifier::CorrectionCall::{Begin, Commit};
+        use topology_claims::LeaseOp::Update;
+        assert_eq!(
+            *committed.lock().unwrap(),
+            [(Update, Begin), (Update, Commit)],
+            "tables {tables:?}: one update, nothing destroyed or created: {report}"
+        );
+        assert_eq!(
+            (report.corrections_applied, report.corrections_failed),
+            (1, 0),
+            "{report}"
+        );
+        let claim = client.lookup_claim(&moved.key).await.unwrap();
+        assert_eq!((claim.record, claim.state), (moved, ClaimState::Active));
+        let again = Verifier::new(client.clone(), &records, config)
+            .run(|_| {})
+            .await
+            .unwrap();
+        assert!(again.discrepancies.is_empty(), "{again}");
+        server.shutdown().await;
+    }
+}

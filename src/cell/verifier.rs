@@ -26,7 +26,7 @@
 //!
 //! Must not bypass the protocol: every correction is an ordinary lease of this cell.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -260,6 +260,72 @@ struct PageRange {
     end: i64,
 }
 
+/// Most extra claims a run keeps for its end, and most keys of unmatched records it remembers.
+const MAX_DEFERRED: usize = 10_000;
+
+/// The extra claims of a run, destroyed at its end unless a record anywhere in the run holds the
+/// key: one of a later page (of any table), or one skipped as recent or found missing on an
+/// earlier page (the same page's records cannot: they would have made the claim *different*).
+#[derive(Default)]
+struct DeferredExtras {
+    by_range: Vec<(PageRange, Vec<ClaimRecord>)>,
+    /// Keys of `by_range` no record has been seen to hold.
+    pending: HashSet<ClaimKey>,
+    /// Keys of the local claims the run skipped as recent or found missing: held by a record
+    /// whether or not the service knows it yet.
+    unmatched: HashSet<ClaimKey>,
+    /// Too many such keys to remember: no extra is destroyed this run.
+    overflow: bool,
+}
+
+impl DeferredExtras {
+    fn defer(&mut self, range: PageRange, records: Vec<ClaimRecord>) {
+        let room = MAX_DEFERRED.saturating_sub(self.pending.len());
+        if records.len() > room {
+            tracing::debug!(
+                left = records.len() - room,
+                "too many extra claims for one run; the rest wait for the next"
+            );
+        }
+        let records: Vec<ClaimRecord> = records.into_iter().take(room).collect();
+        if records.is_empty() {
+            return;
+        }
+        self.pending.extend(records.iter().map(|r| r.key.clone()));
+        self.by_range.push((range, records));
+    }
+
+    fn held_locally(&mut self, key: &ClaimKey) {
+        self.pending.remove(key);
+    }
+
+    fn held_unmatched(&mut self, key: &ClaimKey) {
+        if self.unmatched.len() < MAX_DEFERRED {
+            self.unmatched.insert(key.clone());
+        } else {
+            self.overflow = true;
+        }
+    }
+
+    /// The extras no record of the run turned out to hold, by page range.
+    fn to_destroy(self) -> Vec<(PageRange, Vec<ClaimRecord>)> {
+        if self.overflow {
+            return Vec::new();
+        }
+        self.by_range
+            .into_iter()
+            .map(|(range, records)| {
+                let records = records
+                    .into_iter()
+                    .filter(|r| self.pending.contains(&r.key) && !self.unmatched.contains(&r.key))
+                    .collect::<Vec<_>>();
+                (range, records)
+            })
+            .filter(|(_, records)| !records.is_empty())
+            .collect()
+    }
+}
+
 /// Stops a run whose verification slot was lost (it expired and another verifier took it).
 fn lost_slot(slot: Option<&HeldSlot>) -> Result<(), ClaimsError> {
     match slot.filter(|slot| slot.lost()) {
@@ -361,6 +427,7 @@ impl<S: ClaimSource> Verifier<S> {
         };
         let mut cursors = load_cursors(self.config.cursor_file.as_ref())?;
         let mut streaming = self.config.stream;
+        let mut extras = DeferredExtras::default();
         'tables: for &table in &self.config.tables {
             // This table's StreamClaims stream, once opened; dropped (closing it) when the
             // table is done or the time budget runs out.
@@ -404,7 +471,7 @@ impl<S: ClaimSource> Verifier<S> {
                         .source
                         .claims_in_range(table, page.start_range, page.end_range)
                         .await?;
-                    let found = self.compare(local, service, &mut report);
+                    let found = self.compare(local, service, &mut extras, &mut report);
                     if !self.config.dry_run {
                         let range = PageRange {
                             table,
@@ -413,7 +480,8 @@ impl<S: ClaimSource> Verifier<S> {
                         };
                         // A lost slot stops the run between correcting leases, before this
                         // page's cursor is saved: the next run corrects the rest of the page.
-                        self.correct(found, range, slot, &mut report).await?;
+                        self.correct(found, range, slot, &mut extras, &mut report)
+                            .await?;
                     }
                 }
                 report.elapsed = started.elapsed();
@@ -432,6 +500,14 @@ impl<S: ClaimSource> Verifier<S> {
                     }
                 }
                 self.save_cursors(&cursors)?;
+            }
+        }
+        // Only a run that walked every table knows that no record holds an extra claim's key
+        // elsewhere; a run stopped early leaves them to the next one.
+        if report.finished && !self.config.dry_run {
+            for (range, records) in extras.to_destroy() {
+                self.apply(records, LeaseOp::Destroy, range, slot, &mut report)
+                    .await?;
             }
         }
         report.elapsed = started.elapsed();
@@ -490,6 +566,7 @@ impl<S: ClaimSource> Verifier<S> {
         &self,
         local: Vec<LocalClaim>,
         service: Vec<ServiceClaim>,
+        extras: &mut DeferredExtras,
         report: &mut VerifyReport,
     ) -> Vec<Discrepancy> {
         let recent_cut = SystemClock.now().saturating_sub(self.config.recent);
@@ -500,13 +577,21 @@ impl<S: ClaimSource> Verifier<S> {
         report.records_checked += records.len() as u64;
         for claim in local {
             report.claims_checked += 1;
+            // A record here holds the key of a claim found extra elsewhere: it moved.
+            extras.held_locally(&claim.record.key);
             let theirs = service.remove(&claim.record.key);
             if claim.created_at > recent_cut {
                 report.skipped_recent += 1;
+                extras.held_unmatched(&claim.record.key);
                 continue;
             }
             match theirs {
-                None => found.push(Discrepancy::Missing(claim.record)),
+                None => {
+                    // Until its create (or the update of a moved claim) is through, the key
+                    // may still be listed extra at its old place: it must not be destroyed.
+                    extras.held_unmatched(&claim.record.key);
+                    found.push(Discrepancy::Missing(claim.record))
+                }
                 Some((record, _, _)) if record == claim.record => {}
                 Some((_, created_at, state))
                     if created_at > recent_cut || state != ClaimState::Active =>
@@ -537,11 +622,15 @@ impl<S: ClaimSource> Verifier<S> {
         found
     }
 
+    /// Creates and updates now; extras wait for the end of the run (a record elsewhere may
+    /// still turn out to hold the key: a moved record, corrected by one update, never by a
+    /// destroy and a create).
     async fn correct(
         &self,
         found: Vec<Discrepancy>,
         range: PageRange,
         slot: Option<&HeldSlot>,
+        extras: &mut DeferredExtras,
         report: &mut VerifyReport,
     ) -> Result<(), ClaimsError> {
         let mut creates = Vec::new();
@@ -559,8 +648,8 @@ impl<S: ClaimSource> Verifier<S> {
             .await?;
         self.apply(updates, LeaseOp::Update, range, slot, report)
             .await?;
-        self.apply(destroys, LeaseOp::Destroy, range, slot, report)
-            .await
+        extras.defer(range, destroys);
+        Ok(())
     }
 
     async fn apply(
@@ -573,7 +662,11 @@ impl<S: ClaimSource> Verifier<S> {
     ) -> Result<(), ClaimsError> {
         for chunk in records.chunks(self.config.chunk.max(1)) {
             lost_slot(slot)?;
-            let one_by_one = match self.correct_chunk(chunk, op, range).await {
+            let first_try = match chunk {
+                [one] => self.correct_one(one, op, range).await,
+                _ => self.correct_chunk(chunk, op, range).await,
+            };
+            let one_by_one = match first_try {
                 Ok(Corrected::Applied) => {
                     report.corrections_applied += chunk.len() as u64;
                     false
@@ -599,10 +692,7 @@ impl<S: ClaimSource> Verifier<S> {
             }
             for one in chunk {
                 lost_slot(slot)?;
-                match self
-                    .correct_chunk(std::slice::from_ref(one), op, range)
-                    .await
-                {
+                match self.correct_one(one, op, range).await {
                     Ok(Corrected::Applied) => report.corrections_applied += 1,
                     Ok(Corrected::Withdrawn) => report.corrections_withdrawn += 1,
                     Err(error) => {
@@ -613,6 +703,41 @@ impl<S: ClaimSource> Verifier<S> {
             }
         }
         Ok(())
+    }
+
+    /// The correction of one claim. A create refused because the claim is taken by this very
+    /// cell with other values is a record that moved (to another table, or to a record in
+    /// another page): it is corrected by one update to the record's values instead.
+    async fn correct_one(
+        &self,
+        record: &ClaimRecord,
+        op: LeaseOp,
+        range: PageRange,
+    ) -> Result<Corrected, ClaimsError> {
+        let one = std::slice::from_ref(record);
+        match self.correct_chunk(one, op, range).await {
+            Err(taken @ ClaimsError::ClaimTaken { .. }) if op == LeaseOp::Create => {
+                let view = self.client.lookup_claim(&record.key).await?;
+                let ours = view.cell_id == self.config.cell_id && view.state == ClaimState::Active;
+                if !ours || view.record == *record {
+                    return Err(taken);
+                }
+                self.correct_chunk(one, LeaseOp::Update, range).await
+            }
+            other => other,
+        }
+    }
+
+    /// Whether the service still holds each of `records` with exactly these values (read while
+    /// the correction's lease holds them, so they cannot change before it ends).
+    async fn unchanged(&self, records: &[ClaimRecord]) -> Result<bool, ClaimsError> {
+        for record in records {
+            let view = self.client.lookup_claim(&record.key).await?;
+            if view.record != *record || view.cell_id != self.config.cell_id {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// One correcting lease: BeginUpdate, the local records of `range` read again while the
@@ -665,11 +790,16 @@ impl<S: ClaimSource> Verifier<S> {
             .source
             .claims_in_range(range.table, range.start, range.end)
             .await;
-        let stands = match &local {
-            Ok(local) => records.iter().all(|r| still_called_for(op, r, local)),
-            Err(_) => false,
+        let mut stands = match &local {
+            Ok(local) => Ok(records.iter().all(|r| still_called_for(op, r, local))),
+            Err(error) => Err(error.clone()),
         };
-        if stands {
+        if op == LeaseOp::Destroy && matches!(stands, Ok(true)) {
+            // A destroy also needs the claim to be the one found extra: one that moved since
+            // (an update of the cell's) is held by a record elsewhere.
+            stands = self.unchanged(records).await;
+        }
+        if let Ok(true) = stands {
             return end(CorrectionCall::Commit)
                 .await
                 .map(|()| Corrected::Applied);
@@ -678,7 +808,7 @@ impl<S: ClaimSource> Verifier<S> {
             // Not recorded locally, so the cell's reconciler rolls it back once it is stale.
             tracing::warn!(%error, lease = %lease_id, "rolling back a withdrawn correction failed; the reconciler will");
         }
-        local.map(|_| Corrected::Withdrawn)
+        stands.map(|_| Corrected::Withdrawn)
     }
 }
 

@@ -100,10 +100,7 @@ impl VerifyStats {
                 "corrections withdrawn (records changed)",
                 n(&self.withdrawn),
             ),
-            (
-                "corrections failed (raced a transaction, faults)",
-                n(&self.refused),
-            ),
+            ("corrections failed (races, faults)", n(&self.refused)),
             (
                 "drift left for the first pass after healing",
                 n(&self.after_healing),
