@@ -397,12 +397,17 @@ impl topology_claims::Clock for TwoHoursAgo {
     }
 }
 
-#[tokio::test]
-async fn verifier_repairs_each_kind_of_drift_and_leaves_recent_records_alone() {
-    let server = TestServer::start(Arc::new(MemoryClaimStore::with_clock(Arc::new(
+/// A server whose claims are two hours old when written: none of them is "recent".
+async fn old_claims_server() -> TestServer {
+    TestServer::start(Arc::new(MemoryClaimStore::with_clock(Arc::new(
         TwoHoursAgo,
     ))))
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn verifier_repairs_each_kind_of_drift_and_leaves_recent_records_alone() {
+    let server = old_claims_server().await;
     let client = client(&server);
     let a = cell("cell-a");
     let old = Timestamp::from_unix_micros(1_000_000);
@@ -654,10 +659,7 @@ async fn verifier_resumes_from_its_saved_cursor_within_a_time_budget() {
 
 #[tokio::test]
 async fn verifier_compares_a_record_split_over_pages_as_a_whole() {
-    let server = TestServer::start(Arc::new(MemoryClaimStore::with_clock(Arc::new(
-        TwoHoursAgo,
-    ))))
-    .await;
+    let server = old_claims_server().await;
     let client = client(&server);
     let a = cell("cell-a");
     let old = Timestamp::from_unix_micros(1_000_000);
@@ -893,10 +895,7 @@ impl ClaimSource for ChangesAfterFirstRead {
 /// and no claim is created for a record that is gone.
 #[tokio::test]
 async fn a_correction_the_records_no_longer_call_for_is_withdrawn_not_committed() {
-    let server = TestServer::start(Arc::new(MemoryClaimStore::with_clock(Arc::new(
-        TwoHoursAgo,
-    ))))
-    .await;
+    let server = old_claims_server().await;
     let client = client(&server);
     let a = cell("cell-a");
     let lease = client
@@ -972,10 +971,7 @@ async fn a_record_moved_to_another_table_is_corrected_by_one_update_in_either_or
         vec![TableName::Emails, TableName::Users],
         vec![TableName::Users, TableName::Emails],
     ] {
-        let server = TestServer::start(Arc::new(MemoryClaimStore::with_clock(Arc::new(
-            TwoHoursAgo,
-        ))))
-        .await;
+        let server = old_claims_server().await;
         let client = client(&server);
         let a = cell("cell-a");
         let old = record_in(TableName::Emails, 3, ClaimType::Username, "alice");

@@ -146,19 +146,24 @@ fn serve(dir: &Path, extra: &[&str]) -> Server {
     Server::start(dir, &args)
 }
 
-#[test]
-fn with_one_slot_three_verifiers_take_turns_and_all_finish() {
-    let dir = tempfile::tempdir().unwrap();
-    // A short ttl: waiters ask again within a sixth of it (about a second), so the turns are quick.
-    let server = serve(
-        dir.path(),
+/// A server with one verification slot of time-to-live `ttl`.
+fn one_slot(dir: &Path, ttl: &str) -> Server {
+    serve(
+        dir,
         &[
             "--max-concurrent-verifications",
             "1",
             "--verification-slot-ttl",
-            "6s",
+            ttl,
         ],
-    );
+    )
+}
+
+#[test]
+fn with_one_slot_three_verifiers_take_turns_and_all_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    // A short ttl: waiters ask again within a sixth of it (about a second), so the turns are quick.
+    let server = one_slot(dir.path(), "6s");
     let mut runs: Vec<(Child, mpsc::Receiver<String>)> = ["cell-a", "cell-b", "cell-c"]
         .into_iter()
         .map(|cell| spawn_verify(dir.path(), &server, cell, 400))
@@ -190,15 +195,7 @@ fn with_one_slot_three_verifiers_take_turns_and_all_finish() {
 #[test]
 fn a_killed_verifiers_slot_frees_after_its_time_to_live() {
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(
-        dir.path(),
-        &[
-            "--max-concurrent-verifications",
-            "1",
-            "--verification-slot-ttl",
-            "2s",
-        ],
-    );
+    let server = one_slot(dir.path(), "2s");
     // Many records: the first verifier is still running when it is killed.
     let (mut first, first_lines) = spawn_verify(dir.path(), &server, "cell-a", 5_000);
     stamp(&first_lines, "verification slot taken", &mut Vec::new());
@@ -228,15 +225,7 @@ fn a_killed_verifiers_slot_frees_after_its_time_to_live() {
 #[test]
 fn a_verifier_that_lost_its_slot_stops_says_why_and_exits_3() {
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(
-        dir.path(),
-        &[
-            "--max-concurrent-verifications",
-            "1",
-            "--verification-slot-ttl",
-            "2s",
-        ],
-    );
+    let server = one_slot(dir.path(), "2s");
     // Many records: both verifiers are still running when the first resumes.
     let (mut first, first_lines) = spawn_verify(dir.path(), &server, "cell-a", 5_000);
     let mut first_seen = Vec::new();

@@ -21,8 +21,10 @@
 //! correcting lease checks again before it commits: once BeginUpdate has leased its claims, no
 //! transaction of the cell can change their records (each needs a lease on the claim), so the
 //! local records of the range are read once more, and a correction they no longer call for is
-//! rolled back (*withdrawn*) instead of committed. A destroy therefore never frees a claim that
-//! the cell's committed records hold.
+//! rolled back (*withdrawn*) instead of committed (decision 070). Extras wait for the end of a run
+//! that walked every table and are dropped when any record of the run holds the key: a record
+//! that moved (to another table or page) is corrected by one update, never destroy + create
+//! (decision 071). A destroy therefore never frees a claim that the cell's committed records hold.
 //!
 //! Must not bypass the protocol: every correction is an ordinary lease of this cell.
 
@@ -308,7 +310,7 @@ impl DeferredExtras {
     }
 
     /// The extras no record of the run turned out to hold, by page range.
-    fn to_destroy(self) -> Vec<(PageRange, Vec<ClaimRecord>)> {
+    fn into_destroys(self) -> Vec<(PageRange, Vec<ClaimRecord>)> {
         if self.overflow {
             return Vec::new();
         }
@@ -505,7 +507,7 @@ impl<S: ClaimSource> Verifier<S> {
         // Only a run that walked every table knows that no record holds an extra claim's key
         // elsewhere; a run stopped early leaves them to the next one.
         if report.finished && !self.config.dry_run {
-            for (range, records) in extras.to_destroy() {
+            for (range, records) in extras.into_destroys() {
                 self.apply(records, LeaseOp::Destroy, range, slot, &mut report)
                     .await?;
             }
