@@ -78,6 +78,12 @@ pub enum ClaimsError {
         max: u32,
         retry_after: std::time::Duration,
     },
+    /// A verifier's verification slot expired (not renewed within its time-to-live) and another
+    /// verifier took it: the run stopped before its next correcting lease or page (the cursor of
+    /// its last whole page is saved). Raised by the cell-side verifier, never sent by the
+    /// service.
+    #[error("verification slot of {holder} lost: it was not renewed within its time-to-live and another verifier took it; the run stopped and the next run resumes from its saved cursor")]
+    VerificationSlotLost { holder: String },
     /// An admin call that could not be written to the audit log first, so it did not act
     /// (UNAVAILABLE): fix the log (disk, permissions) and retry.
     #[error("audit log unavailable: {message}; the admin call was not carried out")]
@@ -120,6 +126,7 @@ impl ClaimsError {
             Self::CellHasOutstandingLeases { .. } => "CELL_HAS_OUTSTANDING_LEASES",
             Self::RateLimited { .. } => "RATE_LIMITED",
             Self::VerificationSlotsBusy { .. } => "VERIFICATION_SLOTS_BUSY",
+            Self::VerificationSlotLost { .. } => "VERIFICATION_SLOT_LOST",
             Self::AuditUnavailable { .. } => "AUDIT_UNAVAILABLE",
             Self::Unavailable { .. } => "STORE_UNAVAILABLE",
             Self::MigrationsPending { .. } => "MIGRATIONS_PENDING",

@@ -397,12 +397,17 @@ impl topology_claims::Clock for TwoHoursAgo {
     }
 }
 
-#[tokio::test]
-async fn verifier_repairs_each_kind_of_drift_and_leaves_recent_records_alone() {
-    let server = TestServer::start(Arc::new(MemoryClaimStore::with_clock(Arc::new(
+/// A server whose claims are two hours old when written: none of them is "recent".
+async fn old_claims_server() -> TestServer {
+    TestServer::start(Arc::new(MemoryClaimStore::with_clock(Arc::new(
         TwoHoursAgo,
     ))))
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn verifier_repairs_each_kind_of_drift_and_leaves_recent_records_alone() {
+    let server = old_claims_server().await;
     let client = client(&server);
     let a = cell("cell-a");
     let old = Timestamp::from_unix_micros(1_000_000);
@@ -654,10 +659,7 @@ async fn verifier_resumes_from_its_saved_cursor_within_a_time_budget() {
 
 #[tokio::test]
 async fn verifier_compares_a_record_split_over_pages_as_a_whole() {
-    let server = TestServer::start(Arc::new(MemoryClaimStore::with_clock(Arc::new(
-        TwoHoursAgo,
-    ))))
-    .await;
+    let server = old_claims_server().await;
     let client = client(&server);
     let a = cell("cell-a");
     let old = Timestamp::from_unix_micros(1_000_000);
@@ -729,56 +731,6 @@ async fn verifier_compares_a_record_split_over_pages_as_a_whole() {
     server.shutdown().await;
 }
 
-/// A layer that hides StreamClaims from the server behind it, as a server that predates it: its
-/// path is routed as an unknown method, which tonic answers UNIMPLEMENTED.
-#[derive(Clone)]
-struct WithoutStreamClaims<S>(S);
-
-impl<S, B> tower_service::Service<http::Request<B>> for WithoutStreamClaims<S>
-where
-    S: tower_service::Service<http::Request<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: http::Request<B>) -> S::Future {
-        if request.uri().path() == "/topology.claims.v1.ClaimsService/StreamClaims" {
-            let mut parts = request.uri().clone().into_parts();
-            parts.path_and_query = Some(
-                "/topology.claims.v1.ClaimsService/NotYetInvented"
-                    .parse()
-                    .unwrap(),
-            );
-            *request.uri_mut() = http::Uri::from_parts(parts).unwrap();
-        }
-        self.0.call(request)
-    }
-}
-
-/// The ClaimsService over `store` without StreamClaims, on an ephemeral port: its endpoint.
-async fn server_without_stream_claims(store: Arc<dyn ClaimStore>) -> String {
-    use topology_claims::grpc::pb::claims_service_server::ClaimsServiceServer;
-    use topology_claims::grpc::{ClaimsServiceImpl, ServiceConfig};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let service = ClaimsServiceServer::new(ClaimsServiceImpl::new(store, ServiceConfig::default()));
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .layer(tower_layer::layer_fn(WithoutStreamClaims))
-            .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    endpoint
-}
-
 fn old_users(ids: std::ops::Range<i64>) -> Records {
     Records(Mutex::new(
         ids.map(|i| LocalClaim {
@@ -792,8 +744,8 @@ fn old_users(ids: std::ops::Range<i64>) -> Records {
 #[tokio::test]
 async fn verifier_falls_back_to_list_claims_against_a_server_without_stream_claims() {
     let store: Arc<dyn ClaimStore> = Arc::new(MemoryClaimStore::new());
-    let endpoint = server_without_stream_claims(Arc::clone(&store)).await;
-    let client = ClaimsClient::connect_lazy(&endpoint, ClientConfig::default()).unwrap();
+    let server = TestServer::start_without(Arc::clone(&store), &["StreamClaims"]).await;
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
     let a = cell("cell-a");
     let query = ClaimsQuery::new(
         a.clone(),
@@ -909,4 +861,165 @@ async fn verifier_over_the_stream_resumes_from_its_saved_cursor_after_a_kill() {
         "everything before and after the kill was corrected: {full}"
     );
     server.shutdown().await;
+}
+
+/// Local records that the cell changes right after the verifier's first read of them (its
+/// comparison): later reads see `after`.
+struct ChangesAfterFirstRead {
+    before: Records,
+    after: Records,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl ClaimSource for ChangesAfterFirstRead {
+    async fn claims_in_range(
+        &self,
+        table: TableName,
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<LocalClaim>, ClaimsError> {
+        let reads = self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let records = if reads == 0 {
+            &self.before
+        } else {
+            &self.after
+        };
+        records.claims_in_range(table, start, end).await
+    }
+}
+
+/// The race a verifier must lose gracefully: it compared, then the cell's own transactions
+/// changed the records (created "alice" again, whose claim looked extra; destroyed "dave", whose
+/// claim looked missing). Each correcting lease reads the records again while it holds the
+/// claim and rolls back instead of committing: the claim the cell's records hold is never freed,
+/// and no claim is created for a record that is gone.
+#[tokio::test]
+async fn a_correction_the_records_no_longer_call_for_is_withdrawn_not_committed() {
+    let server = old_claims_server().await;
+    let client = client(&server);
+    let a = cell("cell-a");
+    let lease = client
+        .begin_update(creates(&a, &[user_record(1, "alice")]))
+        .await
+        .unwrap();
+    client.commit_update(&a, lease.lease_id).await.unwrap();
+    let old = |record| LocalClaim {
+        record,
+        created_at: Timestamp::from_unix_micros(1_000_000),
+    };
+    let source = ChangesAfterFirstRead {
+        before: Records(Mutex::new(vec![old(user_record(4, "dave"))])),
+        after: Records(Mutex::new(vec![old(user_record(1, "alice"))])),
+        reads: Default::default(),
+    };
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&calls);
+    let config = VerifierConfig {
+        chunk: 1,
+        slot: None,
+        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+    };
+    let report = Verifier::new(client.clone(), &source, config)
+        .on_correction(move |e| {
+            if let Some(answer) = e.answer {
+                let key = e.records[0].key.value.clone();
+                seen.lock()
+                    .unwrap()
+                    .push((key, e.op, e.call, answer.is_ok()));
+            }
+        })
+        .run(|_| {})
+        .await
+        .unwrap();
+    assert_eq!((report.missing, report.extra), (1, 1), "{report}");
+    assert_eq!(
+        (
+            report.corrections_applied,
+            report.corrections_withdrawn,
+            report.corrections_failed
+        ),
+        (0, 2, 0),
+        "{report}"
+    );
+    use topology_claims::cell::verifier::CorrectionCall::{Begin, Rollback};
+    use topology_claims::LeaseOp::{Create, Destroy};
+    assert_eq!(
+        *calls.lock().unwrap(),
+        [
+            ("dave".to_owned(), Create, Begin, true),
+            ("dave".to_owned(), Create, Rollback, true),
+            ("alice".to_owned(), Destroy, Begin, true),
+            ("alice".to_owned(), Destroy, Rollback, true),
+        ]
+    );
+    let alice = client.lookup_claim(&username("alice").key).await.unwrap();
+    assert_eq!((alice.cell_id, alice.state), (a, ClaimState::Active));
+    assert!(matches!(
+        client.lookup_claim(&username("dave").key).await,
+        Err(ClaimsError::ClaimNotFound { .. })
+    ));
+    server.shutdown().await;
+}
+
+/// A record that moved to another table (a route of a project that now lives in its group's
+/// table, say) looks extra in the old table and missing in the new one. Whichever table the
+/// verifier walks first, it corrects the claim with one update to the new values: never a
+/// destroy and a create, so the claim is never free. A second run finds nothing.
+#[tokio::test]
+async fn a_record_moved_to_another_table_is_corrected_by_one_update_in_either_order() {
+    for tables in [
+        vec![TableName::Emails, TableName::Users],
+        vec![TableName::Users, TableName::Emails],
+    ] {
+        let server = old_claims_server().await;
+        let client = client(&server);
+        let a = cell("cell-a");
+        let old = record_in(TableName::Emails, 3, ClaimType::Username, "alice");
+        let moved = user_record(7, "alice");
+        let lease = client
+            .begin_update(creates(&a, std::slice::from_ref(&old)))
+            .await
+            .unwrap();
+        client.commit_update(&a, lease.lease_id).await.unwrap();
+        let records = Records(Mutex::new(vec![LocalClaim {
+            record: moved.clone(),
+            created_at: Timestamp::from_unix_micros(1_000_000),
+        }]));
+        let committed = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&committed);
+        let config = VerifierConfig {
+            chunk: 1,
+            slot: None,
+            ..VerifierConfig::new(a.clone(), tables.clone())
+        };
+        let report = Verifier::new(client.clone(), &records, config.clone())
+            .on_correction(move |e| {
+                if e.answer.is_some_and(Result::is_ok) {
+                    seen.lock().unwrap().push((e.op, e.call));
+                }
+            })
+            .run(|_| {})
+            .await
+            .unwrap();
+        use topology_claims::cell::verifier::CorrectionCall::{Begin, Commit};
+        use topology_claims::LeaseOp::Update;
+        assert_eq!(
+            *committed.lock().unwrap(),
+            [(Update, Begin), (Update, Commit)],
+            "tables {tables:?}: one update, nothing destroyed or created: {report}"
+        );
+        assert_eq!(
+            (report.corrections_applied, report.corrections_failed),
+            (1, 0),
+            "{report}"
+        );
+        let claim = client.lookup_claim(&moved.key).await.unwrap();
+        assert_eq!((claim.record, claim.state), (moved, ClaimState::Active));
+        let again = Verifier::new(client.clone(), &records, config)
+            .run(|_| {})
+            .await
+            .unwrap();
+        assert!(again.discrepancies.is_empty(), "{again}");
+        server.shutdown().await;
+    }
 }

@@ -66,7 +66,8 @@ enum Command {
     /// Exit status: 0 the run finished or reached --time-budget with every correction applied
     /// (or a dry run); 1 some corrections failed (the summary's failed=N; they need manual
     /// intervention); 2 error (bad flags or verify source, the cell's database or the claims
-    /// server unreachable).
+    /// server unreachable); 3 stopped because its verification slot was lost (it expired and
+    /// another verifier took it; resumable from the saved cursor).
     Verify(sidecar::VerifyArgs),
     /// Administrative actions (admin role): list leases, force-rollback a downed cell's leases,
     /// decommission a cell. Exit status: 0 done, 1 not confirmed, 2 error.

@@ -193,6 +193,9 @@ const EXIT_ERROR: u8 = 2;
 /// Exit status of a `verify` run that finished but could not apply every correction (a claim
 /// taken by another cell, a refused lease): the summary's `failed=N`; needs a human.
 const EXIT_CORRECTIONS_FAILED: u8 = 1;
+/// Exit status of a `verify` run stopped because its verification slot was lost (it expired and
+/// another verifier took it): nothing is wrong with the cell; the cursor is saved, run again.
+const EXIT_SLOT_LOST: u8 = 3;
 
 fn fail(error: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {error}");
@@ -389,6 +392,10 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
             ExitCode::from(EXIT_CORRECTIONS_FAILED)
         }
         Ok(_) => ExitCode::SUCCESS,
+        Err(e @ ClaimsError::VerificationSlotLost { .. }) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_SLOT_LOST)
+        }
         Err(e) => fail(e),
     }
 }
@@ -409,6 +416,9 @@ fn print_slot_event(event: &SlotEvent) {
             eprintln!("verification slot taken at={at} ({in_use} in use)")
         }
         SlotEvent::Released => eprintln!("verification slot released at={at}"),
+        SlotEvent::Lost => eprintln!(
+            "verification slot lost at={at}: it expired before its renewal and another verifier holds it; stopping"
+        ),
         SlotEvent::Unsupported => {
             eprintln!("the claims server has no verification slots; verifying without one")
         }

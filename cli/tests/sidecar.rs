@@ -639,3 +639,38 @@ fn verify_reports_a_query_with_too_few_columns_as_a_column_count() {
         "{err}"
     );
 }
+
+/// A claims server from before the verification slots answers UNIMPLEMENTED to
+/// AcquireVerificationSlot: `verify` says once (even at info level, where the library logs too)
+/// that it verifies without a slot, and does its work.
+#[tokio::test]
+async fn verify_against_a_server_without_slots_runs_without_one_and_says_so_once() {
+    let store = Arc::new(MemoryClaimStore::new());
+    let server = TestServer::start_without(
+        store,
+        &["AcquireVerificationSlot", "ReleaseVerificationSlot"],
+    )
+    .await;
+    let setup = VerifySetup::new(&server.endpoint(), 3);
+    let output = setup.run(&[], &[("RUST_LOG", "info")]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("the claims server has no verification slots; verifying without one")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("verification slot").count(),
+        1,
+        "no slot taken or released: {stderr}"
+    );
+    let out = stdout(&output);
+    assert!(
+        out.contains("missing=3") && out.contains("corrected=3 failed=0"),
+        "{out}"
+    );
+    server.shutdown().await;
+}

@@ -1,8 +1,10 @@
 //! The fleet-wide verification limit through the real binary: with
 //! `serve --max-concurrent-verifications 1`, three `verify` processes of three cells started at
 //! once take turns (the intervals in which each held its slot, from its stderr lines, never
-//! overlap) and all finish; and the slot of a verifier killed with SIGKILL frees after its
-//! time-to-live, so the next verifier gets it.
+//! overlap) and all finish; the slot of a verifier killed with SIGKILL frees after its
+//! time-to-live, so the next verifier gets it; and a verifier paused past its slot's
+//! time-to-live, whose slot another verifier took meanwhile, stops when it resumes, says so and
+//! exits 3.
 
 mod common;
 
@@ -99,16 +101,26 @@ fn spawn_verify(
 
 /// The `at=` unix milliseconds of the first line containing `what`, waiting for it.
 fn stamp(lines: &mpsc::Receiver<String>, what: &str, seen: &mut Vec<String>) -> u128 {
+    let line = wait_for(lines, seen, |l| l.contains(what));
+    let at = line.split("at=").nth(1).expect("an at= stamp");
+    at.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// The first line that is `what`, waiting for it.
+fn wait_for(
+    lines: &mpsc::Receiver<String>,
+    seen: &mut Vec<String>,
+    what: impl Fn(&str) -> bool,
+) -> String {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        if let Some(line) = seen.iter().find(|l| l.contains(what)) {
-            let at = line.split("at=").nth(1).expect("an at= stamp");
-            return at.split_whitespace().next().unwrap().parse().unwrap();
+        if let Some(line) = seen.iter().find(|l| what(l)) {
+            return line.clone();
         }
         let left = deadline.saturating_duration_since(Instant::now());
         match lines.recv_timeout(left) {
             Ok(line) => seen.push(line),
-            Err(e) => panic!("no {what:?} line within {PATIENCE:?} ({e}); saw {seen:?}"),
+            Err(e) => panic!("no such line within {PATIENCE:?} ({e}); saw {seen:?}"),
         }
     }
 }
@@ -134,19 +146,24 @@ fn serve(dir: &Path, extra: &[&str]) -> Server {
     Server::start(dir, &args)
 }
 
-#[test]
-fn with_one_slot_three_verifiers_take_turns_and_all_finish() {
-    let dir = tempfile::tempdir().unwrap();
-    // A short ttl: waiters ask again within a sixth of it (about a second), so the turns are quick.
-    let server = serve(
-        dir.path(),
+/// A server with one verification slot of time-to-live `ttl`.
+fn one_slot(dir: &Path, ttl: &str) -> Server {
+    serve(
+        dir,
         &[
             "--max-concurrent-verifications",
             "1",
             "--verification-slot-ttl",
-            "6s",
+            ttl,
         ],
-    );
+    )
+}
+
+#[test]
+fn with_one_slot_three_verifiers_take_turns_and_all_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    // A short ttl: waiters ask again within a sixth of it (about a second), so the turns are quick.
+    let server = one_slot(dir.path(), "6s");
     let mut runs: Vec<(Child, mpsc::Receiver<String>)> = ["cell-a", "cell-b", "cell-c"]
         .into_iter()
         .map(|cell| spawn_verify(dir.path(), &server, cell, 400))
@@ -178,15 +195,7 @@ fn with_one_slot_three_verifiers_take_turns_and_all_finish() {
 #[test]
 fn a_killed_verifiers_slot_frees_after_its_time_to_live() {
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(
-        dir.path(),
-        &[
-            "--max-concurrent-verifications",
-            "1",
-            "--verification-slot-ttl",
-            "2s",
-        ],
-    );
+    let server = one_slot(dir.path(), "2s");
     // Many records: the first verifier is still running when it is killed.
     let (mut first, first_lines) = spawn_verify(dir.path(), &server, "cell-a", 5_000);
     stamp(&first_lines, "verification slot taken", &mut Vec::new());
@@ -210,5 +219,54 @@ fn a_killed_verifiers_slot_frees_after_its_time_to_live() {
         took < Duration::from_secs(2 + 4 + 10),
         "the slot freed after its ttl; the second verifier got it {took:?} after the kill"
     );
+    server.stop_with("TERM");
+}
+
+#[test]
+fn a_verifier_that_lost_its_slot_stops_says_why_and_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = one_slot(dir.path(), "2s");
+    // Many records: both verifiers are still running when the first resumes.
+    let (mut first, first_lines) = spawn_verify(dir.path(), &server, "cell-a", 5_000);
+    let mut first_seen = Vec::new();
+    stamp(&first_lines, "verification slot taken", &mut first_seen);
+    // Paused (as a stalled process or host would be), it renews nothing: the slot expires.
+    let pid = first.id();
+    let signal = |name| topology_claims_harness::process::signal(pid, name).unwrap();
+    signal("STOP");
+    let (mut second, second_lines) = spawn_verify(dir.path(), &server, "cell-b", 5_000);
+    let mut second_seen = Vec::new();
+    stamp(&second_lines, "verification slot taken", &mut second_seen);
+    signal("CONT");
+
+    let status = wait(&mut first);
+    first_seen.extend(first_lines.iter());
+    assert_eq!(status.code(), Some(3), "{first_seen:#?}");
+    let said = |what: &str| first_seen.iter().filter(|l| l.contains(what)).count();
+    assert_eq!(said("verification slot lost at="), 1, "{first_seen:#?}");
+    assert_eq!(
+        said("error: verification slot of cell-a/"),
+        1,
+        "one error line names the slot: {first_seen:#?}"
+    );
+    assert_eq!(
+        said("the run stopped and the next run resumes from its saved cursor"),
+        1,
+        "{first_seen:#?}"
+    );
+    assert_eq!(
+        said("verification slot released"),
+        0,
+        "a lost slot is not given back: the other verifier holds it: {first_seen:#?}"
+    );
+    // It stopped between two correcting leases, long before the end of its 5,000 records (the
+    // service holds none of them, so they are all one page, whose end it never reached).
+    assert!(
+        !first_seen.iter().any(|l| l.starts_with("progress:")),
+        "{first_seen:#?}"
+    );
+
+    let _ = second.kill();
+    second.wait().unwrap();
     server.stop_with("TERM");
 }

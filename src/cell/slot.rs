@@ -60,6 +60,10 @@ pub enum SlotEvent {
     /// The run is done with the slot, which is being given back (reported before the release
     /// call, so the interval from `Taken` to `Released` lies inside the time the slot was held).
     Released,
+    /// The slot expired (not renewed within its time-to-live: the process was paused, or the
+    /// service unreachable) and another verifier took it; the run stops (with
+    /// `ClaimsError::VerificationSlotLost`) and gives nothing back.
+    Lost,
     /// The server has no verification slots: verifying without one.
     Unsupported,
 }
@@ -84,6 +88,10 @@ impl HeldSlot {
     /// Whether the slot was lost (the run must stop).
     pub fn lost(&self) -> bool {
         self.lost.load(Ordering::Relaxed)
+    }
+
+    pub fn holder(&self) -> &SlotHolder {
+        &self.holder
     }
 
     /// Stops renewing and gives the slot back; `true` if the service still had it.
@@ -115,10 +123,9 @@ pub async fn take_slot(
                 });
                 return Ok(Some(renewing(client.clone(), grant, granted_ttl)));
             }
+            // Said once, by the caller's `on_event` (the sidecar prints it), not logged too.
             Ok(None) => {
-                tracing::info!(
-                    "the claims server has no verification slots; verifying without one"
-                );
+                tracing::debug!("the claims server has no verification slots");
                 on_event(&SlotEvent::Unsupported);
                 return Ok(None);
             }
@@ -128,7 +135,7 @@ pub async fn take_slot(
                 ..
             }) => {
                 let retry_in = jittered_wait(retry_after);
-                tracing::info!(in_use, ?retry_in, "waiting for a verification slot");
+                tracing::debug!(in_use, ?retry_in, "waiting for a verification slot");
                 on_event(&SlotEvent::Waiting { in_use, retry_in });
                 tokio::time::sleep(retry_in).await;
             }
@@ -150,7 +157,7 @@ fn renewing(client: ClaimsClient, grant: SlotGrant, ttl: Duration) -> HeldSlot {
                     Ok(Some(_)) => {}
                     Ok(None) => return,
                     Err(ClaimsError::VerificationSlotsBusy { .. }) => {
-                        tracing::warn!(%holder, "verification slot lost to another verifier");
+                        tracing::debug!(%holder, "verification slot taken by another verifier");
                         lost.store(true, Ordering::Relaxed);
                         return;
                     }

@@ -15,9 +15,20 @@
 //! claims; a chunk refused because of one claim is retried claim by claim so one conflict (a
 //! value taken by another cell: needs a human) does not block the rest.
 //!
+//! A correction is decided on a comparison that may be out of date by the time it is sent: the
+//! page and the local records are read at different moments, and the cell's own transactions go
+//! on meanwhile (an "extra" claim whose record the cell has just created again, say). So each
+//! correcting lease checks again before it commits: once BeginUpdate has leased its claims, no
+//! transaction of the cell can change their records (each needs a lease on the claim), so the
+//! local records of the range are read once more, and a correction they no longer call for is
+//! rolled back (*withdrawn*) instead of committed (decision 070). Extras wait for the end of a run
+//! that walked every table and are dropped when any record of the run holds the key: a record
+//! that moved (to another table or page) is corrected by one update, never destroy + create
+//! (decision 071). A destroy therefore never frees a claim that the cell's committed records hold.
+//!
 //! Must not bypass the protocol: every correction is an ordinary lease of this cell.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -180,6 +191,9 @@ pub struct VerifyReport {
     pub skipped_recent: u64,
     pub corrections_applied: u64,
     pub corrections_failed: u64,
+    /// Corrections rolled back because the local records changed after the comparison and no
+    /// longer called for them (the next run compares again).
+    pub corrections_withdrawn: u64,
     pub discrepancies: Vec<Discrepancy>,
     /// False when the time budget ran out (the cursor is saved).
     pub finished: bool,
@@ -191,7 +205,7 @@ impl std::fmt::Display for VerifyReport {
         let rate = self.records_checked as f64 / self.elapsed.as_secs_f64().max(1e-3);
         write!(
             f,
-            "records={} claims={} missing={} different={} extra={} skipped_recent={} corrected={} failed={} rate={rate:.0} records/s{}",
+            "records={} claims={} missing={} different={} extra={} skipped_recent={} corrected={} failed={} withdrawn={} rate={rate:.0} records/s{}",
             self.records_checked,
             self.claims_checked,
             self.missing,
@@ -200,6 +214,7 @@ impl std::fmt::Display for VerifyReport {
             self.skipped_recent,
             self.corrections_applied,
             self.corrections_failed,
+            self.corrections_withdrawn,
             if self.finished { "" } else { " (time budget reached; resumable)" }
         )
     }
@@ -208,12 +223,137 @@ impl std::fmt::Display for VerifyReport {
 /// Where a verifier reports what happens to its slot.
 type SlotEvents = Box<dyn Fn(&SlotEvent) + Send + Sync>;
 
+/// The calls of a correcting lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CorrectionCall {
+    Begin,
+    Commit,
+    /// The local records no longer call for the correction (or could not be read again).
+    Rollback,
+}
+
+/// One call of a correcting lease, reported before it is sent (`answer: None`) and when it has
+/// answered: an audit trail of everything the verifier did to the service.
+#[derive(Clone, Copy, Debug)]
+pub struct CorrectionEvent<'a> {
+    pub lease_id: LeaseId,
+    pub op: LeaseOp,
+    pub records: &'a [ClaimRecord],
+    pub call: CorrectionCall,
+    pub answer: Option<&'a Result<(), ClaimsError>>,
+}
+
+/// Where a verifier reports its correcting calls.
+type CorrectionEvents = Box<dyn Fn(&CorrectionEvent<'_>) + Send + Sync>;
+
+/// How one correcting lease ended.
+enum Corrected {
+    Applied,
+    /// Rolled back: the local records changed since the comparison and no longer call for it.
+    Withdrawn,
+}
+
+/// The id range of one page of one table: the local records a correction is checked against
+/// again.
+#[derive(Clone, Copy)]
+struct PageRange {
+    table: TableName,
+    start: i64,
+    end: i64,
+}
+
+/// Most extra claims a run keeps for its end, and most keys of unmatched records it remembers.
+const MAX_DEFERRED: usize = 10_000;
+
+/// The extra claims of a run, destroyed at its end unless a record anywhere in the run holds the
+/// key: one of a later page (of any table), or one skipped as recent or found missing on an
+/// earlier page (the same page's records cannot: they would have made the claim *different*).
+#[derive(Default)]
+struct DeferredExtras {
+    by_range: Vec<(PageRange, Vec<ClaimRecord>)>,
+    /// Keys of `by_range` no record has been seen to hold.
+    pending: HashSet<ClaimKey>,
+    /// Keys of the local claims the run skipped as recent or found missing: held by a record
+    /// whether or not the service knows it yet.
+    unmatched: HashSet<ClaimKey>,
+    /// Too many such keys to remember: no extra is destroyed this run.
+    overflow: bool,
+}
+
+impl DeferredExtras {
+    fn defer(&mut self, range: PageRange, records: Vec<ClaimRecord>) {
+        let room = MAX_DEFERRED.saturating_sub(self.pending.len());
+        if records.len() > room {
+            tracing::debug!(
+                left = records.len() - room,
+                "too many extra claims for one run; the rest wait for the next"
+            );
+        }
+        let records: Vec<ClaimRecord> = records.into_iter().take(room).collect();
+        if records.is_empty() {
+            return;
+        }
+        self.pending.extend(records.iter().map(|r| r.key.clone()));
+        self.by_range.push((range, records));
+    }
+
+    fn held_locally(&mut self, key: &ClaimKey) {
+        self.pending.remove(key);
+    }
+
+    fn held_unmatched(&mut self, key: &ClaimKey) {
+        if self.unmatched.len() < MAX_DEFERRED {
+            self.unmatched.insert(key.clone());
+        } else {
+            self.overflow = true;
+        }
+    }
+
+    /// The extras no record of the run turned out to hold, by page range.
+    fn into_destroys(self) -> Vec<(PageRange, Vec<ClaimRecord>)> {
+        if self.overflow {
+            return Vec::new();
+        }
+        self.by_range
+            .into_iter()
+            .map(|(range, records)| {
+                let records = records
+                    .into_iter()
+                    .filter(|r| self.pending.contains(&r.key) && !self.unmatched.contains(&r.key))
+                    .collect::<Vec<_>>();
+                (range, records)
+            })
+            .filter(|(_, records)| !records.is_empty())
+            .collect()
+    }
+}
+
+/// Stops a run whose verification slot was lost (it expired and another verifier took it).
+fn lost_slot(slot: Option<&HeldSlot>) -> Result<(), ClaimsError> {
+    match slot.filter(|slot| slot.lost()) {
+        Some(slot) => Err(ClaimsError::VerificationSlotLost {
+            holder: slot.holder().to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Whether the local records `local` (read while the correction's lease holds the claim) still
+/// call for correcting `record` with `op`.
+fn still_called_for(op: LeaseOp, record: &ClaimRecord, local: &[LocalClaim]) -> bool {
+    match op {
+        LeaseOp::Create | LeaseOp::Update => local.iter().any(|c| c.record == *record),
+        LeaseOp::Destroy => !local.iter().any(|c| c.record.key == record.key),
+    }
+}
+
 /// The verifier of one cell.
 pub struct Verifier<S> {
     client: ClaimsClient,
     source: S,
     config: VerifierConfig,
     on_slot: SlotEvents,
+    on_correction: CorrectionEvents,
 }
 
 impl<S: ClaimSource> Verifier<S> {
@@ -223,20 +363,31 @@ impl<S: ClaimSource> Verifier<S> {
             source,
             config,
             on_slot: Box::new(|_| {}),
+            on_correction: Box::new(|_| {}),
         }
     }
 
-    /// Calls `on_slot` when the run waits for, takes or releases its verification slot.
+    /// Calls `on_slot` when the run waits for, takes, loses or releases its verification slot.
     pub fn on_slot(mut self, on_slot: impl Fn(&SlotEvent) + Send + Sync + 'static) -> Self {
         self.on_slot = Box::new(on_slot);
+        self
+    }
+
+    /// Calls `on_correction` before and after each call of a correcting lease.
+    pub fn on_correction(
+        mut self,
+        on_correction: impl Fn(&CorrectionEvent<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_correction = Box::new(on_correction);
         self
     }
 
     /// Verifies every configured table, calling `progress` after each page. With
     /// [`VerifierConfig::slot`], a verification slot is taken first (waiting while all are
     /// held), renewed while the run goes on, and released at its end, an error included. A run
-    /// whose slot was lost (a renewal found it taken by another verifier) stops after the page it
-    /// was on, with the cursor saved, and fails.
+    /// whose slot was lost (a renewal found it taken by another verifier) stops before its next
+    /// correcting lease or page, with the cursor of its last whole page saved, and fails with
+    /// [`ClaimsError::VerificationSlotLost`].
     pub async fn run(
         &self,
         progress: impl FnMut(&VerifyReport),
@@ -248,12 +399,19 @@ impl<S: ClaimSource> Verifier<S> {
         let slot = slot::take_slot(&self.client, &holder, settings.ttl, &*self.on_slot).await?;
         let result = self.run_pages(progress, slot.as_ref()).await;
         if let Some(slot) = slot {
-            // Reported before the call: the run no longer uses the slot, and until the service
-            // has deleted it nobody else holds it, so no two reported intervals overlap.
-            (self.on_slot)(&SlotEvent::Released);
-            if let Err(error) = slot.release(&self.client).await {
-                // It expires on its own after its time-to-live.
-                tracing::warn!(%error, "verification slot release failed");
+            if slot.lost() {
+                // Another verifier holds it now: nothing to give back.
+                (self.on_slot)(&SlotEvent::Lost);
+                drop(slot);
+            } else {
+                // Reported before the call: the run no longer uses the slot, and until the
+                // service has deleted it nobody else holds it, so no two reported intervals
+                // overlap.
+                (self.on_slot)(&SlotEvent::Released);
+                if let Err(error) = slot.release(&self.client).await {
+                    // It expires on its own after its time-to-live.
+                    tracing::warn!(%error, "verification slot release failed");
+                }
             }
         }
         result
@@ -271,6 +429,7 @@ impl<S: ClaimSource> Verifier<S> {
         };
         let mut cursors = load_cursors(self.config.cursor_file.as_ref())?;
         let mut streaming = self.config.stream;
+        let mut extras = DeferredExtras::default();
         'tables: for &table in &self.config.tables {
             // This table's StreamClaims stream, once opened; dropped (closing it) when the
             // table is done or the time budget runs out.
@@ -288,12 +447,7 @@ impl<S: ClaimSource> Verifier<S> {
                     report.finished = false;
                     break 'tables;
                 }
-                if slot.is_some_and(HeldSlot::lost) {
-                    return Err(ClaimsError::unavailable(
-                        "verification slot lost to another verifier (renewals failed for longer \
-                         than its time-to-live); stopped, the cursor is saved",
-                    ));
-                }
+                lost_slot(slot)?;
                 let query = ClaimsQuery::new(
                     self.config.cell_id.clone(),
                     table,
@@ -319,9 +473,17 @@ impl<S: ClaimSource> Verifier<S> {
                         .source
                         .claims_in_range(table, page.start_range, page.end_range)
                         .await?;
-                    let found = self.compare(local, service, &mut report);
+                    let found = self.compare(local, service, &mut extras, &mut report);
                     if !self.config.dry_run {
-                        self.correct(found, &mut report).await;
+                        let range = PageRange {
+                            table,
+                            start: page.start_range,
+                            end: page.end_range,
+                        };
+                        // A lost slot stops the run between correcting leases, before this
+                        // page's cursor is saved: the next run corrects the rest of the page.
+                        self.correct(found, range, slot, &mut extras, &mut report)
+                            .await?;
                     }
                 }
                 report.elapsed = started.elapsed();
@@ -340,6 +502,14 @@ impl<S: ClaimSource> Verifier<S> {
                     }
                 }
                 self.save_cursors(&cursors)?;
+            }
+        }
+        // Only a run that walked every table knows that no record holds an extra claim's key
+        // elsewhere; a run stopped early leaves them to the next one.
+        if report.finished && !self.config.dry_run {
+            for (range, records) in extras.into_destroys() {
+                self.apply(records, LeaseOp::Destroy, range, slot, &mut report)
+                    .await?;
             }
         }
         report.elapsed = started.elapsed();
@@ -398,6 +568,7 @@ impl<S: ClaimSource> Verifier<S> {
         &self,
         local: Vec<LocalClaim>,
         service: Vec<ServiceClaim>,
+        extras: &mut DeferredExtras,
         report: &mut VerifyReport,
     ) -> Vec<Discrepancy> {
         let recent_cut = SystemClock.now().saturating_sub(self.config.recent);
@@ -408,13 +579,21 @@ impl<S: ClaimSource> Verifier<S> {
         report.records_checked += records.len() as u64;
         for claim in local {
             report.claims_checked += 1;
+            // A record here holds the key of a claim found extra elsewhere: it moved.
+            extras.held_locally(&claim.record.key);
             let theirs = service.remove(&claim.record.key);
             if claim.created_at > recent_cut {
                 report.skipped_recent += 1;
+                extras.held_unmatched(&claim.record.key);
                 continue;
             }
             match theirs {
-                None => found.push(Discrepancy::Missing(claim.record)),
+                None => {
+                    // Until its create (or the update of a moved claim) is through, the key
+                    // may still be listed extra at its old place: it must not be destroyed.
+                    extras.held_unmatched(&claim.record.key);
+                    found.push(Discrepancy::Missing(claim.record))
+                }
                 Some((record, _, _)) if record == claim.record => {}
                 Some((_, created_at, state))
                     if created_at > recent_cut || state != ClaimState::Active =>
@@ -445,7 +624,17 @@ impl<S: ClaimSource> Verifier<S> {
         found
     }
 
-    async fn correct(&self, found: Vec<Discrepancy>, report: &mut VerifyReport) {
+    /// Creates and updates now; extras wait for the end of the run (a record elsewhere may
+    /// still turn out to hold the key: a moved record, corrected by one update, never by a
+    /// destroy and a create).
+    async fn correct(
+        &self,
+        found: Vec<Discrepancy>,
+        range: PageRange,
+        slot: Option<&HeldSlot>,
+        extras: &mut DeferredExtras,
+        report: &mut VerifyReport,
+    ) -> Result<(), ClaimsError> {
         let mut creates = Vec::new();
         let mut updates = Vec::new();
         let mut destroys = Vec::new();
@@ -457,44 +646,116 @@ impl<S: ClaimSource> Verifier<S> {
                 Discrepancy::Extra(r) => destroys.push(r),
             }
         }
-        self.apply(creates, LeaseOp::Create, report).await;
-        self.apply(updates, LeaseOp::Update, report).await;
-        self.apply(destroys, LeaseOp::Destroy, report).await;
+        self.apply(creates, LeaseOp::Create, range, slot, report)
+            .await?;
+        self.apply(updates, LeaseOp::Update, range, slot, report)
+            .await?;
+        extras.defer(range, destroys);
+        Ok(())
     }
 
-    async fn apply(&self, records: Vec<ClaimRecord>, op: LeaseOp, report: &mut VerifyReport) {
+    async fn apply(
+        &self,
+        records: Vec<ClaimRecord>,
+        op: LeaseOp,
+        range: PageRange,
+        slot: Option<&HeldSlot>,
+        report: &mut VerifyReport,
+    ) -> Result<(), ClaimsError> {
         for chunk in records.chunks(self.config.chunk.max(1)) {
-            match self.begin_and_commit(chunk, op).await {
-                Ok(()) => report.corrections_applied += chunk.len() as u64,
+            lost_slot(slot)?;
+            let first_try = match chunk {
+                [one] => self.correct_one(one, op, range).await,
+                _ => self.correct_chunk(chunk, op, range).await,
+            };
+            let one_by_one = match first_try {
+                Ok(Corrected::Applied) => {
+                    report.corrections_applied += chunk.len() as u64;
+                    false
+                }
+                Ok(Corrected::Withdrawn) if chunk.len() == 1 => {
+                    report.corrections_withdrawn += 1;
+                    false
+                }
+                // Which of them no longer stand is for each one's own lease to find out.
+                Ok(Corrected::Withdrawn) => true,
                 Err(error) if error.claim().is_some() && chunk.len() > 1 => {
                     tracing::warn!(%error, "a correction chunk was refused; retrying claim by claim");
-                    for one in chunk {
-                        match self.begin_and_commit(std::slice::from_ref(one), op).await {
-                            Ok(()) => report.corrections_applied += 1,
-                            Err(error) => {
-                                report.corrections_failed += 1;
-                                tracing::error!(claim = %one.key, %error, "correction refused; needs manual intervention");
-                            }
-                        }
-                    }
+                    true
                 }
                 Err(error) => {
                     report.corrections_failed += chunk.len() as u64;
                     tracing::error!(%error, claims = chunk.len(), "correction failed");
+                    false
+                }
+            };
+            if !one_by_one {
+                continue;
+            }
+            for one in chunk {
+                lost_slot(slot)?;
+                match self.correct_one(one, op, range).await {
+                    Ok(Corrected::Applied) => report.corrections_applied += 1,
+                    Ok(Corrected::Withdrawn) => report.corrections_withdrawn += 1,
+                    Err(error) => {
+                        report.corrections_failed += 1;
+                        tracing::error!(claim = %one.key, %error, "correction refused; needs manual intervention");
+                    }
                 }
             }
         }
+        Ok(())
     }
 
-    async fn begin_and_commit(
+    /// The correction of one claim. A create refused because the claim is taken by this very
+    /// cell with other values is a record that moved (to another table, or to a record in
+    /// another page): it is corrected by one update to the record's values instead.
+    async fn correct_one(
+        &self,
+        record: &ClaimRecord,
+        op: LeaseOp,
+        range: PageRange,
+    ) -> Result<Corrected, ClaimsError> {
+        let one = std::slice::from_ref(record);
+        match self.correct_chunk(one, op, range).await {
+            Err(taken @ ClaimsError::ClaimTaken { .. }) if op == LeaseOp::Create => {
+                let view = self.client.lookup_claim(&record.key).await?;
+                let ours = view.cell_id == self.config.cell_id && view.state == ClaimState::Active;
+                if !ours || view.record == *record {
+                    return Err(taken);
+                }
+                self.correct_chunk(one, LeaseOp::Update, range).await
+            }
+            other => other,
+        }
+    }
+
+    /// Whether the service still holds each of `records` with exactly these values (read while
+    /// the correction's lease holds them, so they cannot change before it ends).
+    async fn unchanged(&self, records: &[ClaimRecord]) -> Result<bool, ClaimsError> {
+        for record in records {
+            let view = self.client.lookup_claim(&record.key).await?;
+            if view.record != *record || view.cell_id != self.config.cell_id {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// One correcting lease: BeginUpdate, the local records of `range` read again while the
+    /// lease holds the claims, then CommitUpdate if they still call for every correction, else
+    /// RollbackUpdate.
+    async fn correct_chunk(
         &self,
         records: &[ClaimRecord],
         op: LeaseOp,
-    ) -> Result<(), ClaimsError> {
+        range: PageRange,
+    ) -> Result<Corrected, ClaimsError> {
         let cell_id = self.config.cell_id.clone();
+        let lease_id = LeaseId::generate();
         let mut request = BeginUpdate {
             cell_id: cell_id.clone(),
-            lease_id: Some(LeaseId::generate()),
+            lease_id: Some(lease_id),
             creates: Vec::new(),
             destroys: Vec::new(),
             updates: Vec::new(),
@@ -505,8 +766,51 @@ impl<S: ClaimSource> Verifier<S> {
             LeaseOp::Update => &mut request.updates,
         };
         *list = records.to_vec();
-        let lease = self.client.begin_update(request).await?;
-        self.client.commit_update(&cell_id, lease.lease_id).await
+        let report = |call, answer: Option<&Result<(), ClaimsError>>| {
+            (self.on_correction)(&CorrectionEvent {
+                lease_id,
+                op,
+                records,
+                call,
+                answer,
+            })
+        };
+        report(CorrectionCall::Begin, None);
+        let begun = self.client.begin_update(request).await.map(drop);
+        report(CorrectionCall::Begin, Some(&begun));
+        begun?;
+        let end = |call| async move {
+            report(call, None);
+            let ended = match call {
+                CorrectionCall::Commit => self.client.commit_update(&cell_id, lease_id).await,
+                _ => self.client.rollback_update(&cell_id, lease_id).await,
+            };
+            report(call, Some(&ended));
+            ended
+        };
+        let local = self
+            .source
+            .claims_in_range(range.table, range.start, range.end)
+            .await;
+        let mut stands = match &local {
+            Ok(local) => Ok(records.iter().all(|r| still_called_for(op, r, local))),
+            Err(error) => Err(error.clone()),
+        };
+        if op == LeaseOp::Destroy && matches!(stands, Ok(true)) {
+            // A destroy also needs the claim to be the one found extra: one that moved since
+            // (an update of the cell's) is held by a record elsewhere.
+            stands = self.unchanged(records).await;
+        }
+        if let Ok(true) = stands {
+            return end(CorrectionCall::Commit)
+                .await
+                .map(|()| Corrected::Applied);
+        }
+        if let Err(error) = end(CorrectionCall::Rollback).await {
+            // Not recorded locally, so the cell's reconciler rolls it back once it is stale.
+            tracing::warn!(%error, lease = %lease_id, "rolling back a withdrawn correction failed; the reconciler will");
+        }
+        stands.map(|_| Corrected::Withdrawn)
     }
 }
 

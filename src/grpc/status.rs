@@ -53,6 +53,8 @@ pub fn code_of(error: &ClaimsError) -> Code {
             Code::ResourceExhausted
         }
         ClaimsError::AuditUnavailable { .. } => Code::Unavailable,
+        // Client-side only (the verifier's own slot bookkeeping); never on the wire.
+        ClaimsError::VerificationSlotLost { .. } => Code::Aborted,
         ClaimsError::Unauthenticated { .. } => Code::Unauthenticated,
         ClaimsError::Unavailable { .. } => Code::Unavailable,
         ClaimsError::MigrationsPending { .. }

@@ -52,6 +52,47 @@ impl TestServer {
         }
     }
 
+    /// The ClaimsService alone over `store` (default settings: no authorization, limits or
+    /// admin API) without the methods named in `hidden` (e.g. `"StreamClaims"`), as a server
+    /// that predates them: their paths are routed as an unknown method, which tonic answers
+    /// UNIMPLEMENTED.
+    pub async fn start_without(
+        store: Arc<dyn ClaimStore>,
+        hidden: &'static [&'static str],
+    ) -> TestServer {
+        use crate::grpc::pb::claims_service_server::ClaimsServiceServer;
+        use crate::grpc::{ClaimsServiceImpl, ServiceConfig};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind an ephemeral port on 127.0.0.1");
+        let addr = listener.local_addr().expect("the bound address");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let service =
+            ClaimsServiceServer::new(ClaimsServiceImpl::new(store, ServiceConfig::default()));
+        let server = tonic::transport::Server::builder()
+            .layer(tower_layer::layer_fn(move |inner| Without {
+                inner,
+                hidden,
+            }))
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async move {
+                    let _ = stopped.await;
+                },
+            );
+        let task = tokio::spawn(async move {
+            server
+                .await
+                .map_err(|e| ClaimsError::internal(format!("test server: {e}")))
+        });
+        TestServer {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
@@ -103,5 +144,45 @@ impl Drop for TestServer {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// Hides the ClaimsService methods named in `hidden` from the service behind it.
+#[derive(Clone)]
+struct Without<S> {
+    inner: S,
+    hidden: &'static [&'static str],
+}
+
+impl<S, B> tower_service::Service<http::Request<B>> for Without<S>
+where
+    S: tower_service::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> S::Future {
+        let method = request
+            .uri()
+            .path()
+            .strip_prefix("/topology.claims.v1.ClaimsService/");
+        if method.is_some_and(|m| self.hidden.contains(&m)) {
+            let mut parts = request.uri().clone().into_parts();
+            parts.path_and_query = Some(http::uri::PathAndQuery::from_static(
+                "/topology.claims.v1.ClaimsService/NotYetInvented",
+            ));
+            if let Ok(uri) = http::Uri::from_parts(parts) {
+                *request.uri_mut() = uri;
+            }
+        }
+        self.inner.call(request)
     }
 }

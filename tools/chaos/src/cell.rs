@@ -130,6 +130,19 @@ pub struct CellContext {
     pub injector: Arc<Injector>,
     pub update: UpdateConfig,
     pub sabotage: Option<Sabotage>,
+    /// Keys whose local record a cell changed outside the protocol (drift for the verifiers).
+    pub drifted: Mutex<BTreeSet<(u16, u32)>>,
+}
+
+/// A local change outside the protocol, as an application bug or a restore would make: what the
+/// verifiers exist to find and correct.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drift {
+    /// The record is deleted without destroying its claim: an *extra* claim (a destroy).
+    Forget,
+    /// The record's owner changes without telling the service: a *different* claim (one
+    /// in-place update).
+    Reassign,
 }
 
 pub struct SimCell {
@@ -145,9 +158,11 @@ pub struct SimCell {
 
 const APP_DDL: &str = "\
 CREATE TABLE IF NOT EXISTS records (
-    key        INTEGER NOT NULL PRIMARY KEY,
-    lease_id   TEXT    NOT NULL,
-    created_at INTEGER NOT NULL
+    key         INTEGER NOT NULL PRIMARY KEY,
+    lease_id    TEXT    NOT NULL,
+    created_at  INTEGER NOT NULL,
+    -- The claim's owner value when it is not the cell's id (only drift sets it).
+    owner_value TEXT
 );";
 
 /// Opens (creating) a cell database with the application's table and the lease table.
@@ -206,6 +221,33 @@ impl SimCell {
         Ok(keys)
     }
 
+    /// Changes the local record of `key` (one the cell holds) outside the protocol.
+    pub fn drift(&mut self, drift: Drift, key: u32) -> Result<(), String> {
+        let changed = match drift {
+            Drift::Forget => self.db.execute("DELETE FROM records WHERE key = ?1", [key]),
+            Drift::Reassign => {
+                let owner = format!("{}-moved-{}", self.id, self.rng.u8(..4));
+                self.db.execute(
+                    "UPDATE records SET owner_value = ?2 WHERE key = ?1",
+                    (key, owner),
+                )
+            }
+        }
+        .map_err(|e| format!("drift {drift:?} of k{key}: {e}"))?;
+        if changed > 0 {
+            self.ctx
+                .drifted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((self.index, key));
+            self.ctx.tally.add(match drift {
+                Drift::Forget => "drift: record forgotten (extra claim)",
+                Drift::Reassign => "drift: owner changed (different claim)",
+            });
+        }
+        Ok(())
+    }
+
     /// Rows left in `leases_outstanding`.
     pub async fn lease_rows(&self) -> Result<usize, String> {
         let far = Timestamp::from_unix_micros(i64::MAX);
@@ -243,6 +285,7 @@ impl SimCell {
         self.ctx.tally.add(match op {
             TxOp::Create => "transactions: create",
             TxOp::Destroy => "transactions: destroy",
+            TxOp::Update => "transactions: update",
         });
         if crash.is_none() && pause.is_none() && self.ctx.sabotage.is_none() {
             self.transact(op, key).await
@@ -468,7 +511,7 @@ impl SimCell {
 /// The answer recorded for a BeginUpdate that failed. Besides unavailability, "lease rolled
 /// back / committed" is unknown too: the client retried, so an earlier attempt may have taken
 /// the lease before something ended it.
-fn begin_answer(error: &ClaimsError) -> Answer {
+pub fn begin_answer(error: &ClaimsError) -> Answer {
     match error {
         ClaimsError::LeaseRolledBack { .. } | ClaimsError::LeaseCommitted { .. } => Answer::Unknown,
         other => Answer::from_error(other),
@@ -517,6 +560,8 @@ fn write_record(
             .prepare_cached("DELETE FROM records WHERE key = ?1")?
             .execute([key])
             .map(drop),
+        // The record's values are the claim's; an update changes none of them here.
+        TxOp::Update => Ok(()),
     }
 }
 

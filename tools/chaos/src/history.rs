@@ -15,6 +15,8 @@ use topology_claims::{ClaimState, ClaimsError, LeaseId};
 pub enum TxOp {
     Create,
     Destroy,
+    /// Only the verifier's correction of a "different" claim (cells never update).
+    Update,
 }
 
 /// One operation of a cell (or of the checker after the campaign) on the service.
@@ -117,6 +119,7 @@ fn op_name(op: TxOp) -> &'static str {
     match op {
         TxOp::Create => "create",
         TxOp::Destroy => "destroy",
+        TxOp::Update => "update",
     }
 }
 
@@ -295,6 +298,11 @@ impl History {
             answer,
         });
         id
+    }
+
+    /// When operation `id` was invoked (microseconds since the start).
+    pub fn invoked_at(&self, id: usize) -> Option<u64> {
+        self.events().get(id).map(|e| e.invoke)
     }
 
     /// Records the answer of operation `id`, now.

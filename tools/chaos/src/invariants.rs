@@ -4,13 +4,17 @@
 //! - every locally committed record's claim is held, committed, by its cell;
 //! - no claim exists without the local record of the cell that holds it;
 //! - no lease is outstanding on the service and no row is left in any `leases_outstanding`;
-//! - no lease was reported lost (local commit after the service rolled the lease back).
+//! - no lease was reported lost (local commit after the service rolled the lease back);
+//! - no verifier freed a claim whose record its cell had committed before the correction began,
+//!   and every correction a verifier committed is explained by drift the campaign injected;
+//! - after healing, a verify pass of each cell finds nothing but the drift the campaign injected
+//!   (local changes outside the protocol), and the pass after it finds nothing at all.
 //!
 //! Owns these rules over plain data gathered by the campaign. Must not do I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use topology_claims::{ClaimState, LeaseId};
+use topology_claims::{ClaimState, LeaseId, LeaseOp};
 
 /// What the campaign read back after healing.
 #[derive(Clone, Debug, Default)]
@@ -25,6 +29,16 @@ pub struct FinalState {
     pub outstanding_leases: Vec<usize>,
     /// Leases whose claims were lost (reported by a cell's CommitUpdate or a reconciler).
     pub lost: Vec<(u16, LeaseId)>,
+    /// Destroys a verifier committed of a claim its cell's committed record held: (cell, key,
+    /// the correction's lease).
+    pub verifier_freed_held: Vec<(u16, u32, LeaseId)>,
+    /// Corrections a verifier committed on keys the campaign never drifted: (cell, key, kind,
+    /// the correction's lease).
+    pub unexplained_corrections: Vec<(u16, u32, LeaseOp, LeaseId)>,
+    /// What the first verify pass after healing corrected that no drift explains.
+    pub unexplained_repairs: Vec<String>,
+    /// Per cell: the discrepancies its final verify pass found, or why the pass failed.
+    pub final_verify: Vec<Result<Vec<String>, String>>,
 }
 
 /// One broken rule.
@@ -125,6 +139,53 @@ pub fn check(state: &FinalState) -> Vec<Violation> {
             ),
         });
     }
+    for &(cell, key, lease) in &state.verifier_freed_held {
+        violations.push(Violation {
+            rule: "verifier freed a held claim",
+            key: Some(key),
+            detail: format!(
+                "cell c{cell:02}'s verifier destroyed it (lease {lease}) while the cell's committed record held it"
+            ),
+        });
+    }
+    for &(cell, key, op, lease) in &state.unexplained_corrections {
+        violations.push(Violation {
+            rule: "verifier correction no drift explains",
+            key: Some(key),
+            detail: format!(
+                "cell c{cell:02}'s verifier committed a{} {} (lease {lease}): records and claims had parted without drift",
+                if op == LeaseOp::Update { "n" } else { "" },
+                match op {
+                    LeaseOp::Create => "create",
+                    LeaseOp::Destroy => "destroy",
+                    LeaseOp::Update => "update",
+                }
+            ),
+        });
+    }
+    for found in &state.unexplained_repairs {
+        violations.push(Violation {
+            rule: "discrepancy after healing that is not injected drift",
+            key: None,
+            detail: found.clone(),
+        });
+    }
+    for (cell, pass) in state.final_verify.iter().enumerate() {
+        let detail = match pass {
+            Ok(found) if found.is_empty() => continue,
+            Ok(found) => format!(
+                "cell c{cell:02}: {} discrepancies: {}",
+                found.len(),
+                found.join("; ")
+            ),
+            Err(error) => format!("cell c{cell:02}: the pass did not finish: {error}"),
+        };
+        violations.push(Violation {
+            rule: "final verify pass not clean",
+            key: None,
+            detail,
+        });
+    }
     violations
 }
 
@@ -139,6 +200,10 @@ mod tests {
             local_lease_rows: vec![0, 0],
             outstanding_leases: vec![0, 0],
             lost: vec![],
+            verifier_freed_held: vec![],
+            unexplained_corrections: vec![],
+            unexplained_repairs: vec![],
+            final_verify: vec![Ok(vec![]), Ok(vec![])],
         }
     }
 
@@ -170,12 +235,26 @@ mod tests {
         leftovers.outstanding_leases[1] = 2;
         leftovers.local_lease_rows[0] = 1;
         leftovers.lost.push((0, LeaseId::generate()));
+        leftovers
+            .verifier_freed_held
+            .push((0, 1, LeaseId::generate()));
+        leftovers.final_verify[1] = Ok(vec!["extra    k2".into()]);
+        leftovers.final_verify[0] = Err("store unavailable".into());
+        leftovers.unexplained_repairs.push("c00: missing k3".into());
+        leftovers
+            .unexplained_corrections
+            .push((1, 3, LeaseOp::Create, LeaseId::generate()));
         assert_eq!(
             rules(&leftovers),
             [
                 "outstanding lease left",
                 "local lease row left",
-                "claims lost"
+                "claims lost",
+                "verifier freed a held claim",
+                "verifier correction no drift explains",
+                "discrepancy after healing that is not injected drift",
+                "final verify pass not clean",
+                "final verify pass not clean"
             ]
         );
     }

@@ -25,6 +25,7 @@ mod linearizability;
 mod model;
 mod proxy;
 mod report;
+mod verify;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -42,7 +43,7 @@ use topology_claims::cell::{
 use topology_claims::LeasesQuery;
 use topology_claims_sqlite::SqliteLocalLeaseStore;
 
-use crate::cell::{Boundary, CellContext, Crash, Sabotage, SimCell, Tally};
+use crate::cell::{Boundary, CellContext, Crash, Drift, Sabotage, SimCell, Tally};
 use crate::faults::{FaultKind, Injector};
 use crate::fleet::{Backing, Fleet};
 use crate::history::{Answer, Call, ErrorKind, Event, History, TxOp};
@@ -135,6 +136,13 @@ pub struct ChaosArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_SABOTAGE")]
     sabotage: Option<Sabotage>,
 
+    /// Fraction of the random phase's steps in which a cell changes one of its records outside
+    /// the protocol (deletes it, or changes its owner): drift for the verifiers to correct.
+    /// 0: none.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_DRIFT", default_value_t = 0.02,
+          value_parser = parse_fraction)]
+    drift: f64,
+
     /// Mutual TLS: a development PKI is made in the work directory (by `topology-claims
     /// certs`), every server serves TLS and requires client certificates, and each cell
     /// connects over https:// with its own certificate, `spiffe://topology-claims/cell/ID`.
@@ -204,6 +212,13 @@ fn client_config(tls: Option<ClientTls>) -> ClientConfig {
         },
         connect_timeout: Duration::from_millis(500),
         tls,
+    }
+}
+
+fn parse_fraction(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("{text:?} is not a fraction between 0 and 1")),
     }
 }
 
@@ -285,7 +300,12 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         }
     }
     let proxy = Arc::new(Proxy::start(servers).await?);
-    let serve_args = pki.as_ref().map(DevPki::serve_args).unwrap_or_default();
+    let mut serve_args = pki.as_ref().map(DevPki::serve_args).unwrap_or_default();
+    // Fewer verification slots than cells: the verifiers wait for each other.
+    serve_args.extend([
+        "--max-concurrent-verifications".to_owned(),
+        verify::MAX_CONCURRENT_VERIFICATIONS.to_string(),
+    ]);
     let fleet = Fleet::start(servers, &backing, Arc::clone(&proxy), &work_dir, serve_args).await?;
     let fleet = Arc::new(tokio::sync::Mutex::new(fleet));
     let injector = Arc::new(Injector::new(
@@ -306,6 +326,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         injector: Arc::clone(&injector),
         update,
         sabotage: args.sabotage,
+        drifted: Default::default(),
     });
     // The proxy forwards raw TCP, so TLS runs end to end between a cell and a server; the
     // server's certificate has the proxy's address, 127.0.0.1, as an IP SAN.
@@ -345,6 +366,29 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
             cell.index,
             Arc::clone(&tally),
             seeded(seed, 1000 + u64::from(cell.index)),
+            reconcilers_stopped.clone(),
+        )));
+    }
+
+    // The verify sidecars, running all along too: the real verifier with slots, correcting
+    // what it finds while the cells' transactions and the reconcilers race it.
+    let verify_stats = Arc::new(verify::VerifyStats::default());
+    let committed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut verifiers = Vec::new();
+    for cell in &cells {
+        let verifier = verify::verifier(
+            cell.index,
+            cell.path(),
+            client(cell.index)?,
+            Arc::clone(&history),
+            Arc::clone(&verify_stats),
+            Arc::clone(&committed),
+        )?;
+        verifiers.push(tokio::spawn(verify::sidecar(
+            verifier,
+            cell.index,
+            Arc::clone(&verify_stats),
+            seeded(seed, 2000 + u64::from(cell.index)),
             reconcilers_stopped.clone(),
         )));
     }
@@ -416,7 +460,15 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     ));
     let workers: Vec<_> = cells
         .into_iter()
-        .map(|cell| tokio::spawn(worker(cell, Arc::clone(&remaining), keys, crashes.clone())))
+        .map(|cell| {
+            tokio::spawn(worker(
+                cell,
+                Arc::clone(&remaining),
+                keys,
+                crashes.clone(),
+                args.drift,
+            ))
+        })
         .collect();
     let mut cells = Vec::new();
     for worker in workers {
@@ -430,9 +482,18 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     let _ = schedule.await;
 
     // 3. Healing: faults end, the sidecars stop, and once every lease is past the staleness
-    //    threshold each cell's reconciler runs once more.
+    //    threshold each cell's reconciler runs once more; then each verifier, which must find
+    //    nothing.
     injector.heal().await?;
     let _ = stop_reconcilers.send(true);
+    let mut stopped_verifiers = Vec::new();
+    for verifier in verifiers {
+        stopped_verifiers.push(
+            verifier
+                .await
+                .map_err(|e| format!("a verify sidecar failed: {e}"))?,
+        );
+    }
     let mut reconcilers = Vec::new();
     let mut background_passes = 0;
     for sidecar in sidecars {
@@ -470,6 +531,32 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    // The first pass after healing corrects the drift the background runs had not reached
+    // yet (and only that); the second must find nothing at all.
+    let drifted = ctx
+        .drifted
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let mut unexplained = Vec::new();
+    let mut final_verify = Vec::new();
+    for (index, verifier) in stopped_verifiers.iter().enumerate() {
+        let repair = verify::final_pass(verifier).await;
+        if let Ok(report) = &repair {
+            verify_stats.repaired_after_healing(report);
+            unexplained.extend(
+                verify::not_drift(index as u16, report, &drifted)
+                    .into_iter()
+                    .map(|d| format!("c{index:02}: {d}")),
+            );
+        }
+        let last = verify::final_pass(verifier).await;
+        if let Ok(report) = &last {
+            verify_stats.final_pass(report);
+        }
+        final_verify.push(repair.and(last));
     }
 
     // 4. Probes: each lease's final fate and each key's final claim, into the history.
@@ -570,8 +657,29 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let invariant_violations = invariants::check(&final_state);
     let events = history.snapshot();
+    let committed = committed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    final_state.verifier_freed_held = verify::held_when_freed(&committed, &events)
+        .into_iter()
+        .map(|f| (f.cell, f.key, f.lease))
+        .collect();
+    final_state.unexplained_corrections = verify::not_explained_by_drift(&committed, &drifted)
+        .into_iter()
+        .map(|c| (c.cell, c.key, c.op, c.lease))
+        .collect();
+    final_state.unexplained_repairs = unexplained;
+    final_state.final_verify = final_verify
+        .iter()
+        .map(|pass| match pass {
+            Ok(report) => Ok(report
+                .discrepancies
+                .iter()
+                .map(ToString::to_string)
+                .collect()),
+            Err(error) => Err(error.clone()),
+        })
+        .collect();
+    let invariant_violations = invariants::check(&final_state);
     if let Some(path) = &args.history {
         report::write_history(path, seed, &events)?;
     }
@@ -657,6 +765,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
             ("final passes", final_passes),
             ("final passes that had to be repeated", final_errors),
         ],
+        verify: verify_stats.lines(),
         invariants: &invariant_violations,
         keys_checked,
         linearizability: &not_linearizable,
@@ -685,12 +794,14 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
 /// an occasional lookup, then a destroy of a key it holds, or a create of a random key (taken,
 /// leased or free: conflicting takes are the point), now and then a destroy of a key it does
 /// not hold, crashing at a random boundary now and then. After a transaction whose outcome was
-/// lost it pauses a little, as an application says "try again later".
+/// lost it pauses a little, as an application says "try again later". With probability
+/// `drift` a step first changes one of its records outside the protocol.
 async fn worker(
     mut cell: SimCell,
     remaining: Arc<AtomicU64>,
     keys: u32,
     crashes: Vec<Crash>,
+    drift: f64,
 ) -> SimCell {
     while remaining
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -701,6 +812,20 @@ async fn worker(
             cell.lookup(key).await;
         }
         let held: Vec<u32> = cell.records().unwrap_or_default().into_iter().collect();
+        if !held.is_empty() && cell.rng().f64() < drift {
+            let key = held[cell.rng().usize(..held.len())];
+            // More reassignments than deletions: a reassigned record is still the cell's, so
+            // its own destroys often end the drift before a verifier sees it.
+            let kind = if cell.rng().f64() < 0.3 {
+                Drift::Forget
+            } else {
+                Drift::Reassign
+            };
+            if let Err(error) = cell.drift(kind, key) {
+                tracing::warn!(%error, "drift failed");
+            }
+            continue;
+        }
         let (op, key) = if !held.is_empty() && cell.rng().f64() < 0.35 {
             let key = held[cell.rng().usize(..held.len())];
             // Sometimes the owner tries to take its own claim again: refused as taken.

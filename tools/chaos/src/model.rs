@@ -30,6 +30,11 @@ pub fn claim_key(key: u32) -> ClaimKey {
     ClaimKey::new(ClaimType::Username, format!("chaos-k{key:04}"))
 }
 
+/// The key number of a campaign claim; `None` for any other claim.
+pub fn key_index(key: &ClaimKey) -> Option<u32> {
+    key.value.strip_prefix("chaos-k")?.parse().ok()
+}
+
 /// The claim record a cell sends for `key` (the local record id is the key number).
 pub fn record(cell: u16, key: u32) -> ClaimRecord {
     ClaimRecord {
@@ -44,16 +49,18 @@ pub fn record(cell: u16, key: u32) -> ClaimRecord {
 /// The BeginUpdate a cell sends: one create or one destroy of `key` under `lease`.
 pub fn request(cell: u16, lease: LeaseId, op: TxOp, key: u32) -> BeginUpdate {
     let claim = record(cell, key);
-    let (creates, destroys) = match op {
-        TxOp::Create => (vec![claim], vec![]),
-        TxOp::Destroy => (vec![], vec![claim]),
-    };
+    let (mut creates, mut destroys, mut updates) = (vec![], vec![], vec![]);
+    match op {
+        TxOp::Create => creates.push(claim),
+        TxOp::Destroy => destroys.push(claim),
+        TxOp::Update => updates.push(claim),
+    }
     BeginUpdate {
         cell_id: cell_id(cell),
         lease_id: Some(lease),
         creates,
         destroys,
-        updates: Vec::new(),
+        updates,
     }
 }
 
@@ -105,6 +112,8 @@ mod tests {
     fn names_round_trip() {
         assert_eq!(cell_index(&cell_id(7)), Some(7));
         assert_eq!(cell_index(&CellId::parse("other").unwrap()), None);
+        assert_eq!(key_index(&claim_key(12)), Some(12));
+        assert_eq!(key_index(&claim_key(12_345)), Some(12_345));
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub struct Summary<'a> {
     /// Enabled kinds (all of them listed, even at zero) and how often each fired.
     pub faults: Vec<(FaultKind, u64)>,
     pub reconcile: Vec<(&'static str, u64)>,
+    pub verify: Vec<(&'static str, u64)>,
     pub invariants: &'a [Violation],
     pub keys_checked: usize,
     pub linearizability: &'a [(u32, Vec<Event>)],
@@ -101,6 +102,11 @@ impl Summary<'_> {
         }
         let _ = writeln!(out, "\nreconcilers");
         for (what, n) in &self.reconcile {
+            let _ = writeln!(out, "  {what:<44} {n:>8}");
+        }
+
+        let _ = writeln!(out, "\nverifiers");
+        for (what, n) in &self.verify {
             let _ = writeln!(out, "  {what:<44} {n:>8}");
         }
 
