@@ -7,6 +7,10 @@
 //! (`domain::group`). There is no timer: a lone call finds a free slot and runs at once, so
 //! batching only happens when calls would otherwise wait for a connection anyway.
 //!
+//! The queue has no bound of its own: it holds one entry per such call in flight, so the
+//! server's bounds on requests in flight (`--max-connections` × `--max-streams`, the request
+//! byte budget, `--request-timeout`) bound it; a group takes at most `--group-max` entries.
+//!
 //! Every call gets its own answer: a refusal (CLAIM_TAKEN, …) is that call's alone. When the
 //! store transaction itself fails (after the adapter's own retries), every call in it gets that
 //! error, exactly what a lone call would have got; nothing of the batch committed.
@@ -253,7 +257,7 @@ async fn run_worker(shared: Arc<Shared>) {
         }
         if shared.lone_direct && batch.len() == 1 {
             let pending = batch.pop().expect("one call");
-            let result = alone(&*shared.store, &pending.op).await;
+            let result = run_alone(&*shared.store, &pending.op).await;
             let _ = pending.reply.send(result);
             continue;
         }
@@ -292,9 +296,13 @@ async fn run_worker(shared: Arc<Shared>) {
     }
 }
 
-/// A group of one, as the store's own lone transaction: exactly what `--group-commit off` runs
-/// (a BeginUpdate without a client lease id lets the store choose one, as it always has).
-async fn alone(store: &dyn ClaimStore, op: &GroupOp) -> Result<GroupAnswer, ClaimsError> {
+/// One operation as the store's own lone call: exactly what `--group-commit off` runs (a
+/// BeginUpdate without a client lease id lets the store choose one, as it always has). A group
+/// of one runs this, and so does `ClaimStore::run_group`'s default, op after op.
+pub async fn run_alone<S: ClaimStore + ?Sized>(
+    store: &S,
+    op: &GroupOp,
+) -> Result<GroupAnswer, ClaimsError> {
     match op {
         GroupOp::Begin { request, .. } => store
             .begin_update(request.clone())

@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use crate::domain::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, GroupAnswer,
-    GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, GroupOp,
+    GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant,
     SlotHolder, SlotLimit, Timestamp,
 };
 use crate::error::ClaimsError;
@@ -96,30 +96,12 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// then an operation of a later part that failed for good carries that error in its own
     /// result, and the earlier parts' operations keep their (committed) answers.
     ///
-    /// The default runs the operations one by one (a store without group commit).
+    /// The default runs the operations one by one, each as its own lone call
+    /// ([`crate::group::run_alone`]): a store without group commit.
     async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {
         let mut results = Vec::with_capacity(ops.len());
         for op in ops {
-            results.push(match op {
-                GroupOp::Begin { request, lease_id } => {
-                    let sent = request.lease_id;
-                    let mut request = request.clone();
-                    request.lease_id = Some(*lease_id);
-                    self.begin_update(request).await.map(|mut lease| {
-                        // The lease keeps the request as sent (without the chosen id).
-                        lease.request.lease_id = sent;
-                        GroupAnswer::Begun(lease)
-                    })
-                }
-                GroupOp::Commit { cell_id, lease_id } => self
-                    .commit_update(cell_id, *lease_id)
-                    .await
-                    .map(|()| GroupAnswer::Ended),
-                GroupOp::Rollback { cell_id, lease_id } => self
-                    .rollback_update(cell_id, *lease_id)
-                    .await
-                    .map(|()| GroupAnswer::Ended),
-            });
+            results.push(crate::group::run_alone(self, op).await);
         }
         Ok(results)
     }
