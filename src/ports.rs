@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use crate::domain::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, GroupOp,
-    GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, GroupAnswer,
+    GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant,
     SlotHolder, SlotLimit, Timestamp,
 };
 use crate::error::ClaimsError;
@@ -97,11 +97,33 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// result, and the earlier parts' operations keep their (committed) answers.
     ///
     /// The default runs the operations one by one, each as its own lone call
-    /// ([`crate::group::run_alone`]): a store without group commit.
+    /// ([`crate::group::run_alone`]) under the group's lease ids: a store without group commit.
     async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {
         let mut results = Vec::with_capacity(ops.len());
         for op in ops {
-            results.push(crate::group::run_alone(self, op).await);
+            results.push(match op {
+                // A later operation of the group may name the id the combiner chose: the lease
+                // must have it. The answer keeps the request as sent.
+                GroupOp::Begin { request, lease_id } if request.lease_id.is_none() => {
+                    let fixed = GroupOp::Begin {
+                        request: BeginUpdate {
+                            lease_id: Some(*lease_id),
+                            ..request.clone()
+                        },
+                        lease_id: *lease_id,
+                    };
+                    crate::group::run_alone(self, &fixed)
+                        .await
+                        .map(|answer| match answer {
+                            GroupAnswer::Begun(mut lease) => {
+                                lease.request.lease_id = None;
+                                GroupAnswer::Begun(lease)
+                            }
+                            ended => ended,
+                        })
+                }
+                op => crate::group::run_alone(self, op).await,
+            });
         }
         Ok(results)
     }

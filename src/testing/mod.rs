@@ -130,6 +130,7 @@ macro_rules! claim_store_conformance {
                 a_key_in_two_of_creates_destroys_updates_is_a_batch_conflict,
                 lookup_while_updating_shows_updating_with_the_old_values,
                 a_create_racing_an_update_is_leased_then_taken,
+                a_group_decides_each_operation_in_arrival_order,
             );
             #[test]
             fn model_based_property_test() {
