@@ -115,6 +115,7 @@ pub struct ServerMetrics {
     pub store_retries: IntCounter,
     pub rate_limited: IntCounterVec,
     pub audit_write_failures: IntCounter,
+    pub audit_lines_dropped: IntCounter,
     pub store_up: IntGauge,
     pub lease_summary_time: prometheus::Gauge,
     /// Calls per group-commit store transaction (`--group-commit on`).
@@ -196,6 +197,11 @@ impl ServerMetrics {
                 &registry,
                 "topology_claims_audit_write_failures_total",
                 "Audit log lines that could not be written.",
+            ),
+            audit_lines_dropped: counter(
+                &registry,
+                "topology_claims_audit_lines_dropped_total",
+                "Audit log lines dropped because the writer's queue was full (--audit-queue-lines).",
             ),
             store_up,
             lease_summary_time: register(
@@ -601,6 +607,7 @@ mod tests {
             "topology_claims_store_retries_total 0",
             "topology_claims_rate_limited_total{cell_id=\"cell-a\"} 1",
             "topology_claims_audit_write_failures_total 0",
+            "topology_claims_audit_lines_dropped_total 0",
             "topology_claims_build_info{version=\"",
         ] {
             assert!(text.contains(series), "{series} missing from:\n{text}");

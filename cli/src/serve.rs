@@ -57,8 +57,10 @@ pub struct ServeArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_NO_MIGRATE")]
     no_migrate: bool,
 
-    /// Most claims (creates + destroys) one BeginUpdate may carry; larger batches are
-    /// INVALID_ARGUMENT. Requests above 4 MiB are refused whatever this says.
+    /// Most claims (creates + destroys + updates) one BeginUpdate may carry; larger batches are
+    /// INVALID_ARGUMENT, refused before their claims are decoded. It also sets the largest
+    /// request message the server reads: 64 KiB + 1 KiB per claim (1,088 KiB for 1000), at
+    /// most 4 MiB whatever this says; a longer one is OUT_OF_RANGE before it is read.
     #[arg(long, env = "TOPOLOGY_CLAIMS_MAX_BATCH", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_batch: u32,
@@ -187,6 +189,14 @@ struct TlsArgs {
     )]
     audit_hash_key_file: Option<PathBuf>,
 
+    /// Bytes of audit lines that may wait for the audit log's writer thread (at least 64 KiB).
+    /// A request never waits for the disk: when the queue is full its line is dropped and
+    /// counted (`topology_claims_audit_lines_dropped_total`); admin calls still wait for their
+    /// synced intent line. Line sizes: docs/security.md, "Audit log".
+    #[arg(long, env = "TOPOLOGY_CLAIMS_AUDIT_QUEUE_BYTES", default_value_t = 64 * 1024 * 1024,
+          value_parser = clap::value_parser!(u32).range(65_536..))]
+    audit_queue_bytes: u32,
+
     /// Serve plaintext (no identities: every caller trusted) on an address that is not
     /// loopback. Without it, such a --listen is refused; see docs/security.md.
     #[arg(long, env = "TOPOLOGY_CLAIMS_ALLOW_PLAINTEXT")]
@@ -206,7 +216,7 @@ impl TlsArgs {
                 })?),
                 None => None,
             };
-        AuditLog::open(path, key.as_deref())
+        AuditLog::open(path, key.as_deref(), self.audit_queue_bytes as usize)
             .map(|log| Some(Arc::new(log)))
             .map_err(|e| e.to_string())
     }
@@ -461,6 +471,10 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
                         catch_up(
                             &metrics.audit_write_failures,
                             audit.failures.load(std::sync::atomic::Ordering::Relaxed),
+                        );
+                        catch_up(
+                            &metrics.audit_lines_dropped,
+                            audit.dropped.load(std::sync::atomic::Ordering::Relaxed),
                         );
                     }
                     render(metrics.registry())

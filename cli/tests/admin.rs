@@ -345,11 +345,23 @@ async fn runbooks(backend: Backend) {
     claims.commit_update(&keep, reuse.lease_id).await.unwrap();
 
     // --- Every admin call is in the audit log, the acting ones before and after.
-    let log = std::fs::read_to_string(&audit).unwrap();
-    let lines: Vec<serde_json::Value> = log
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    // The writer is a thread of its own: wait until the last acting call's `done` line is in.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let lines: Vec<serde_json::Value> = loop {
+        let log = std::fs::read_to_string(&audit).unwrap();
+        let lines: Vec<serde_json::Value> = log
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let done = lines
+            .iter()
+            .filter(|l| l["method"] == "ForceRollback" && l["stage"] == "done")
+            .count();
+        if done >= 4 || std::time::Instant::now() > deadline {
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let admin_lines = |method: &str, stage: &str| {
         lines
             .iter()

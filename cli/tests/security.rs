@@ -722,7 +722,15 @@ async fn the_audit_log_has_one_line_per_mutating_call_and_per_refusal() {
         Code::Unauthenticated
     );
 
-    let text = std::fs::read_to_string(&log).unwrap();
+    // The writer is a thread of its own: wait for the ten lines.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().count() >= 10 || std::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let lines: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
@@ -780,6 +788,7 @@ async fn the_audit_log_has_one_line_per_mutating_call_and_per_refusal() {
         "method",
         "cell_id",
         "lease_id",
+        "claim_count",
         "claims",
         "code",
         "reason",

@@ -14,6 +14,18 @@ use crate::error::ClaimsError;
 
 /// Default `--max-batch`: most claims one BeginUpdate may carry.
 pub const DEFAULT_MAX_BATCH: usize = 1000;
+/// Checks that a batch of `claims` claims (creates + destroys + updates) is within `max_batch`.
+/// The front end applies it to the wire before any claim is decoded, as well as here.
+pub fn check_batch_size(claims: usize, max_batch: usize) -> Result<(), ClaimsError> {
+    if claims > max_batch {
+        return Err(ClaimsError::invalid(
+            "creates_claims",
+            format!("at most {max_batch} claims per batch, got {claims}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Batch-level validation, done before any store access: every record well-formed, the batch
 /// neither empty nor larger than `max_batch`, and no claim twice (the first repeat is named).
 pub fn check_batch(request: &BeginUpdate, max_batch: usize) -> Result<(), ClaimsError> {
@@ -23,15 +35,7 @@ pub fn check_batch(request: &BeginUpdate, max_batch: usize) -> Result<(), Claims
             "at least one create, destroy or update is required",
         ));
     }
-    if request.len() > max_batch {
-        return Err(ClaimsError::invalid(
-            "creates_claims",
-            format!(
-                "at most {max_batch} claims per batch, got {}",
-                request.len()
-            ),
-        ));
-    }
+    check_batch_size(request.len(), max_batch)?;
     for (i, record) in request.creates.iter().enumerate() {
         record.check(&format!("creates_claims[{i}]"))?;
     }

@@ -18,8 +18,9 @@ pub use admin::{
     LeaseSummary, DECOMMISSION_DEFAULT_BATCH, DECOMMISSION_MAX_BATCH,
 };
 pub use decide::{
-    check_batch, check_claim, decide_begin, decide_commit, decide_renew, decide_rollback,
-    lease_is_stale, outcome_expired, BeginPlan, BeginWrites, EndPlan, EndWrites, DEFAULT_MAX_BATCH,
+    check_batch, check_batch_size, check_claim, decide_begin, decide_commit, decide_renew,
+    decide_rollback, lease_is_stale, outcome_expired, BeginPlan, BeginWrites, EndPlan, EndWrites,
+    DEFAULT_MAX_BATCH,
 };
 pub use group::{
     decide_group, GroupAnswer, GroupDecision, GroupOp, GroupReads, GroupResults, GroupSnapshot,

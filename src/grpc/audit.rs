@@ -1,30 +1,66 @@
 //! The audit log (`serve --audit-log PATH`): one JSON object per line for every mutating RPC
 //! (BeginUpdate, CommitUpdate, RollbackUpdate, RenewLease) and every authentication or
-//! authorization refusal, written by the authorization layer after the answer is known; and for
-//! every AdminService call a line *before* it acts (`stage` `intent`; the call is refused with
-//! UNAVAILABLE `AUDIT_UNAVAILABLE` when that line cannot be written) and, for ForceRollback and
-//! DecommissionCell, one after (`stage` `done`), with `admin_reason`, `dry_run` and
-//! `older_than_seconds`.
+//! authorization refusal, written by the authorization layer once the answer is known; and for
+//! every AdminService call a line *before* it acts (`stage` `intent`, synced to disk; the call is
+//! refused with UNAVAILABLE `AUDIT_UNAVAILABLE` when that line cannot be written) and, for
+//! ForceRollback and DecommissionCell, one after (`stage` `done`), with `admin_reason`,
+//! `dry_run` and `older_than_seconds`.
 //!
 //! Fields: `time` (RFC 3339, UTC), `peer`, `identity` (the SPIFFE id, `cn:NAME`, or `anonymous`
-//! on a plaintext server), `role`, `method`, `cell_id`, `lease_id`, `claims` (each with its
-//! `op`, `claim_type`, `claim_value`), `code` (the gRPC code name), `reason` (the ErrorInfo
-//! reason, or empty) and `duration_ms`. Claim values can be personal data (emails): with
-//! `--audit-hash-key-file`, each is written as `hmac-sha256:HEX` under that key instead, so equal
-//! values still match across lines without being readable.
+//! on a plaintext server), `role`, `method`, `cell_id`, `lease_id`, `claim_count` (claims the
+//! request carried), `claims` (each with its `op`, `claim_type`, `claim_value`; every claim of an
+//! accepted request, at most [`REFUSED_CLAIMS_LOGGED`] of a refused one), `code` (the gRPC code
+//! name), `reason` (the ErrorInfo reason, or empty) and `duration_ms`. Claim values can be
+//! personal data (emails): with `--audit-hash-key-file`, each is written as `hmac-sha256:HEX`
+//! under that key instead, so equal values still match across lines without being readable.
 //!
-//! `reopen` (SIGHUP) opens the path again, as logrotate expects after moving the file. A write
-//! that fails is counted and logged (at most every few seconds); it never fails the request.
+//! Every line is bounded whatever the request said: each text field is cut to a fixed number of
+//! bytes (`FIELD_LIMITS`, marked `…[cut N bytes]`), so the worst case is a number
+//! (docs/security.md, "Audit log").
+//!
+//! Lines are written by one thread of their own, fed through a queue bounded in bytes
+//! (`--audit-queue-bytes`): a request never waits for the disk. When the queue is full the line
+//! is dropped, counted (`dropped`, the metric `topology_claims_audit_lines_dropped_total`) and
+//! logged (at most every few seconds). An admin intent line instead waits for room and for its
+//! `fsync`. `reopen` (SIGHUP) opens the path again, as logrotate expects after moving the file.
+//! A write that fails is counted and logged; it never fails the request (admin intents aside).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::ClaimsError;
 use crate::grpc::listener::RateLimitedLog;
+
+/// Claims listed in the line of a refused request (its `claim_count` still counts them all).
+pub const REFUSED_CLAIMS_LOGGED: usize = 16;
+
+/// Default of `--audit-queue-bytes`: bytes of lines waiting for the writer thread.
+pub const DEFAULT_QUEUE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The most bytes each text field of a line keeps (before JSON escaping): peer, identity, role,
+/// method, cell_id, lease_id, claim_type, claim_value, code, reason, admin_reason.
+pub const FIELD_LIMITS: FieldLimits = FieldLimits {
+    short: 128,
+    identity: 512,
+    claim_value: 256,
+    admin_reason: 1024,
+};
+
+/// See [`FIELD_LIMITS`].
+#[derive(Clone, Copy, Debug)]
+pub struct FieldLimits {
+    /// peer, role, method, cell_id, lease_id, claim_type, code, reason.
+    pub short: usize,
+    pub identity: usize,
+    pub claim_value: usize,
+    pub admin_reason: usize,
+}
 
 /// One claim of an audited request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,12 +79,37 @@ pub struct AuditRecord {
     pub method: String,
     pub cell_id: String,
     pub lease_id: String,
+    /// Claims the request carried (`claims` may list fewer: a refused request lists at most
+    /// [`REFUSED_CLAIMS_LOGGED`]).
+    pub claim_count: usize,
     pub claims: Vec<AuditedClaim>,
     pub code: String,
     pub reason: String,
     pub duration_ms: f64,
     /// What an AdminService call asked for; `None` for the claims API.
     pub admin: Option<AdminAudit>,
+}
+
+impl AuditRecord {
+    /// Bytes of the record's text: what it holds in the queue, about its line's length.
+    fn text_bytes(&self) -> usize {
+        let claims: usize = self
+            .claims
+            .iter()
+            .map(|c| c.claim_type.len() + c.claim_value.len() + 64)
+            .sum();
+        let admin = self.admin.as_ref().map_or(0, |a| a.reason.len() + 64);
+        256 + self.peer.len()
+            + self.identity.len()
+            + self.role.len()
+            + self.method.len()
+            + self.cell_id.len()
+            + self.lease_id.len()
+            + self.code.len()
+            + self.reason.len()
+            + claims
+            + admin
+    }
 }
 
 /// The admin part of an audit line: written once before the call acts (`stage` `intent`,
@@ -63,21 +124,44 @@ pub struct AdminAudit {
     pub older_than_seconds: u64,
 }
 
-/// The open audit log.
-pub struct AuditLog {
+/// What the writer thread is asked to do.
+enum Job {
+    /// Append a line; nobody waits.
+    Line(AuditRecord, SystemTime, usize),
+    /// Append a line, flush and fsync it, then say how that went.
+    Durable(AuditRecord, SystemTime, oneshot::Sender<Result<(), String>>),
+    /// Answer once every job queued before this one is done.
+    Barrier(std::sync::mpsc::Sender<()>),
+}
+
+/// What the writer thread and the request side share.
+struct Shared {
     path: PathBuf,
     file: Mutex<File>,
     hash_key: Option<aws_lc_rs::hmac::Key>,
-    /// Writes that failed since start.
-    pub failures: AtomicU64,
+    failures: Arc<AtomicU64>,
     failure_log: RateLimitedLog,
+}
+
+/// The open audit log.
+pub struct AuditLog {
+    shared: Arc<Shared>,
+    queue: mpsc::UnboundedSender<Job>,
+    /// Bytes of queued lines (their records' text), and their bound.
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+    queue_bytes: usize,
+    /// Writes that failed since start.
+    pub failures: Arc<AtomicU64>,
+    /// Lines dropped because the queue was full, since start.
+    pub dropped: AtomicU64,
+    dropped_log: RateLimitedLog,
 }
 
 impl std::fmt::Debug for AuditLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AuditLog")
-            .field("path", &self.path)
-            .field("hashed", &self.hash_key.is_some())
+            .field("path", &self.shared.path)
+            .field("hashed", &self.shared.hash_key.is_some())
             .finish()
     }
 }
@@ -91,44 +175,151 @@ fn open(path: &Path) -> Result<File, String> {
 }
 
 impl AuditLog {
-    /// Opens (appending, creating) `path`; `hash_key`: write claim values as keyed hashes.
-    pub fn open(path: &Path, hash_key: Option<&[u8]>) -> Result<Self, ClaimsError> {
+    /// Opens (appending, creating) `path` and starts its writer thread; `hash_key`: write claim
+    /// values as keyed hashes; `queue_bytes`: bytes of lines that may wait for the writer
+    /// (`--audit-queue-bytes`).
+    pub fn open(
+        path: &Path,
+        hash_key: Option<&[u8]>,
+        queue_bytes: usize,
+    ) -> Result<Self, ClaimsError> {
         let file = open(path).map_err(|message| ClaimsError::Configuration { message })?;
         if hash_key.is_some_and(|key| key.len() < 16) {
             return Err(ClaimsError::Configuration {
                 message: "the audit hash key must be at least 16 bytes".into(),
             });
         }
-        Ok(Self {
+        if queue_bytes < 64 * 1024 {
+            return Err(ClaimsError::Configuration {
+                message: "--audit-queue-bytes must be at least 64 KiB (one line of a refusal)"
+                    .into(),
+            });
+        }
+        let failures = Arc::new(AtomicU64::new(0));
+        let shared = Arc::new(Shared {
             path: path.to_path_buf(),
             file: Mutex::new(file),
             hash_key: hash_key
                 .map(|key| aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key)),
-            failures: AtomicU64::new(0),
+            failures: Arc::clone(&failures),
             failure_log: RateLimitedLog::default(),
+        });
+        let (queue, mut jobs) = mpsc::unbounded_channel();
+        let writer = Arc::clone(&shared);
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let dequeued = Arc::clone(&queued);
+        std::thread::Builder::new()
+            .name("audit-log".into())
+            .spawn(move || {
+                // Ends when the log (every sender) is dropped and the queue is drained.
+                while let Some(job) = jobs.blocking_recv() {
+                    match job {
+                        Job::Line(record, at, bytes) => {
+                            let _ = writer.append(&record, at, false);
+                            dequeued.fetch_sub(bytes, Ordering::Relaxed);
+                        }
+                        Job::Durable(record, at, done) => {
+                            let _ = done.send(writer.append(&record, at, true));
+                        }
+                        Job::Barrier(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .map_err(|e| ClaimsError::Configuration {
+                message: format!("cannot start the audit log writer thread: {e}"),
+            })?;
+        Ok(Self {
+            shared,
+            queue,
+            queued,
+            queue_bytes,
+            failures,
+            dropped: AtomicU64::new(0),
+            dropped_log: RateLimitedLog::default(),
         })
     }
 
     /// Opens the path again (after logrotate moved the file); keeps the old file on failure.
     pub fn reopen(&self) -> Result<(), String> {
-        let file = open(&self.path)?;
-        *self.file.lock().unwrap_or_else(|p| p.into_inner()) = file;
+        let file = open(&self.shared.path)?;
+        *self.shared.file.lock().unwrap_or_else(|p| p.into_inner()) = file;
         Ok(())
     }
 
-    /// Appends `record` as one line; a failure is counted and logged, never returned.
-    pub fn write(&self, record: &AuditRecord) {
-        let _ = self.try_write(record);
+    /// Queues `record` as one line and returns at once. When the queue is full the line is
+    /// dropped, counted and logged: a request never waits for the audit log.
+    pub fn write(&self, record: AuditRecord) {
+        let bytes = record.text_bytes();
+        let admitted = self
+            .queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |queued| {
+                (queued + bytes <= self.queue_bytes).then_some(queued + bytes)
+            })
+            .is_ok();
+        if !admitted {
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if let Some(held_back) = self.dropped_log.ready() {
+                tracing::error!(dropped, held_back, method = %record.method,
+                    identity = %record.identity, path = %self.shared.path.display(),
+                    "audit log queue full (--audit-queue-bytes): line dropped; the request \
+                     itself was not affected");
+            }
+            return;
+        }
+        if self
+            .queue
+            .send(Job::Line(record, SystemTime::now(), bytes))
+            .is_err()
+        {
+            self.queued.fetch_sub(bytes, Ordering::Relaxed);
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    /// Appends `record` as one line, flushed to the file, or says why it could not (counted
-    /// and logged as by [`write`](Self::write)): admin calls are refused when this fails.
-    pub fn try_write(&self, record: &AuditRecord) -> Result<(), String> {
-        let mut line = self.line(record, SystemTime::now());
+    /// Appends `record` as one line, flushed and synced to disk, or says why it could not
+    /// (counted and logged as by [`write`](Self::write)): waits for the lines queued before it
+    /// and for its own. Admin calls act only after this succeeded.
+    pub async fn write_durable(&self, record: AuditRecord) -> Result<(), String> {
+        let (done, written) = oneshot::channel();
+        let cannot = || {
+            format!(
+                "cannot write the audit log {}: its writer thread is gone",
+                self.shared.path.display()
+            )
+        };
+        self.queue
+            .send(Job::Durable(record, SystemTime::now(), done))
+            .map_err(|_| cannot())?;
+        written.await.map_err(|_| cannot())?
+    }
+
+    /// Waits (blocking the thread) until every line queued so far has been handled. For tests
+    /// and shutdown; never call it on an async worker.
+    pub fn flush_blocking(&self) {
+        let (done, finished) = std::sync::mpsc::channel();
+        if self.queue.send(Job::Barrier(done)).is_ok() {
+            let _ = finished.recv();
+        }
+    }
+
+    #[cfg(test)]
+    fn line(&self, r: &AuditRecord, now: SystemTime) -> String {
+        self.shared.line(r, now)
+    }
+}
+
+impl Shared {
+    /// Appends one line (and with `sync`, fsyncs it); a failure is counted and logged.
+    fn append(&self, record: &AuditRecord, at: SystemTime, sync: bool) -> Result<(), String> {
+        let mut line = self.line(record, at);
         line.push('\n');
         let written = {
             let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-            file.write_all(line.as_bytes()).and_then(|()| file.flush())
+            file.write_all(line.as_bytes())
+                .and_then(|()| file.flush())
+                .and_then(|()| if sync { file.sync_data() } else { Ok(()) })
         };
         if let Err(error) = written {
             let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
@@ -151,11 +342,12 @@ impl AuditLog {
                 let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
                 format!("hmac-sha256:{hex}")
             }
-            None => value.to_owned(),
+            None => cut(value, FIELD_LIMITS.claim_value),
         }
     }
 
     fn line(&self, r: &AuditRecord, now: SystemTime) -> String {
+        let short = |text: &str| json(&cut(text, FIELD_LIMITS.short));
         let claims: Vec<String> = r
             .claims
             .iter()
@@ -163,7 +355,7 @@ impl AuditLog {
                 format!(
                     "{{\"op\":{},\"claim_type\":{},\"claim_value\":{}}}",
                     json(c.op),
-                    json(&c.claim_type),
+                    short(&c.claim_type),
                     json(&self.value(&c.claim_value))
                 )
             })
@@ -172,28 +364,43 @@ impl AuditLog {
             format!(
                 ",\"stage\":{},\"admin_reason\":{},\"dry_run\":{},\"older_than_seconds\":{}",
                 json(a.stage),
-                json(&a.reason),
+                json(&cut(&a.reason, FIELD_LIMITS.admin_reason)),
                 a.dry_run,
                 a.older_than_seconds
             )
         });
         format!(
             "{{\"time\":{},\"peer\":{},\"identity\":{},\"role\":{},\"method\":{},\"cell_id\":{},\
-             \"lease_id\":{},\"claims\":[{}],\"code\":{},\"reason\":{},\"duration_ms\":{:.3}{}}}",
+             \"lease_id\":{},\"claim_count\":{},\"claims\":[{}],\"code\":{},\"reason\":{},\
+             \"duration_ms\":{:.3}{}}}",
             json(&rfc3339(now)),
-            json(&r.peer),
-            json(&r.identity),
-            json(&r.role),
-            json(&r.method),
-            json(&r.cell_id),
-            json(&r.lease_id),
+            short(&r.peer),
+            json(&cut(&r.identity, FIELD_LIMITS.identity)),
+            short(&r.role),
+            short(&r.method),
+            short(&r.cell_id),
+            short(&r.lease_id),
+            r.claim_count.max(r.claims.len()),
             claims.join(","),
-            json(&r.code),
-            json(&r.reason),
+            short(&r.code),
+            short(&r.reason),
             r.duration_ms,
             admin
         )
     }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, the cut marked with how many
+/// bytes went.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[cut {} bytes]", &text[..end], text.len() - end)
 }
 
 /// A JSON string literal.
@@ -260,9 +467,10 @@ mod tests {
     #[test]
     fn a_failed_write_is_counted_and_does_not_fail_the_caller() {
         // /dev/full opens fine and fails every write with ENOSPC.
-        let log = AuditLog::open(Path::new("/dev/full"), None).unwrap();
-        log.write(&AuditRecord::default());
-        log.write(&AuditRecord::default());
+        let log = AuditLog::open(Path::new("/dev/full"), None, DEFAULT_QUEUE_BYTES).unwrap();
+        log.write(AuditRecord::default());
+        log.write(AuditRecord::default());
+        log.flush_blocking();
         assert_eq!(log.failures.load(Ordering::Relaxed), 2);
     }
 
@@ -280,22 +488,88 @@ mod tests {
             code: "OK".into(),
             ..AuditRecord::default()
         };
-        let plain = AuditLog::open(&dir.join("plain.log"), None).unwrap();
+        let plain = AuditLog::open(&dir.join("plain.log"), None, DEFAULT_QUEUE_BYTES).unwrap();
         let line = plain.line(&record, UNIX_EPOCH);
         assert!(
             line.contains(r#""claim_value":"a\"b@example.com""#),
             "{line}"
         );
-        let hashed = AuditLog::open(&dir.join("hashed.log"), Some(b"0123456789abcdef")).unwrap();
+        let hashed = AuditLog::open(
+            &dir.join("hashed.log"),
+            Some(b"0123456789abcdef"),
+            DEFAULT_QUEUE_BYTES,
+        )
+        .unwrap();
         let line = hashed.line(&record, UNIX_EPOCH);
         assert!(line.contains("hmac-sha256:"), "{line}");
         assert!(!line.contains("example.com"), "{line}");
         assert_eq!(
-            hashed.value("x"),
-            hashed.value("x"),
+            hashed.shared.value("x"),
+            hashed.shared.value("x"),
             "equal values, equal hashes"
         );
-        assert!(AuditLog::open(&dir.join("short.log"), Some(b"short")).is_err());
+        assert!(
+            AuditLog::open(&dir.join("short.log"), Some(b"short"), DEFAULT_QUEUE_BYTES).is_err()
+        );
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn every_field_is_cut_so_a_line_has_a_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::open(&dir.path().join("a.log"), None, DEFAULT_QUEUE_BYTES).unwrap();
+        let huge = "é".repeat(1 << 20);
+        let record = AuditRecord {
+            peer: huge.clone(),
+            identity: huge.clone(),
+            role: huge.clone(),
+            method: huge.clone(),
+            cell_id: huge.clone(),
+            lease_id: huge.clone(),
+            claim_count: 2_000_000,
+            claims: vec![
+                AuditedClaim {
+                    op: "create",
+                    claim_type: huge.clone(),
+                    claim_value: huge.clone(),
+                };
+                REFUSED_CLAIMS_LOGGED
+            ],
+            code: huge.clone(),
+            reason: huge.clone(),
+            duration_ms: 1.0,
+            admin: Some(AdminAudit {
+                stage: "intent",
+                reason: huge.clone(),
+                ..AdminAudit::default()
+            }),
+        };
+        let line = log.line(&record, UNIX_EPOCH);
+        assert!(line.len() < 16 * 1024, "{} bytes", line.len());
+        assert!(line.contains("\"claim_count\":2000000"), "{line}");
+        assert!(line.contains("…[cut "), "{line}");
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_instead_of_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.log");
+        let log = AuditLog::open(&path, None, 64 * 1024).unwrap();
+        // Hold the file so the writer thread blocks on its first line; the queue (64 KiB) fills
+        // with the lines of ten 10 KB reasons.
+        let held = log.shared.file.lock().unwrap();
+        let record = AuditRecord {
+            reason: "r".repeat(10_000),
+            ..AuditRecord::default()
+        };
+        for _ in 0..10 {
+            log.write(record.clone());
+        }
+        drop(held);
+        log.flush_blocking();
+        let dropped = log.dropped.load(Ordering::Relaxed);
+        let written = std::fs::read_to_string(&path).unwrap().lines().count() as u64;
+        assert!((3..=4).contains(&dropped), "dropped {dropped}");
+        assert_eq!(written + dropped, 10);
     }
 }

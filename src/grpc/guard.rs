@@ -7,8 +7,9 @@
 //! RESOURCE_EXHAUSTED naming the limit. So a client that opens many streams, declares large
 //! messages and sends all but their last byte pins at most the budgets, never more. The charge
 //! is held until the request's body is dropped (when the message is decoded, or the request
-//! ends). A declared length above the message-size limit is not charged: the decoder refuses it
-//! (OUT_OF_RANGE) without reserving anything.
+//! ends). A declared length above the message-size limit is refused at once (OUT_OF_RANGE,
+//! naming the limit), before any of its bytes are read: nothing reaches authorization or a
+//! decoder that these budgets did not admit.
 //!
 //! Owns these two bounds only: no identity, no protocol rules.
 
@@ -38,7 +39,7 @@ pub struct RequestGuardLayer {
 }
 
 impl RequestGuardLayer {
-    /// `max_message_bytes`: the decoders' message-size limit (larger ones are theirs to refuse).
+    /// `max_message_bytes`: the server's message-size limit (a larger declared length is refused).
     pub fn new(limits: &ServerLimits, max_message_bytes: usize, stats: Arc<ServerStats>) -> Self {
         Self {
             total: Arc::new(Semaphore::new(limits.request_bytes_total)),
@@ -216,8 +217,13 @@ impl HttpBody for BudgetedBody {
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(data) = frame.data_ref() {
                 for length in self.framing.declared(data) {
-                    if length > self.layer.max_message_bytes {
-                        continue;
+                    let limit = self.layer.max_message_bytes;
+                    if length > limit {
+                        ServerStats::count(&self.layer.stats.requests_over_byte_budget);
+                        return Poll::Ready(Some(Err(Status::out_of_range(format!(
+                            "a request message of {length} bytes is over the server's limit of \
+                             {limit} bytes (what a batch of --max-batch claims can need)"
+                        )))));
                     }
                     if let Err(status) = self.charge(5 + length) {
                         return Poll::Ready(Some(Err(status)));

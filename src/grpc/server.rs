@@ -34,10 +34,26 @@ use crate::grpc::tls::ServerTls;
 use crate::metrics::ServerMetrics;
 use crate::ports::ClaimStore;
 
-/// Largest request message the server decodes. tonic's default (4 MiB) holds a full batch of
-/// `--max-batch` 1000 claims with maximal 255-byte values (about 0.6 MiB) with room to spare;
-/// anything larger is refused by tonic with OUT_OF_RANGE before it reaches a handler.
+/// Encoded bytes one claim of a valid BeginUpdate can take, with room to spare: a ClaimRecord
+/// with two maximal 255-byte strings, its enums and record id is about 535 bytes.
+pub const MAX_CLAIM_RECORD_BYTES: usize = 1024;
+
+/// What a request needs besides its claims (cell id, lease id, any other request's fields).
+pub const REQUEST_BASE_BYTES: usize = 64 * 1024;
+
+/// The ceiling of [`max_request_message_bytes`] (tonic's default), whatever `--max-batch` says.
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+
+/// The largest request message the server reads or decodes: what a valid batch of `max_batch`
+/// claims can need ([`REQUEST_BASE_BYTES`] + `max_batch` × [`MAX_CLAIM_RECORD_BYTES`]; 1,088 KiB
+/// for the default 1000), never more than [`MAX_REQUEST_BYTES`]. A message declaring more is
+/// refused with OUT_OF_RANGE as soon as its 5-byte prefix arrives, before its bytes are read.
+pub fn max_request_message_bytes(max_batch: usize) -> usize {
+    max_batch
+        .saturating_mul(MAX_CLAIM_RECORD_BYTES)
+        .saturating_add(REQUEST_BASE_BYTES)
+        .min(MAX_REQUEST_BYTES)
+}
 
 /// The server's knobs.
 #[derive(Clone, Debug)]
@@ -142,6 +158,7 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| ClaimsError::internal(format!("server reflection: {e}")))?;
+    let max_message_bytes = max_request_message_bytes(config.max_batch);
     let claims = ClaimsServiceServer::new(ClaimsServiceImpl::new(
         Arc::clone(&store),
         ServiceConfig {
@@ -151,11 +168,12 @@ pub async fn serve(
             verification_slot_ttl: config.verification_slot_ttl,
         },
     ))
-    .max_decoding_message_size(MAX_REQUEST_BYTES);
+    .max_decoding_message_size(max_message_bytes);
     let admin = AdminServiceServer::new(AdminServiceImpl::new(
         Arc::clone(&store),
         config.max_response_bytes,
-    ));
+    ))
+    .max_decoding_message_size(max_message_bytes);
 
     let (stop_tx, stop_rx) = watch::channel(());
     let (draining_tx, mut draining_rx) = watch::channel(false);
@@ -211,10 +229,12 @@ pub async fn serve(
         .layer(MetricsLayer {
             metrics: config.metrics.clone(),
         })
-        .layer(RequestGuardLayer::new(limits, MAX_REQUEST_BYTES, stats))
+        .layer(RequestGuardLayer::new(limits, max_message_bytes, stats))
         .layer(AuthorizeLayer {
             audit: config.audit.clone(),
             limiter,
+            max_batch: config.max_batch,
+            max_message_bytes,
         })
         .add_service(health_service)
         .add_service(reflection)

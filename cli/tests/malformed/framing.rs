@@ -114,10 +114,13 @@ async fn broken_grpc_framing_over_raw_http2_is_refused_without_harm() {
         "{answer:?}"
     );
 
-    // tonic refuses each with its own status (INTERNAL; OUT_OF_RANGE for a length above the
-    // limit), before any handler runs.
+    // Refused before any handler runs: by the request guard (OUT_OF_RANGE for a length above
+    // the limit, at its prefix) or by the authorization layer, which reads BeginUpdate's one
+    // message and fails closed on what it cannot parse (INVALID_ARGUMENT; INTERNAL for a
+    // compressed flag without an encoding, as the gRPC spec says).
     let half = valid.len() / 2;
     let internal = Code::Internal as i32;
+    let invalid = Code::InvalidArgument as i32;
     let refused: Vec<(&str, &str, Vec<Vec<u8>>, i32)> = vec![
         (
             "compressed flag without grpc-encoding",
@@ -129,19 +132,19 @@ async fn broken_grpc_framing_over_raw_http2_is_refused_without_harm() {
             "an unknown flag value",
             grpc,
             vec![frame(7, length, &valid)],
-            internal,
+            invalid,
         ),
         (
             "a length longer than the body",
             grpc,
             vec![frame(0, length + 100, &valid)],
-            internal,
+            invalid,
         ),
         (
             "a frame header cut short",
             grpc,
             vec![vec![0, 0, 0]],
-            internal,
+            invalid,
         ),
         (
             "a length of 4 GiB",
@@ -149,18 +152,18 @@ async fn broken_grpc_framing_over_raw_http2_is_refused_without_harm() {
             vec![frame(0, u32::MAX, &valid)],
             Code::OutOfRange as i32,
         ),
-        ("no message at all", grpc, vec![], internal),
+        ("no message at all", grpc, vec![], invalid),
         (
             "a message cut in half",
             grpc,
             vec![frame(0, length, &valid[..half])],
-            internal,
+            invalid,
         ),
         (
             "JSON instead of a gRPC frame",
             "application/json",
             vec![b"{\"cell_id\":\"a\"}".to_vec()],
-            internal,
+            invalid,
         ),
     ];
     for (what, content_type, body, expected) in &refused {

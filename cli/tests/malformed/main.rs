@@ -34,8 +34,8 @@ pub const METHODS: [&str; 7] = [
     "LookupClaim",
 ];
 pub const SOME_LEASE: &str = "0b6a4cf6-3f5e-4a47-9c1e-2b8c2d9a7e10";
-/// The server's request size limit (`MAX_REQUEST_BYTES`).
-pub const LIMIT: usize = 4 * 1024 * 1024;
+/// The server's request message limit with the default `--max-batch` 1000.
+pub const LIMIT: usize = 64 * 1024 + 1000 * 1024;
 
 /// A `serve` child on an ephemeral port; killed when dropped.
 pub struct Server {

@@ -1,4 +1,5 @@
-//! Messages above the 4 MiB limit are refused by the transport; the largest valid batch is not.
+//! Messages above the limit (1,088 KiB with the default `--max-batch` 1000) are refused at their
+//! prefix; the largest valid batch is not.
 
 use prost::Message;
 use tonic::Code;

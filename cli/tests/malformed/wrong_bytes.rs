@@ -12,9 +12,10 @@ async fn bytes_that_are_not_the_request_message_are_refused_on_every_method() {
     let channel = server.channel().await;
     let valid_begin = begin("cell-a", vec![claim(2, "raw")]).encode_to_vec();
 
-    // (description, payload, codes accepted): tonic answers INTERNAL for protobuf it cannot
-    // decode (its own error); decodable nonsense is INVALID_ARGUMENT from validation.
-    let undecodable = [Code::Internal];
+    // (description, payload, codes accepted): protobuf that cannot be decoded is INVALID_ARGUMENT
+    // from the authorization layer on the methods it reads (the ones with a cell_id), INTERNAL
+    // from tonic's decoder on the others; decodable nonsense is INVALID_ARGUMENT from validation.
+    let undecodable = [Code::Internal, Code::InvalidArgument];
     let cases: Vec<(&str, Vec<u8>, &[Code])> = vec![
         (
             "0xFF bytes (a tag with no end)",
