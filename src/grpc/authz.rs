@@ -35,7 +35,8 @@
 //!
 //! Owns applying the table and the limits; the table itself is `crate::auth`'s, the limits'
 //! state `grpc::cell_limits`'s. Runs inside the request guard, so the body it reads is already
-//! within the byte budgets, and the budget stays charged until the handler has decoded it.
+//! within the byte budgets; what it read stays charged, and a BeginUpdate's decoded claims are
+//! charged too (`guard::DECODED_CLAIM_BYTES` each), until the handler has answered.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -58,6 +59,7 @@ use crate::domain::{self, ClaimType};
 use crate::error::ClaimsError;
 use crate::grpc::audit::{AdminAudit, AuditLog, AuditRecord, AuditedClaim, REFUSED_CLAIMS_LOGGED};
 use crate::grpc::cell_limits::{CellLimiter, Holding, InFlight};
+use crate::grpc::guard::{Charge, RequestBudget, DECODED_CLAIM_BYTES};
 use crate::grpc::listener::ConnInfo;
 use crate::grpc::pb;
 use crate::grpc::pb::admin as apb;
@@ -149,7 +151,14 @@ where
                 return match authorize(&caller, method, "") {
                     Decision::Allow { .. } => {
                         match admit(layer.limiter.as_ref(), &caller, method, "") {
-                            Ok(slot) => run(inner, request, method, record, slot).await,
+                            Ok(slot) => {
+                                let held = slot.map(|slot| Held {
+                                    _read: Body::empty(),
+                                    _decoded: None,
+                                    _slot: Some(slot),
+                                });
+                                run(inner, request, method, record, held).await
+                            }
                             Err(error) => Ok(refuse(error, limited(record.as_mut(), method))),
                         }
                     }
@@ -203,16 +212,31 @@ where
                             }
                         }
                     }
+                    // The decoded claims are charged before the decoder makes them, and held
+                    // with the bytes read until the handler has answered.
+                    let decoded = match parts.extensions.get::<RequestBudget>() {
+                        Some(budget) if shape.claims > 0 => {
+                            match budget.charge_server(shape.claims * DECODED_CLAIM_BYTES) {
+                                Ok(charge) => Some(charge),
+                                Err(status) => {
+                                    return Ok(refuse_status(status, "", record.as_mut()))
+                                }
+                            }
+                        }
+                        _ => None,
+                    };
                     let slot = match admit(layer.limiter.as_ref(), &caller, method, &shape.cell_id)
                     {
                         Ok(slot) => slot,
                         Err(error) => return Ok(refuse(error, limited(record.as_mut(), method))),
                     };
-                    // The original body goes along, so its byte budget stays charged until the
-                    // handler has decoded the message.
-                    let request =
-                        http::Request::from_parts(parts, Body::new(Replay::data(bytes, body)));
-                    run(inner, request, method, record, slot).await
+                    let request = http::Request::from_parts(parts, Body::new(Replay::data(bytes)));
+                    let held = Held {
+                        _read: body,
+                        _decoded: decoded,
+                        _slot: slot,
+                    };
+                    run(inner, request, method, record, Some(held)).await
                 }
                 refusal => {
                     if let Some(record) = record.as_mut() {
@@ -242,6 +266,14 @@ where
     }
 }
 
+/// What a request holds until its answer is done: the body it was read from (whose bytes stay
+/// charged to the budgets), the charge for its decoded claims, its per-cell in-flight slot.
+struct Held {
+    _read: Body,
+    _decoded: Option<Charge>,
+    _slot: Option<InFlight>,
+}
+
 /// Calls the handler. A mutating call runs on a task of its own, so that it ends (and its audit
 /// line is written with the real outcome) even when its caller goes away first.
 async fn run<S>(
@@ -249,7 +281,7 @@ async fn run<S>(
     request: http::Request<Body>,
     method: Method,
     record: Option<Audit>,
-    slot: Option<InFlight>,
+    held: Option<Held>,
 ) -> Result<http::Response<Body>, S::Error>
 where
     S: Service<http::Request<Body>, Response = http::Response<Body>> + Send + 'static,
@@ -257,7 +289,7 @@ where
     S::Error: Send + 'static,
 {
     if !method.mutates() {
-        return hold(inner.call(request).await, slot);
+        return hold(inner.call(request).await, held);
     }
     let task = tokio::spawn(
         async move {
@@ -266,7 +298,7 @@ where
                 (Some(record), Ok(response)) => Ok(record.finish(method, response).await),
                 (_, response) => response,
             };
-            hold(response, slot)
+            hold(response, held)
         }
         .in_current_span(),
     );
@@ -450,20 +482,17 @@ impl<'m> Iterator for Fields<'m> {
 }
 
 /// A body replayed from bytes already read: the data, then the trailers (a response's
-/// grpc-status). It keeps what it stands for alive until it is dropped: the original request
-/// body (whose byte budget stays charged until the handler has decoded the message).
+/// grpc-status).
 struct Replay {
     data: Option<Bytes>,
     trailers: Option<http::HeaderMap>,
-    _origin: Option<Body>,
 }
 
 impl Replay {
-    fn data(data: Bytes, origin: Body) -> Self {
+    fn data(data: Bytes) -> Self {
         Replay {
             data: Some(data),
             trailers: None,
-            _origin: Some(origin),
         }
     }
 }
@@ -565,16 +594,17 @@ fn limited(audit: Option<&mut Audit>, method: Method) -> Option<&mut Audit> {
     audit.filter(|_| method.mutates())
 }
 
-/// Keeps a request's in-flight slot until its response body is done (or dropped). For unary
-/// RPCs the handler has finished by then; holding on to the end of the body also covers
-/// responses still being written. A request dropped before it answered frees the slot with it.
+/// Keeps what a request holds (its in-flight slot, its budget charges) until its response body
+/// is done (or dropped). For unary RPCs the handler has finished by then; holding on to the end
+/// of the body also covers responses still being written. A request dropped before it answered
+/// frees them with it.
 fn hold<E>(
     response: Result<http::Response<Body>, E>,
-    slot: Option<InFlight>,
+    held: Option<Held>,
 ) -> Result<http::Response<Body>, E> {
-    match slot {
+    match held {
         None => response,
-        Some(slot) => response.map(|r| r.map(|body| Body::new(Holding::new(body, slot)))),
+        Some(held) => response.map(|r| r.map(|body| Body::new(Holding::new(body, held)))),
     }
 }
 
@@ -740,7 +770,6 @@ impl Audit {
                 let replay = Replay {
                     data: Some(data),
                     trailers: Some(trailers),
-                    _origin: None,
                 };
                 http::Response::from_parts(parts, Body::new(replay))
             }

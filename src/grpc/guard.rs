@@ -11,6 +11,12 @@
 //! naming the limit), before any of its bytes are read: nothing reaches authorization or a
 //! decoder that these budgets did not admit.
 //!
+//! The same budgets are handed to later layers as a request extension ([`RequestBudget`]):
+//! authorization charges a BeginUpdate's decoded claims to the server's budget
+//! ([`DECODED_CLAIM_BYTES`] each) before the decoder materializes them, and keeps what it read
+//! charged until the handler has answered, so the budget bounds requests being decoded and
+//! handled, not only bytes arriving.
+//!
 //! Owns these two bounds only: no identity, no protocol rules.
 
 use std::future::Future;
@@ -83,20 +89,23 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
         let connection = request
             .extensions()
             .get::<ConnInfo>()
             .map(|info| Arc::clone(&info.request_bytes));
         let method = request.uri().path().to_owned();
         let layer = self.layer.clone();
+        let budget = RequestBudget {
+            layer: layer.clone(),
+            connection,
+        };
+        request.extensions_mut().insert(budget.clone());
         let request = request.map(|body| {
             Body::new(BudgetedBody {
                 inner: body,
-                layer: layer.clone(),
-                connection,
-                total_held: None,
-                connection_held: None,
+                budget,
+                held: Charge::default(),
                 framing: Framing::default(),
             })
         });
@@ -118,13 +127,38 @@ where
     }
 }
 
+/// Bytes a decoded claim of a BeginUpdate is charged (its protobuf struct, its domain struct,
+/// their strings' allocations and the batch check's set entry: about 250 bytes measured for
+/// short values; a claim's own value bytes are already charged as wire bytes).
+pub const DECODED_CLAIM_BYTES: usize = 256;
+
+/// The byte budgets a request is charged to: the server's and its connection's. A request
+/// extension, so that later layers charge what they are about to hold.
+#[derive(Clone)]
+pub struct RequestBudget {
+    layer: RequestGuardLayer,
+    connection: Option<Arc<Semaphore>>,
+}
+
+/// Bytes taken from the budgets, given back when dropped.
+#[derive(Default)]
+pub struct Charge {
+    total: Option<OwnedSemaphorePermit>,
+    connection: Option<OwnedSemaphorePermit>,
+}
+
+impl Charge {
+    fn keep(&mut self, more: Charge) {
+        keep(&mut self.total, more.total);
+        keep(&mut self.connection, more.connection);
+    }
+}
+
 /// A request body whose buffered bytes are charged to the budgets until it is dropped.
 struct BudgetedBody {
     inner: Body,
-    layer: RequestGuardLayer,
-    connection: Option<Arc<Semaphore>>,
-    total_held: Option<OwnedSemaphorePermit>,
-    connection_held: Option<OwnedSemaphorePermit>,
+    budget: RequestBudget,
+    held: Charge,
     framing: Framing,
 }
 
@@ -164,37 +198,45 @@ impl Framing {
     }
 }
 
-fn keep(slot: &mut Option<OwnedSemaphorePermit>, permit: OwnedSemaphorePermit) {
-    match slot {
-        Some(held) => held.merge(permit),
-        None => *slot = Some(permit),
+fn keep(slot: &mut Option<OwnedSemaphorePermit>, permit: Option<OwnedSemaphorePermit>) {
+    match (slot.as_mut(), permit) {
+        (Some(held), Some(permit)) => held.merge(permit),
+        (None, permit) => *slot = permit,
+        (Some(_), None) => {}
     }
 }
 
-impl BudgetedBody {
+impl RequestBudget {
     /// Takes `bytes` from the server's and the connection's budgets, or refuses naming the one
     /// that is spent.
-    fn charge(&mut self, bytes: usize) -> Result<(), Status> {
-        let limits = Arc::clone(&self.layer.limits);
-        let n = u32::try_from(bytes)
-            .map_err(|_| self.over("--max-request-bytes", limits.request_bytes_total))?;
-        let total = Arc::clone(&self.layer.total)
-            .try_acquire_many_owned(n)
-            .map_err(|_| self.over("--max-request-bytes", limits.request_bytes_total))?;
+    pub fn charge(&self, bytes: usize) -> Result<Charge, Status> {
+        let mut charge = self.charge_server(bytes)?;
         if let Some(connection) = &self.connection {
-            let per_connection =
+            let limit = self.layer.limits.request_bytes_per_connection;
+            let over = || self.over("--max-request-bytes-per-connection", limit);
+            let n = u32::try_from(bytes).map_err(|_| over())?;
+            charge.connection = Some(
                 Arc::clone(connection)
                     .try_acquire_many_owned(n)
-                    .map_err(|_| {
-                        self.over(
-                            "--max-request-bytes-per-connection",
-                            limits.request_bytes_per_connection,
-                        )
-                    })?;
-            keep(&mut self.connection_held, per_connection);
+                    .map_err(|_| over())?,
+            );
         }
-        keep(&mut self.total_held, total);
-        Ok(())
+        Ok(charge)
+    }
+
+    /// Takes `bytes` from the server's budget only (what a request holds beyond its wire
+    /// bytes: a connection's budget bounds what one peer can make the server buffer).
+    pub fn charge_server(&self, bytes: usize) -> Result<Charge, Status> {
+        let limit = self.layer.limits.request_bytes_total;
+        let over = || self.over("--max-request-bytes", limit);
+        let n = u32::try_from(bytes).map_err(|_| over())?;
+        let total = Arc::clone(&self.layer.total)
+            .try_acquire_many_owned(n)
+            .map_err(|_| over())?;
+        Ok(Charge {
+            total: Some(total),
+            connection: None,
+        })
     }
 
     fn over(&self, flag: &str, limit: usize) -> Status {
@@ -217,16 +259,17 @@ impl HttpBody for BudgetedBody {
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(data) = frame.data_ref() {
                 for length in self.framing.declared(data) {
-                    let limit = self.layer.max_message_bytes;
+                    let limit = self.budget.layer.max_message_bytes;
                     if length > limit {
-                        ServerStats::count(&self.layer.stats.requests_over_byte_budget);
+                        ServerStats::count(&self.budget.layer.stats.requests_over_byte_budget);
                         return Poll::Ready(Some(Err(Status::out_of_range(format!(
                             "a request message of {length} bytes is over the server's limit of \
                              {limit} bytes (what a batch of --max-batch claims can need)"
                         )))));
                     }
-                    if let Err(status) = self.charge(5 + length) {
-                        return Poll::Ready(Some(Err(status)));
+                    match self.budget.charge(5 + length) {
+                        Ok(charge) => self.held.keep(charge),
+                        Err(status) => return Poll::Ready(Some(Err(status))),
                     }
                 }
             }
@@ -256,38 +299,39 @@ mod tests {
         };
         let layer = RequestGuardLayer::new(&limits, 4 << 20, Arc::default());
         let connection = Arc::new(Semaphore::new(limits.request_bytes_per_connection));
-        let body = |layer: &RequestGuardLayer| BudgetedBody {
-            inner: Body::empty(),
+        let budget = |layer: &RequestGuardLayer| RequestBudget {
             layer: layer.clone(),
             connection: Some(Arc::clone(&connection)),
-            total_held: None,
-            connection_held: None,
-            framing: Framing::default(),
         };
-        let mut first = body(&layer);
-        first.charge(60).unwrap();
-        first.charge(30).unwrap();
+        let mut first = Charge::default();
+        first.keep(budget(&layer).charge(60).unwrap());
+        first.keep(budget(&layer).charge(30).unwrap());
         assert_eq!(connection.available_permits(), 10);
         assert_eq!(layer.total.available_permits(), 60);
-        let error = first.charge(20).unwrap_err();
+        let error = budget(&layer).charge(20).err().unwrap();
         assert_eq!(error.code(), tonic::Code::ResourceExhausted);
         assert!(error
             .message()
             .contains("--max-request-bytes-per-connection"));
+        // What is held beyond the wire bytes counts against the server's budget only.
+        let decoded = budget(&layer).charge_server(20).unwrap();
+        assert_eq!(connection.available_permits(), 10);
+        assert_eq!(layer.total.available_permits(), 40);
+        drop(decoded);
         // Another connection hits the server-wide budget instead.
-        let mut other = BudgetedBody {
+        let other = RequestBudget {
             connection: None,
-            ..body(&layer)
+            ..budget(&layer)
         };
-        other.charge(60).unwrap();
-        let error = other.charge(1).unwrap_err();
+        let held = other.charge(60).unwrap();
+        let error = other.charge(1).err().unwrap();
         assert!(
             error.message().contains("--max-request-bytes ("),
             "{}",
             error.message()
         );
         drop(first);
-        drop(other);
+        drop(held);
         assert_eq!(connection.available_permits(), 100);
         assert_eq!(layer.total.available_permits(), 150);
     }

@@ -1,5 +1,6 @@
-//! The partial-message attack: many streams each declare a 4 MiB BeginUpdate and send all but
-//! its last byte, then hold. Without a bound, every buffered byte stays (about 1 GB from one
+//! The partial-message attack: many streams each declare a 1 MiB BeginUpdate (under the server's
+//! message limit, 1,088 KiB with the default `--max-batch`) and send all but its last byte,
+//! then hold. Without a bound, every buffered byte stays (about 1 GB from one
 //! client before); with it, the server holds at most the request-byte budgets and answers the
 //! rest RESOURCE_EXHAUSTED.
 
@@ -11,7 +12,7 @@ use h2::SendStream;
 
 use super::*;
 
-const DECLARED: usize = 4 * 1024 * 1024;
+const DECLARED: usize = 1024 * 1024;
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
 /// How a stream ended: refused by the server with this grpc-status, or still held open.
@@ -123,7 +124,7 @@ async fn partial_messages_pin_no_more_than_the_request_byte_budgets() {
         .count();
     let held = fates.iter().filter(|f| matches!(f, Fate::Held)).count();
     println!(
-        "partial messages: {CONNECTIONS} connections x {STREAMS} streams declaring 4 MiB; \
+        "partial messages: {CONNECTIONS} connections x {STREAMS} streams declaring 1 MiB; \
          {refused} refused RESOURCE_EXHAUSTED, {held} held open within the budgets; server RSS \
          {baseline:.1} MiB before, peak {peak:.1} MiB (+{:.1} MiB)",
         peak - baseline
