@@ -42,8 +42,8 @@ pub struct GroupConfig {
     /// [`ClaimStore::group_parallelism`] (its pool size).
     pub parallelism: Option<usize>,
     /// A group of one call runs the store's own BeginUpdate / CommitUpdate / RollbackUpdate
-    /// transaction (tuned for one operation: on PostgreSQL 9 statements instead of a group's
-    /// 14) rather than `run_group`. `false` sends every call through `run_group` (the suites
+    /// transaction (tuned for one operation: on PostgreSQL at most 11 statements instead of a
+    /// group's 13) rather than `run_group`. `false` sends every call through `run_group` (the suites
     /// do, so that they prove it).
     pub lone_direct: bool,
 }

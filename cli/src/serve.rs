@@ -112,9 +112,10 @@ pub struct ServeArgs {
           value_parser = ["on", "off"])]
     group_commit: String,
 
-    /// Most calls one group-commit store transaction carries. On PostgreSQL a group holds one
-    /// advisory lock per lease id: keep --group-max × --pg-pool-size well under the server's
-    /// lock table (max_locks_per_transaction × max_connections, 6,400 by default).
+    /// Most calls one group-commit store transaction carries. On PostgreSQL a transaction holds
+    /// at most 308 locks whatever the group's size; a group of more than 64 lease ids (or 128
+    /// claim keys) locks whole stripes and runs alone among operations on them
+    /// (docs/backends/postgres.md, "Lock budget").
     #[arg(long, env = "TOPOLOGY_CLAIMS_GROUP_MAX", default_value_t = 64,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     group_max: u32,

@@ -1,11 +1,14 @@
 //! The real binary with PostgreSQL: `serve --store postgres://…` on a fresh database keeps its
-//! data across a restart, `migrate` finds the schema up to date, and `reconcile` works against a
-//! cell database on PostgreSQL. Connection from TOPOLOGY_CLAIMS_TEST_POSTGRES_URL (default
+//! data across a restart, `migrate` finds the schema up to date, `reconcile` works against a
+//! cell database on PostgreSQL, and concurrent 1,000-claim batches stay within PostgreSQL's
+//! default lock table. Connection from TOPOLOGY_CLAIMS_TEST_POSTGRES_URL (default
 //! postgres://postgres@127.0.0.1:5432/test); unreachable → fails when CI=true, else one skip line.
 #![cfg(unix)]
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{run, text, Server};
@@ -228,6 +231,126 @@ async fn serve_on_postgres_keeps_data_across_a_restart_and_reconcile_uses_a_post
 
     drop(server);
     drop(cell_db);
+    db.drop_database().await;
+}
+
+/// Concurrent BeginUpdates of a cell's largest batches on a PostgreSQL with the default lock
+/// settings (`max_locks_per_transaction` 64, `max_connections` 100): 48 batches of 1,000 claims,
+/// released together against a server with its defaults (group commit on, `--max-batch` 1000,
+/// `--pg-pool-size` 16), all succeed at the first attempt, while another cell's begin/commit
+/// loop running at the same time never sees an error. One advisory lock per claim key filled
+/// the shared lock table here ("out of shared memory", UNAVAILABLE); the store's locks per
+/// transaction are now bounded (docs/backends/postgres.md, "Lock budget").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_thousand_claim_batches_fit_in_the_default_lock_table() {
+    const BATCHES: usize = 48;
+    const CLAIMS: usize = 1000;
+    let Some(db) = FreshDb::create().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = db.url.clone();
+    let server = tokio::task::spawn_blocking({
+        let dir = dir.path().to_owned();
+        move || Server::start(&dir, &["--listen", "127.0.0.1:0", "--store", &store])
+    })
+    .await
+    .unwrap();
+    // One attempt per call: a failure must surface here, not be retried away by the client.
+    let config = ClientConfig {
+        max_attempts: 1,
+        call_timeout: Duration::from_secs(60),
+        ..ClientConfig::default()
+    };
+    let connect = || ClaimsClient::connect_lazy(&server.endpoint(), config.clone()).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let other_cell = tokio::spawn({
+        let (client, stop) = (connect(), stop.clone());
+        async move {
+            let other = cell("cell-other");
+            let mut rounds = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let record = username(&format!("other-{rounds}"));
+                let lease = client
+                    .begin_update(creates(&other, &[record]))
+                    .await
+                    .map_err(|e| format!("BeginUpdate of round {rounds}: {e}"))?;
+                client
+                    .commit_update(&other, lease.lease_id)
+                    .await
+                    .map_err(|e| format!("CommitUpdate of round {rounds}: {e}"))?;
+                rounds += 1;
+            }
+            Ok::<u32, String>(rounds)
+        }
+    });
+
+    let big = cell("cell-big");
+    let barrier = Arc::new(tokio::sync::Barrier::new(BATCHES));
+    let mut batches = Vec::new();
+    for batch in 0..BATCHES {
+        let (client, barrier, big) = (connect(), barrier.clone(), big.clone());
+        let records: Vec<_> = (0..CLAIMS)
+            .map(|i| username(&format!("big-{batch}-{i}")))
+            .collect();
+        batches.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let begun = client.begin_update(creates(&big, &records)).await;
+            (client, begun)
+        }));
+    }
+    let mut failures = Vec::new();
+    let mut begun = Vec::new();
+    for (batch, handle) in batches.into_iter().enumerate() {
+        match handle.await.unwrap() {
+            (client, Ok(lease)) => begun.push((batch, client, lease.lease_id)),
+            (_, Err(e)) => failures.push(format!("batch {batch}: {e}")),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {BATCHES} BeginUpdates of {CLAIMS} claims failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    // Half committed, half rolled back, again all at once.
+    let ends: Vec<_> = begun
+        .into_iter()
+        .map(|(batch, client, lease_id)| {
+            let big = big.clone();
+            tokio::spawn(async move {
+                let ended = if batch % 2 == 0 {
+                    client.commit_update(&big, lease_id).await
+                } else {
+                    client.rollback_update(&big, lease_id).await
+                };
+                ended.map_err(|e| format!("batch {batch}: {e}"))
+            })
+        })
+        .collect();
+    for end in ends {
+        end.await.unwrap().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds = other_cell
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the other cell's loop failed: {e}"));
+    assert!(rounds > 0, "the other cell's loop ran");
+
+    let client = connect();
+    let kept = client
+        .lookup_claim(&username(&format!("big-0-{}", CLAIMS - 1)).key)
+        .await
+        .unwrap();
+    assert_eq!(kept.state, ClaimState::Active, "batch 0 was committed");
+    let undone = client.lookup_claim(&username("big-1-0").key).await;
+    assert!(
+        matches!(undone, Err(ClaimsError::ClaimNotFound { .. })),
+        "batch 1 was rolled back: {undone:?}"
+    );
+    drop(server);
     db.drop_database().await;
 }
 

@@ -18,12 +18,27 @@ pub(crate) enum Failure {
     /// The answer: a domain refusal, `Unavailable` or `Internal`. Returned as is.
     Final(ClaimsError),
     /// Lost a race inside the database (unique violation of two creators of an absent key,
-    /// serialization failure, deadlock, conditional write mismatch): retry the whole
-    /// transaction; the re-read rows then give the domain's answer.
-    Contention { text: String, deadlock: bool },
+    /// serialization failure, deadlock, conditional write mismatch) or found PostgreSQL's
+    /// shared lock table full for a moment: retry the whole transaction; the re-read rows then
+    /// give the domain's answer.
+    Contention { text: String, cause: Contended },
     /// The connection broke mid-attempt (terminated backend, server restart, network). Safe to
     /// retry on a fresh connection: every operation is idempotent under its fixed lease id.
     ConnectionLost(String),
+}
+
+/// What a retried attempt ran into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Contended {
+    /// Another transaction won (unique violation, serialization failure, TC001).
+    Race,
+    /// PostgreSQL broke a deadlock by aborting this transaction.
+    Deadlock,
+    /// "out of shared memory" (53200): the shared lock table was full. Every transaction of the
+    /// store holds a bounded number of locks (`locks.rs`) and gives them back when it ends, so
+    /// a later attempt finds room; an operator sees it in the log and sizes the lock table
+    /// (docs/backends/postgres.md, "Lock budget").
+    LockTableFull,
 }
 
 impl From<ClaimsError> for Failure {
@@ -42,39 +57,7 @@ impl From<tokio_postgres::Error> for Failure {
 pub(crate) fn classify(error: &tokio_postgres::Error) -> Failure {
     let text = describe(error);
     if let Some(code) = error.code() {
-        if [
-            SqlState::UNIQUE_VIOLATION,
-            SqlState::T_R_SERIALIZATION_FAILURE,
-            SqlState::T_R_DEADLOCK_DETECTED,
-        ]
-        .contains(code)
-            || code.code() == ROW_COUNT_MISMATCH
-        {
-            let deadlock = code == &SqlState::T_R_DEADLOCK_DETECTED;
-            return Failure::Contention { text, deadlock };
-        }
-        if code == &SqlState::QUERY_CANCELED {
-            // statement_timeout: the database is overloaded or blocked; the client may retry.
-            return Failure::Final(ClaimsError::unavailable(format!(
-                "PostgreSQL cancelled a statement (statement timeout): {text}"
-            )));
-        }
-        let class = &code.code()[..2];
-        if class == "08"
-            || [
-                SqlState::ADMIN_SHUTDOWN,
-                SqlState::CRASH_SHUTDOWN,
-                SqlState::CANNOT_CONNECT_NOW,
-            ]
-            .contains(code)
-        {
-            return Failure::ConnectionLost(text);
-        }
-        if class == "53" || class == "58" {
-            // insufficient resources (too many connections, disk full) / system errors
-            return Failure::Final(ClaimsError::unavailable(format!("PostgreSQL: {text}")));
-        }
-        return Failure::Final(ClaimsError::internal(format!("PostgreSQL error: {text}")));
+        return classify_sqlstate(code, text);
     }
     if error.is_closed() || io_cause(error) {
         return Failure::ConnectionLost(text);
@@ -82,6 +65,52 @@ pub(crate) fn classify(error: &tokio_postgres::Error) -> Failure {
     Failure::Final(ClaimsError::internal(format!(
         "PostgreSQL client error: {text}"
     )))
+}
+
+/// Classifies an error the server sent with SQLSTATE `code`, described by `text`.
+fn classify_sqlstate(code: &SqlState, text: String) -> Failure {
+    let cause = if [
+        SqlState::UNIQUE_VIOLATION,
+        SqlState::T_R_SERIALIZATION_FAILURE,
+    ]
+    .contains(code)
+        || code.code() == ROW_COUNT_MISMATCH
+    {
+        Some(Contended::Race)
+    } else if code == &SqlState::T_R_DEADLOCK_DETECTED {
+        Some(Contended::Deadlock)
+    } else if code == &SqlState::OUT_OF_MEMORY {
+        // 53200 is what PostgreSQL raises for a full lock table ("out of shared memory",
+        // hint: increase max_locks_per_transaction).
+        Some(Contended::LockTableFull)
+    } else {
+        None
+    };
+    if let Some(cause) = cause {
+        return Failure::Contention { text, cause };
+    }
+    if code == &SqlState::QUERY_CANCELED {
+        // statement_timeout: the database is overloaded or blocked; the client may retry.
+        return Failure::Final(ClaimsError::unavailable(format!(
+            "PostgreSQL cancelled a statement (statement timeout): {text}"
+        )));
+    }
+    let class = &code.code()[..2];
+    if class == "08"
+        || [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+        ]
+        .contains(code)
+    {
+        return Failure::ConnectionLost(text);
+    }
+    if class == "53" || class == "58" {
+        // insufficient resources (too many connections, disk full) / system errors
+        return Failure::Final(ClaimsError::unavailable(format!("PostgreSQL: {text}")));
+    }
+    Failure::Final(ClaimsError::internal(format!("PostgreSQL error: {text}")))
 }
 
 /// A driver error as one line, with its SQLSTATE when the server sent one.
@@ -142,5 +171,73 @@ pub(crate) fn final_error(error: &tokio_postgres::Error, target: &str, doing: &s
         Failure::ConnectionLost(text) => ClaimsError::unavailable(format!(
             "{doing}: lost the connection to PostgreSQL at {target}: {text}"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classified(code: &str) -> Failure {
+        classify_sqlstate(&SqlState::from_code(code), format!("text of {code}"))
+    }
+
+    fn contended(code: &str) -> Option<Contended> {
+        match classified(code) {
+            Failure::Contention { cause, .. } => Some(cause),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn lost_races_deadlocks_and_a_full_lock_table_are_retried() {
+        assert_eq!(
+            contended("23505"),
+            Some(Contended::Race),
+            "unique violation"
+        );
+        assert_eq!(
+            contended("40001"),
+            Some(Contended::Race),
+            "serialization failure"
+        );
+        assert_eq!(
+            contended("TC001"),
+            Some(Contended::Race),
+            "row count mismatch"
+        );
+        assert_eq!(contended("40P01"), Some(Contended::Deadlock));
+        assert_eq!(
+            contended("53200"),
+            Some(Contended::LockTableFull),
+            "out of shared memory"
+        );
+    }
+
+    #[test]
+    fn other_resource_shortages_and_timeouts_are_unavailable_at_once() {
+        for code in ["53300", "53100", "57014", "58030"] {
+            assert!(
+                matches!(
+                    classified(code),
+                    Failure::Final(ClaimsError::Unavailable { .. })
+                ),
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn broken_connections_are_retried_on_a_fresh_one_and_the_rest_is_internal() {
+        for code in ["08006", "57P01", "57P03"] {
+            assert!(
+                matches!(classified(code), Failure::ConnectionLost(_)),
+                "{code}"
+            );
+        }
+        assert!(matches!(
+            classified("42601"),
+            Failure::Final(ClaimsError::Internal { .. })
+        ));
     }
 }

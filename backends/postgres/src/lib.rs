@@ -21,6 +21,7 @@
 pub mod cell;
 mod error;
 mod local;
+mod locks;
 mod migrations;
 mod options;
 mod rows;
@@ -32,18 +33,20 @@ mod store;
 /// the raw-SQL baseline of the benchmark (`tools/bench`): the ratio service / raw SQL is then the
 /// cost of gRPC + domain + pool on the same SQL. Not a store: it decides nothing.
 pub mod baseline {
+    /// A lease's advisory locks (`AdvisoryLocks::lease`), the parameters of `LOCK_ADVISORY`.
+    pub use crate::locks::AdvisoryLocks;
     /// A batch's claims as the parallel arrays of `INSERT_CLAIMS` / `MARK_CLAIMS`, in the
     /// adapter's lock (key) order.
     pub use crate::rows::RecordArrays;
     pub use crate::sql::{
         BEGIN, COMMIT, DELETE_CLAIMS_OF_LEASE, DELETE_LEASE, INSERT_CLAIMS, INSERT_LEASE,
-        INSERT_OUTCOME, LEASE_LOCK_CLASS, LOCK_CLAIMS_OF_LEASE, LOCK_LEASE_ID, MARK_CLAIMS,
-        RELEASE_CLAIMS_OF_LEASE, ROLLBACK, SELECT_CLAIMS_FOR_UPDATE, SELECT_LEASE_FOR_UPDATE,
-        SELECT_OUTCOME_FOR_UPDATE,
+        INSERT_OUTCOME, LOCK_ADVISORY, LOCK_CLAIMS_OF_LEASE, MARK_CLAIMS, RELEASE_CLAIMS_OF_LEASE,
+        ROLLBACK, SELECT_CLAIMS_FOR_UPDATE, SELECT_LEASE_FOR_UPDATE, SELECT_OUTCOME_FOR_UPDATE,
     };
 }
 
 pub use local::{ensure_local_schema, PostgresLocalLeaseStore, LOCAL_LEASES_DDL};
+pub use locks::ADVISORY_LOCKS_PER_TRANSACTION;
 pub use options::{redacted_url, PostgresOptions, DEFAULT_APPLICATION_NAME};
 pub use session::StoreStats;
 pub use store::PostgresClaimStore;

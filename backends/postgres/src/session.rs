@@ -17,7 +17,7 @@ use deadpool_postgres::{Object, Pool};
 use tokio_postgres::{Client, Statement};
 use topology_claims::ClaimsError;
 
-use crate::error::{pool_error, Failure};
+use crate::error::{pool_error, Contended, Failure};
 use crate::sql;
 
 /// Attempts of one operation that lost a race (unique violation, deadlock, …) before giving up.
@@ -46,7 +46,7 @@ pub struct StoreStats {
     /// Pipelined flights of statements awaited (see the round-trip table in `store.rs`).
     pub round_trips: u64,
     /// Transactions retried after losing a race (unique violation, serialization failure,
-    /// deadlock, conditional-write mismatch).
+    /// deadlock, conditional-write mismatch) or finding PostgreSQL's lock table full.
     pub contention_retries: u64,
     /// Of those, deadlocks PostgreSQL detected. The lock order makes this 0 in practice.
     pub deadlocks: u64,
@@ -122,12 +122,20 @@ impl Shared {
             };
             match failure {
                 Failure::Final(error) => return Err(error),
-                Failure::Contention { text, deadlock } => {
+                Failure::Contention { text, cause } => {
                     contended += 1;
                     self.contention_retries.fetch_add(1, Ordering::Relaxed);
-                    if deadlock {
-                        self.deadlocks.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(operation, %text, "deadlock detected; retrying");
+                    match cause {
+                        Contended::Race => {}
+                        Contended::Deadlock => {
+                            self.deadlocks.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(operation, %text, "deadlock detected; retrying");
+                        }
+                        Contended::LockTableFull => tracing::warn!(
+                            operation, %text,
+                            "PostgreSQL's lock table is full (see max_locks_per_transaction in \
+                             docs/backends/postgres.md, \"Lock budget\"); retrying"
+                        ),
                     }
                     if contended >= MAX_CONTENTION_ATTEMPTS {
                         return Err(ClaimsError::unavailable(format!(

@@ -38,20 +38,27 @@ pub const MIGRATIONS: &[Migration] = &[
 /// Advisory lock class (first key of the two-key form) of schema migrations; the second key is
 /// `hashtext(schema)`, so parallel servers on one schema serialise and different schemas don't.
 pub const MIGRATION_LOCK_CLASS: i32 = 0x7C1A_0000;
-/// Advisory lock class of lease ids: every transaction that reads or writes a lease takes
-/// `(LEASE_LOCK_CLASS, hash(lease_id))` first (see `store.rs`, "why an advisory lock").
+/// Advisory lock class of lease ids, second key the id folded to 32 bits: every transaction
+/// that reads or writes a lease takes its lock first (see `store.rs`, "why an advisory lock"),
+/// or, in a group of more than `locks::LEASE_EXACT_LIMIT` ids, its stripe exclusively.
 pub const LEASE_LOCK_CLASS: i32 = 0x7C1A_0001;
-/// Advisory lock class of cells, second key `hashtext(cell_id)`: BeginUpdate holds it shared,
-/// a decommission step exclusive, so a step's lease count and mark cannot interleave with a
-/// BeginUpdate of the cell (see `store.rs`, "why a cell lock").
+/// Advisory lock class of lease stripes, second key `lease lock key mod locks::LEASE_STRIPES`:
+/// held shared beside the exact lease locks, exclusive instead of them (`locks.rs`).
+pub const LEASE_STRIPE_LOCK_CLASS: i32 = 0x7C1A_0005;
+/// Advisory lock class of cells, second key the cell's stripe (`locks::CELL_STRIPES`):
+/// BeginUpdate holds it shared, a decommission step exclusive, so a step's lease count and mark
+/// cannot interleave with a BeginUpdate of the cell (see `store.rs`, "why a cell lock").
 pub const CELL_LOCK_CLASS: i32 = 0x7C1A_0002;
 
 /// Advisory lock class of claim keys, second key a 32-bit hash of (claim type, value): every
-/// BeginUpdate (lone or in a group) takes the locks of the keys it names, in ascending order,
-/// after its lease locks. A claim that does not exist yet has no row to lock; without this, two
-/// transactions inserting one hot key would race to the primary key and the loser retry, and a
-/// group of many keys would keep losing (see `store.rs`, "why key locks").
+/// BeginUpdate (lone or in a group) takes the locks of the keys it names, after its lease locks,
+/// or, above `locks::KEY_EXACT_LIMIT` keys, their stripes exclusively. A claim that does not
+/// exist yet has no row to lock; without this, two transactions inserting one hot key would
+/// race to the primary key and the loser retry, and a group of many keys would keep losing (see
+/// `store.rs`, "why key locks").
 pub const KEY_LOCK_CLASS: i32 = 0x7C1A_0004;
+/// Advisory lock class of claim key stripes, second key `key lock key mod locks::KEY_STRIPES`.
+pub const KEY_STRIPE_LOCK_CLASS: i32 = 0x7C1A_0006;
 
 /// Advisory lock class of the verification slots, second key `hashtext(current_schema())` (one
 /// lock per store, as the table is one per schema): every acquire takes it before
@@ -115,14 +122,19 @@ pub const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 pub const COMMIT: &str = "COMMIT";
 pub const ROLLBACK: &str = "ROLLBACK";
 
-/// `$1` [`LEASE_LOCK_CLASS`], `$2` the lease id's 32-bit hash.
-pub const LOCK_LEASE_ID: &str = "SELECT pg_advisory_xact_lock($1::int4, $2::int4)";
-
-/// `$1` [`CELL_LOCK_CLASS`], `$2` the cell id: BeginUpdate's side of the cell lock.
-pub const LOCK_CELL_SHARED: &str =
-    "SELECT pg_advisory_xact_lock_shared($1::int4, hashtext($2::text))";
-/// `$1` [`CELL_LOCK_CLASS`], `$2` the cell id: a decommission step's side of the cell lock.
-pub const LOCK_CELL: &str = "SELECT pg_advisory_xact_lock($1::int4, hashtext($2::text))";
+/// Every advisory lock of a transaction, in the order of the arrays (`locks::AdvisoryLocks`):
+/// `$1` the classes, `$2` the second keys, `$3` whether each is taken shared. The ordinality
+/// keeps the arrays' order (the lock calls, volatile, are evaluated row by row in it), which is
+/// the one total order of `store.rs`, "lock order". Advisory locks are database-wide; the second
+/// key is XORed with `hashtext(current_schema())` so that stores in different schemas of one
+/// database do not share stripes (a bijection within a schema: equal keys stay equal, distinct
+/// ones distinct).
+pub const LOCK_ADVISORY: &str = "\
+SELECT CASE WHEN l.shared
+            THEN pg_advisory_xact_lock_shared(l.lock_class, l.lock_key # hashtext(current_schema()))
+            ELSE pg_advisory_xact_lock(l.lock_class, l.lock_key # hashtext(current_schema())) END
+FROM unnest($1::int4[], $2::int4[], $3::bool[]) WITH ORDINALITY AS l(lock_class, lock_key, shared, n)
+ORDER BY l.n";
 
 /// Whether cell `$1` is recorded as decommissioned.
 pub const CELL_DECOMMISSIONED: &str =
@@ -237,18 +249,6 @@ VALUES ($1::uuid, $2::text, $3::smallint, now())";
 // Claim store: group commit (one transaction for a batch of BeginUpdate / CommitUpdate /
 // RollbackUpdate, `store.rs` "group commit"). Every statement takes arrays, so a batch of any
 // size costs the same statements.
-
-/// `$1` a lock class ([`LEASE_LOCK_CLASS`] for a group's lease ids, [`KEY_LOCK_CLASS`] for the
-/// claim keys a BeginUpdate names), `$2` the second keys, sorted and deduplicated. The lock
-/// calls are evaluated after the sort (PostgreSQL postpones volatile target-list functions past
-/// ORDER BY), so every transaction takes its locks of one class in ascending order.
-pub const LOCK_ASCENDING: &str =
-    "SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) AS k ORDER BY k";
-
-/// `$1` [`CELL_LOCK_CLASS`], `$2` the beginning cells: the shared cell locks, in byte order.
-pub const GROUP_LOCK_CELLS_SHARED: &str = "\
-SELECT pg_advisory_xact_lock_shared($1::int4, hashtext(c))
-FROM unnest($2::text[]) AS c ORDER BY c COLLATE \"C\"";
 
 /// The store's clock (`now()`, the transaction's time, the one every write of the store is
 /// stamped with), then the decommission marks among cells `$1`: one row of `(now, NULL, NULL)`

@@ -11,16 +11,21 @@
 //! unknown id inserting it into `lease_outcomes` would both commit (different tables, no unique
 //! violation), leaving a lease that is outstanding and rolled back at once. Every transaction
 //! that touches a lease therefore first takes `pg_advisory_xact_lock(LEASE_LOCK_CLASS,
-//! hash(lease_id))`, pipelined with its first reads (no extra round trip).
+//! hash(lease_id))` (with its stripe shared; a group of more than 64 lease ids takes the
+//! stripes exclusively instead: see "lock budget"), pipelined with its first reads (no extra
+//! round trip).
 //!
 //! ## Why a cell lock
 //! READ COMMITTED lets a decommission step count a cell's leases (none) while a BeginUpdate of
 //! the cell, which read "not decommissioned" a moment earlier, is about to commit a new lease:
 //! its claims would then be deleted under it. BeginUpdate therefore takes
-//! `pg_advisory_xact_lock_shared(CELL_LOCK_CLASS, hashtext(cell_id))` before it reads the
+//! `pg_advisory_xact_lock_shared(CELL_LOCK_CLASS, stripe(cell_id))` before it reads the
 //! decommission mark, and a decommission step takes the exclusive form before it counts leases:
 //! BeginUpdates of one cell still run in parallel, but a step sees either their committed leases
-//! or, once it has marked the cell, they see the mark. Both are in their first flight.
+//! or, once it has marked the cell, they see the mark. Both are in their first flight. One of
+//! 32 stripes, not one lock per cell, so that a group of BeginUpdates of many cells holds a
+//! bounded number of locks; the price is that a decommission step also holds back the
+//! BeginUpdates of the other cells of its stripe while it runs (rare and short).
 //!
 //! ## Why a slot lock
 //! A verification slot acquire counts the live rows of `verification_slots` and inserts one when
@@ -35,8 +40,8 @@
 //! ## Group commit
 //! [`ClaimStore::run_group`] runs a batch of BeginUpdate / CommitUpdate / RollbackUpdate (the
 //! combiner's, `topology_claims::group`) as one transaction of the same two flights. Flight 1
-//! locks and reads every row of `domain::GroupReads`: all lease locks in one statement, all
-//! shared cell locks in one, the clock (`now()`, the transaction's time every write of this
+//! locks and reads every row of `domain::GroupReads`: every advisory lock (lease ids, claim
+//! keys, cells; "lock budget") in one statement, the clock (`now()`, the transaction's time every write of this
 //! store is stamped with) with the decommission marks, the lease and the outcome rows
 //! (`= ANY`), and in one statement the claim rows of every named key and every claim carrying
 //! one of the lease ids, in key order. `domain::decide_group` decides the operations one by one
@@ -57,35 +62,55 @@
 //! therefore takes `pg_advisory_xact_lock(KEY_LOCK_CLASS, hash(key))` for each key it names, in
 //! ascending order, right after its lease locks: transactions on one key serialize before they
 //! read, and the later one's read (READ COMMITTED: a new snapshot per statement) sees the
-//! earlier one's insert.
+//! earlier one's insert. Above 128 distinct keys in one transaction (a large batch, or a group
+//! of many BeginUpdates) it takes the keys' stripes exclusively instead: equal keys still
+//! serialize, since a key's stripe is the same in every transaction ("lock budget").
+//!
+//! ## Lock budget (a fixed number of locks per transaction)
+//! PostgreSQL keeps advisory locks in its shared lock table, which holds about
+//! `max_locks_per_transaction × (max_connections + max_prepared_transactions)` locks (6,400 by
+//! default) for all sessions together: one lock per key of 48 concurrent 1,000-claim
+//! BeginUpdates filled it, and 46 of them failed with "out of shared memory". Lease ids and
+//! claim keys therefore lock on two levels (`locks.rs`, decision 072): up to an exact limit of
+//! distinct items (64 lease ids, 128 keys) each item's own lock plus its stripe shared; above
+//! it only the items' stripes (32 of each class), exclusive. Cells lock on 32 stripes. So one
+//! transaction holds at most [`crate::ADVISORY_LOCKS_PER_TRANSACTION`] = 288 advisory locks
+//! (96 lease, 160 key, 32 cell), whatever its batch or group size, plus at most 20 relation and
+//! transaction-id locks (`tests/locks.rs` counts both from `pg_locks`). Below the limits
+//! transactions only share stripes and exclude each other exactly as one lock per item did; a
+//! transaction above a limit excludes every transaction that shares one of its stripes, so a
+//! 1,000-claim BeginUpdate runs alone among BeginUpdates. A full lock table (SQLSTATE 53200)
+//! is retried like contention (`error.rs`). Lock keys are XORed with
+//! `hashtext(current_schema())` in the statement, so stores in different schemas of one
+//! database do not share stripes.
 //!
 //! ## Lock order (no deadlocks between batches)
-//! Advisory lease locks (a group takes its ids' locks in ascending key order) → advisory key
-//! locks of every claim a BeginUpdate names (ascending) → advisory cell
-//! locks (shared; a group takes them in byte order of the cell id) → lease / outcome rows (a
-//! group: in id order) → claim rows in (claim_type, claim_value) order (`ORDER BY … FOR
-//! UPDATE`) → inserts of absent claims, also in key order. Commit/Rollback lock the lease's
-//! claims in key order before rewriting them. A decommission step takes only the cell lock, then
-//! deletes claim rows; it never waits for a lease lock, and BeginUpdate never waits for a cell
-//! lock while holding rows. Every advisory lock is taken before any row lock, by every kind of
-//! transaction, so a lone operation and a group order alike. Deadlocks the planner could still
-//! produce are retried like any contention.
+//! Advisory lease stripes → lease locks → key stripes → key locks → cell stripes, each class in
+//! ascending key order (`locks::AdvisoryLocks`, one statement that takes them in array order)
+//! → lease / outcome rows (a group: in id order) → claim rows in (claim_type, claim_value) order
+//! (`ORDER BY … FOR UPDATE`) → inserts of absent claims, also in key order. Commit/Rollback lock
+//! the lease's claims in key order before rewriting them. A decommission step takes only its
+//! cell stripe, then deletes claim rows; it never waits for a lease lock, and BeginUpdate never
+//! waits for a cell lock while holding rows. Every advisory lock is taken before any row lock,
+//! by every kind of transaction and in the one order above, whether a class is held shared,
+//! exact or exclusive, so a lone operation and a group order alike. Deadlocks the planner could
+//! still produce are retried like any contention.
 //!
 //! ## Round trips (statements already prepared on the connection)
 //! | operation | round trips | flights |
 //! |---|---|---|
-//! | BeginUpdate | 2 | `BEGIN`, lease lock, key locks, cell lock (shared), decommission mark, lease + outcome rows, claim rows `FOR UPDATE` · inserts, destroy marks, update marks, lease insert, `COMMIT` |
+//! | BeginUpdate | 2 | `BEGIN`, advisory locks (lease, keys, cell), decommission mark, lease + outcome rows, claim rows `FOR UPDATE` · inserts, destroy marks, update marks, lease insert, `COMMIT` |
 //! | BeginUpdate refused / replayed | 1 | the first flight; `ROLLBACK` is sent without waiting |
-//! | CommitUpdate / RollbackUpdate | 2 | `BEGIN`, lease lock, lease + outcome rows, lease's claims `FOR UPDATE` · deletes, releases, replaces (committed updates), lease delete, outcome insert, `COMMIT` |
+//! | CommitUpdate / RollbackUpdate | 2 | `BEGIN`, lease locks, lease + outcome rows, lease's claims `FOR UPDATE` · deletes, releases, replaces (committed updates), lease delete, outcome insert, `COMMIT` |
 //! | CommitUpdate already done / refused | 1 | |
-//! | group of N (BeginUpdate / CommitUpdate / RollbackUpdate) | 2 | `BEGIN`, lease locks, cell locks (shared), clock + decommission marks, lease rows, outcome rows, claim rows `FOR UPDATE` · lease inserts, claim deletes, claim updates, claim inserts, lease deletes, outcome inserts, `COMMIT`: at most 14 statements for any N |
-//! | group of N, nothing to write | 1 | the first flight (at most 7 statements); `ROLLBACK` is sent without waiting |
-//! | RenewLease | 2 | `BEGIN`, lease lock, lease + outcome rows · update, `COMMIT` |
+//! | group of N (BeginUpdate / CommitUpdate / RollbackUpdate) | 2 | `BEGIN`, advisory locks (lease ids, keys, cells), clock + decommission marks, lease rows, outcome rows, claim rows `FOR UPDATE` · lease inserts, claim deletes, claim updates, claim inserts, lease deletes, outcome inserts, `COMMIT`: at most 13 statements for any N |
+//! | group of N, nothing to write | 1 | the first flight (6 statements); `ROLLBACK` is sent without waiting |
+//! | RenewLease | 2 | `BEGIN`, lease locks, lease + outcome rows · update, `COMMIT` |
 //! | ListOutstandingLeases | 1 | page + server time |
 //! | ListClaims | 1 | one range of the record index from the cursor (inside a record when it has a key) |
 //! | LookupClaim | 1 | |
 //! | lease_summary | 1 | one `GROUP BY cell_id` with `now()` |
-//! | decommission_step | 2 | `BEGIN`, cell lock (exclusive), lease count, mark · (count of claims) or (mark insert, bounded delete), `COMMIT` |
+//! | decommission_step | 2 | `BEGIN`, cell stripe (exclusive), lease count, mark · (count of claims) or (mark insert, bounded delete), `COMMIT` |
 //! | decommission_step refused | 1 | |
 //! | acquire_verification_slot | 2 | `BEGIN`, slot lock, clock + every slot row · delete expired, upsert, `COMMIT` |
 //! | release_verification_slot | 1 | `DELETE … RETURNING` (autocommit) |
@@ -111,6 +136,7 @@ use topology_claims::{
 };
 
 use crate::error::Failure;
+use crate::locks::{AdvisoryLocks, CellMode};
 use crate::migrations;
 use crate::options::{PostgresOptions, Settings};
 use crate::rows::{self, small, KeyArrays, RecordArrays};
@@ -192,12 +218,10 @@ impl PostgresClaimStore {
         payload: &[u8],
     ) -> Result<Lease, Failure> {
         let mut session = self.shared.session().await?;
-        let [lock, lock_keys, lock_cell, decommissioned, select_lease, select_outcome, select_claims, insert_claims, mark_claims, insert_lease] =
+        let [lock, decommissioned, select_lease, select_outcome, select_claims, insert_claims, mark_claims, insert_lease] =
             session
                 .prepare([
-                    sql::LOCK_LEASE_ID,
-                    sql::LOCK_ASCENDING,
-                    sql::LOCK_CELL_SHARED,
+                    sql::LOCK_ADVISORY,
                     sql::CELL_DECOMMISSIONED,
                     sql::SELECT_LEASE_FOR_UPDATE,
                     sql::SELECT_OUTCOME_FOR_UPDATE,
@@ -208,20 +232,22 @@ impl PostgresClaimStore {
                 ])
                 .await?;
         let id = lease_id.as_uuid();
-        let lock_key = lease_lock_key(lease_id);
         let keys = KeyArrays::sorted(request.operations().map(|(_, record)| &record.key));
-        let key_locks = key_lock_keys(request.operations().map(|(_, record)| &record.key));
+        let locks = AdvisoryLocks::of(
+            [lease_id],
+            request.operations().map(|(_, record)| &record.key),
+            [&request.cell_id],
+            CellMode::Shared,
+        );
         let begin = session.begin_transaction();
         let client = session.client()?;
         let cell = request.cell_id.as_str();
         // Flight 1: open the transaction and lock + read everything the decision needs. The
         // shared cell lock comes before the mark is read (see "why a cell lock").
-        let (_, _, _, _, decommissioned_row, lease_row, outcome_row, claim_rows) = tokio::try_join!(
+        let (_, _, decommissioned_row, lease_row, outcome_row, claim_rows) = tokio::try_join!(
             biased;
             client.batch_execute(begin),
-            async { client.execute(&lock, &[&sql::LEASE_LOCK_CLASS, &lock_key]).await },
-            async { client.execute(&lock_keys, &[&sql::KEY_LOCK_CLASS, &key_locks]).await },
-            async { client.execute(&lock_cell, &[&sql::CELL_LOCK_CLASS, &cell]).await },
+            async { client.execute(&lock, &locks.params()).await },
             async { client.query_one(&decommissioned, &[&cell]).await },
             async { client.query_opt(&select_lease, &[id]).await },
             async { client.query_opt(&select_outcome, &[id]).await },
@@ -309,12 +335,10 @@ impl PostgresClaimStore {
         reads: &GroupReads,
     ) -> Result<GroupResults, Failure> {
         let mut session = self.shared.session().await?;
-        let [lock_leases, lock_keys_statement, lock_cells, clock, select_leases, select_outcomes, select_claims, insert_leases, delete_claims, update_claims, insert_claims, delete_leases, insert_outcomes] =
+        let [lock, clock, select_leases, select_outcomes, select_claims, insert_leases, delete_claims, update_claims, insert_claims, delete_leases, insert_outcomes] =
             session
                 .prepare([
-                    sql::LOCK_ASCENDING,
-                    sql::LOCK_ASCENDING,
-                    sql::GROUP_LOCK_CELLS_SHARED,
+                    sql::LOCK_ADVISORY,
                     sql::GROUP_CLOCK_AND_DECOMMISSIONED,
                     sql::GROUP_SELECT_LEASES_FOR_UPDATE,
                     sql::GROUP_SELECT_OUTCOMES_FOR_UPDATE,
@@ -327,41 +351,24 @@ impl PostgresClaimStore {
                     sql::GROUP_INSERT_OUTCOMES,
                 ])
                 .await?;
-        // The lock order of the module docs: lease locks ascending, then cell locks in byte
-        // order (the statements sort too; sorting here makes the arrays canonical).
-        let mut lock_keys: Vec<i32> = reads
-            .lease_ids
-            .iter()
-            .copied()
-            .map(lease_lock_key)
-            .collect();
-        lock_keys.sort_unstable();
-        lock_keys.dedup();
-        let key_locks = key_lock_keys(&reads.keys);
-        let mut cells: Vec<&str> = reads.cells.iter().map(CellId::as_str).collect();
-        cells.sort_unstable();
+        // The lock order of the module docs, within the lock budget whatever the group's size.
+        let locks = AdvisoryLocks::of(
+            reads.lease_ids.iter().copied(),
+            &reads.keys,
+            &reads.cells,
+            CellMode::Shared,
+        );
+        let cells: Vec<&str> = reads.cells.iter().map(CellId::as_str).collect();
         let ids = rows::lease_ids(&reads.lease_ids);
         let keys = KeyArrays::sorted(&reads.keys);
         let begin = session.begin_transaction();
         let client = session.client()?;
         // Flight 1: every lock, then every row the decision needs (the shared cell locks come
         // before the marks are read: "why a cell lock").
-        let (_, _, _, _, clock_rows, lease_rows, outcome_rows, claim_rows) = tokio::try_join!(
+        let (_, _, clock_rows, lease_rows, outcome_rows, claim_rows) = tokio::try_join!(
             biased;
             client.batch_execute(begin),
-            async { client.execute(&lock_leases, &[&sql::LEASE_LOCK_CLASS, &lock_keys]).await },
-            async {
-                if key_locks.is_empty() {
-                    return Ok(0);
-                }
-                client.execute(&lock_keys_statement, &[&sql::KEY_LOCK_CLASS, &key_locks]).await
-            },
-            async {
-                if cells.is_empty() {
-                    return Ok(0);
-                }
-                client.execute(&lock_cells, &[&sql::CELL_LOCK_CLASS, &cells]).await
-            },
+            async { client.execute(&lock, &locks.params()).await },
             async { client.query(&clock, &[&cells]).await },
             async { client.query(&select_leases, &[&ids]).await },
             async { client.query(&select_outcomes, &[&ids]).await },
@@ -455,7 +462,7 @@ impl PostgresClaimStore {
         let [lock, select_lease, select_outcome, lock_claims, delete_claims, release_claims, replace_claims, delete_lease, insert_outcome] =
             session
                 .prepare([
-                    sql::LOCK_LEASE_ID,
+                    sql::LOCK_ADVISORY,
                     sql::SELECT_LEASE_FOR_UPDATE,
                     sql::SELECT_OUTCOME_FOR_UPDATE,
                     sql::LOCK_CLAIMS_OF_LEASE,
@@ -467,13 +474,13 @@ impl PostgresClaimStore {
                 ])
                 .await?;
         let id = lease_id.as_uuid();
-        let lock_key = lease_lock_key(lease_id);
+        let locks = AdvisoryLocks::lease(lease_id);
         let begin = session.begin_transaction();
         let client = session.client()?;
         let (_, _, lease_row, outcome_row, _) = tokio::try_join!(
             biased;
             client.batch_execute(begin),
-            async { client.execute(&lock, &[&sql::LEASE_LOCK_CLASS, &lock_key]).await },
+            async { client.execute(&lock, &locks.params()).await },
             async { client.query_opt(&select_lease, &[id]).await },
             async { client.query_opt(&select_outcome, &[id]).await },
             async { client.execute(&lock_claims, &[id]).await },
@@ -527,20 +534,20 @@ impl PostgresClaimStore {
         let mut session = self.shared.session().await?;
         let [lock, select_lease, select_outcome, renew] = session
             .prepare([
-                sql::LOCK_LEASE_ID,
+                sql::LOCK_ADVISORY,
                 sql::SELECT_LEASE_FOR_UPDATE,
                 sql::SELECT_OUTCOME_FOR_UPDATE,
                 sql::RENEW_LEASE,
             ])
             .await?;
         let id = lease_id.as_uuid();
-        let lock_key = lease_lock_key(lease_id);
+        let locks = AdvisoryLocks::lease(lease_id);
         let begin = session.begin_transaction();
         let client = session.client()?;
         let (_, _, lease_row, outcome_row) = tokio::try_join!(
             biased;
             client.batch_execute(begin),
-            async { client.execute(&lock, &[&sql::LEASE_LOCK_CLASS, &lock_key]).await },
+            async { client.execute(&lock, &locks.params()).await },
             async { client.query_opt(&select_lease, &[id]).await },
             async { client.query_opt(&select_outcome, &[id]).await },
         )?;
@@ -653,25 +660,25 @@ impl PostgresClaimStore {
         dry_run: bool,
     ) -> Result<DecommissionStep, Failure> {
         let mut session = self.shared.session().await?;
-        let [lock_cell, count_leases, decommissioned, count_claims, mark_cell, delete_claims] =
-            session
-                .prepare([
-                    sql::LOCK_CELL,
-                    sql::COUNT_LEASES_OF_CELL,
-                    sql::CELL_DECOMMISSIONED,
-                    sql::COUNT_CLAIMS_OF_CELL,
-                    sql::MARK_DECOMMISSIONED,
-                    sql::DELETE_CLAIMS_OF_CELL,
-                ])
-                .await?;
+        let [lock, count_leases, decommissioned, count_claims, mark_cell, delete_claims] = session
+            .prepare([
+                sql::LOCK_ADVISORY,
+                sql::COUNT_LEASES_OF_CELL,
+                sql::CELL_DECOMMISSIONED,
+                sql::COUNT_CLAIMS_OF_CELL,
+                sql::MARK_DECOMMISSIONED,
+                sql::DELETE_CLAIMS_OF_CELL,
+            ])
+            .await?;
         let cell = cell_id.as_str();
+        let locks = AdvisoryLocks::of([], [], [cell_id], CellMode::Exclusive);
         let begin = session.begin_transaction();
         let client = session.client()?;
         // Flight 1: the exclusive cell lock before the lease count (see "why a cell lock").
         let (_, _, leases_row, decommissioned_row) = tokio::try_join!(
             biased;
             client.batch_execute(begin),
-            async { client.execute(&lock_cell, &[&sql::CELL_LOCK_CLASS, &cell]).await },
+            async { client.execute(&lock, &locks.params()).await },
             async { client.query_one(&count_leases, &[&cell]).await },
             async { client.query_one(&decommissioned, &[&cell]).await },
         )?;
@@ -812,35 +819,6 @@ fn internal(error: tokio_postgres::Error) -> Failure {
     )))
 }
 
-/// The second key of a lease's advisory lock: the lease id folded to 32 bits. Two ids with the
-/// same fold only serialise each other; correctness never depends on it being unique.
-/// The second keys of the claim-key advisory locks of `keys`, sorted and deduplicated: FNV-1a
-/// of (claim type, value) folded to 32 bits. Two keys with the same hash only serialize each
-/// other; correctness never depends on it being unique.
-fn key_lock_keys<'k>(keys: impl IntoIterator<Item = &'k ClaimKey>) -> Vec<i32> {
-    let mut hashes: Vec<i32> = keys
-        .into_iter()
-        .map(|key| {
-            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-            let bytes = std::iter::once(key.claim_type.number() as u8).chain(key.value.bytes());
-            for byte in bytes {
-                hash ^= u64::from(byte);
-                hash = hash.wrapping_mul(0x0100_0000_01b3);
-            }
-            ((hash as u32) ^ ((hash >> 32) as u32)) as i32
-        })
-        .collect();
-    hashes.sort_unstable();
-    hashes.dedup();
-    hashes
-}
-
-fn lease_lock_key(lease_id: LeaseId) -> i32 {
-    let wide = lease_id.as_uuid().as_u128();
-    let folded = (wide as u64) ^ ((wide >> 64) as u64);
-    ((folded as u32) ^ ((folded >> 32) as u32)) as i32
-}
-
 #[async_trait]
 impl ClaimStore for PostgresClaimStore {
     async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
@@ -969,17 +947,5 @@ impl ClaimStore for PostgresClaimStore {
     fn retries(&self) -> u64 {
         let stats = self.shared.stats();
         stats.contention_retries + stats.reconnects
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lease_lock_key_spreads_ids() {
-        let a = lease_lock_key(LeaseId::from_uuid(uuid::Uuid::from_u128(1)));
-        let b = lease_lock_key(LeaseId::from_uuid(uuid::Uuid::from_u128(2)));
-        assert_ne!(a, b);
     }
 }

@@ -158,14 +158,6 @@ fn small(number: i32) -> i16 {
     i16::try_from(number).unwrap_or(i16::MAX)
 }
 
-/// The second key of the adapter's advisory lease lock: the same fold as
-/// `backends/postgres/src/store.rs`, so both take identical locks.
-fn lease_lock_key(lease_id: LeaseId) -> i32 {
-    let wide = lease_id.as_uuid().as_u128();
-    let folded = (wide as u64) ^ ((wide >> 64) as u64);
-    ((folded as u32) ^ ((folded >> 32) as u32)) as i32
-}
-
 /// The reason a failed statement stands for, in the service's vocabulary.
 fn reason(error: &topology_claims_postgres::tokio_postgres::Error) -> Reason {
     match error.code() {
@@ -184,7 +176,7 @@ impl SqlConn {
     pub async fn connect(target: &SqlTarget) -> Result<Self, String> {
         let client = connect(&target.config).await?;
         let texts = [
-            sql::LOCK_LEASE_ID,
+            sql::LOCK_ADVISORY,
             sql::SELECT_LEASE_FOR_UPDATE,
             sql::SELECT_OUTCOME_FOR_UPDATE,
             sql::SELECT_CLAIMS_FOR_UPDATE,
@@ -274,15 +266,13 @@ impl SqlConn {
     async fn begin_naive(&self, batch: &Batch, lease: LeaseId) -> Result<(), Reason> {
         let (c, st) = (&self.client, &self.st);
         let id = lease.as_uuid();
-        let key = lease_lock_key(lease);
+        let locks = sql::AdvisoryLocks::lease(lease);
         let a = sql::RecordArrays::sorted(&batch.records);
         let payload = encode_request(&batch.to_begin_update(lease));
         let cell = batch.cell.as_str();
         let e = |error| reason(&error);
         c.batch_execute(sql::BEGIN).await.map_err(e)?;
-        c.execute(&st.lock, &[&sql::LEASE_LOCK_CLASS, &key])
-            .await
-            .map_err(e)?;
+        c.execute(&st.lock, &locks.params()).await.map_err(e)?;
         c.query_opt(&st.select_lease, &[id]).await.map_err(e)?;
         c.query_opt(&st.select_outcome, &[id]).await.map_err(e)?;
         let rows = c
@@ -336,14 +326,14 @@ impl SqlConn {
     async fn begin_pipelined(&self, batch: &Batch, lease: LeaseId) -> Result<(), Reason> {
         let (c, st) = (&self.client, &self.st);
         let id = lease.as_uuid();
-        let key = lease_lock_key(lease);
+        let locks = sql::AdvisoryLocks::lease(lease);
         let a = sql::RecordArrays::sorted(&batch.records);
         let payload = encode_request(&batch.to_begin_update(lease));
         let cell = batch.cell.as_str();
         let flight = tokio::try_join!(
             biased;
             c.batch_execute(sql::BEGIN),
-            async { c.execute(&st.lock, &[&sql::LEASE_LOCK_CLASS, &key]).await },
+            async { c.execute(&st.lock, &locks.params()).await },
             async { c.query_opt(&st.select_lease, &[id]).await },
             async { c.query_opt(&st.select_outcome, &[id]).await },
             async { c.query(&st.select_claims, &[&a.types, &a.values]).await },
@@ -385,15 +375,13 @@ impl SqlConn {
     async fn commit_naive(&self, batch: &Batch, lease: LeaseId) -> Result<(), Reason> {
         let (c, st) = (&self.client, &self.st);
         let id = lease.as_uuid();
-        let key = lease_lock_key(lease);
+        let locks = sql::AdvisoryLocks::lease(lease);
         let keys = sorted_keys(batch);
         let cell = batch.cell.as_str();
         let committed: i16 = 1;
         let e = |error| reason(&error);
         c.batch_execute(sql::BEGIN).await.map_err(e)?;
-        c.execute(&st.lock, &[&sql::LEASE_LOCK_CLASS, &key])
-            .await
-            .map_err(e)?;
+        c.execute(&st.lock, &locks.params()).await.map_err(e)?;
         let lease_row = c.query_opt(&st.select_lease, &[id]).await.map_err(e)?;
         c.query_opt(&st.select_outcome, &[id]).await.map_err(e)?;
         if lease_row.is_none() {
@@ -411,14 +399,14 @@ impl SqlConn {
     async fn commit_pipelined(&self, batch: &Batch, lease: LeaseId) -> Result<(), Reason> {
         let (c, st) = (&self.client, &self.st);
         let id = lease.as_uuid();
-        let key = lease_lock_key(lease);
+        let locks = sql::AdvisoryLocks::lease(lease);
         let keys = sorted_keys(batch);
         let cell = batch.cell.as_str();
         let committed: i16 = 1;
         let flight = tokio::try_join!(
             biased;
             c.batch_execute(sql::BEGIN),
-            async { c.execute(&st.lock, &[&sql::LEASE_LOCK_CLASS, &key]).await },
+            async { c.execute(&st.lock, &locks.params()).await },
             async { c.query_opt(&st.select_lease, &[id]).await },
             async { c.query_opt(&st.select_outcome, &[id]).await },
             async { c.execute(&st.lock_claims, &[id]).await },
