@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure what the test suite talks to is there: a running PostgreSQL (started if it is down),
-# the Cloud Spanner emulator binary, etcd (the benchmark's baseline) and promtool (the alert-rule
-# tests). Idempotent; safe to run before every test run.
+# the Cloud Spanner emulator binary, etcd (the benchmark's baseline), promtool (the alert-rule
+# tests) and strace (the SQLite durability test). Idempotent; safe to run before every test run.
 set -euo pipefail
 
 pg_url="${TOPOLOGY_CLAIMS_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
@@ -70,6 +70,20 @@ else
     echo "promtool: installed"
   else
     echo "promtool: missing (install prometheus or set TOPOLOGY_CLAIMS_PROMTOOL)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+# strace: cli/tests/sqlite_durability.rs counts the server's fsync/fdatasync calls with it.
+if command -v strace >/dev/null; then
+  echo "strace: $(command -v strace)"
+else
+  echo "strace: not found; trying apt-get install strace"
+  (export DEBIAN_FRONTEND=noninteractive
+   apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=300 strace) >/dev/null 2>&1 || true
+  if command -v strace >/dev/null; then
+    echo "strace: installed"
+  else
+    echo "strace: missing (install strace)" >&2
     [ "${CI:-}" = "true" ] && exit 1
   fi
 fi

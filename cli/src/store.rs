@@ -14,15 +14,26 @@ use topology_claims::{ClaimStore, ClaimsError, MigrationPolicy};
 use topology_claims_postgres::{PostgresClaimStore, PostgresOptions};
 #[cfg(feature = "spanner")]
 use topology_claims_spanner::{SpannerClaimStore, SpannerOptions};
-use topology_claims_sqlite::SqliteClaimStore;
+use topology_claims_sqlite::{SqliteClaimStore, SqliteOptions, Synchronous};
 
 use topology_claims::config::{parse_duration, parse_nonzero_duration};
 
 /// Backend knobs, shared by every command that opens a store.
 #[derive(Args, Debug, Clone)]
 pub struct StoreOptions {
+    /// SQLite stores: when a commit reaches the disk. full: every write transaction is fsynced
+    /// before its answer, so answered writes survive an OS crash or power loss. normal: fsync
+    /// only at checkpoints; faster, still safe against a crash of the server process, but an OS
+    /// crash or power loss can lose the last answered writes (decision 073). normal | full.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_SQLITE_SYNCHRONOUS", default_value = "full",
+          value_parser = ["normal", "full"])]
+    pub sqlite_synchronous: String,
+
     /// PostgreSQL stores: most connections in the pool (size it to the concurrent requests the
-    /// server should run against the database; see docs/backends/postgres.md).
+    /// server should run against the database; see docs/backends/postgres.md). Each connection's
+    /// transaction holds at most 308 entries of PostgreSQL's lock table: keep 308 × the pool
+    /// sizes of all servers under max_locks_per_transaction × (max_connections +
+    /// max_prepared_transactions), 6,400 by default ("Lock budget" there).
     #[arg(long, env = "TOPOLOGY_CLAIMS_PG_POOL_SIZE", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub pg_pool_size: u32,
@@ -43,6 +54,14 @@ pub struct StoreOptions {
     #[arg(long, env = "TOPOLOGY_CLAIMS_SPANNER_RPC_TIMEOUT", default_value = "10s",
           value_parser = parse_nonzero_duration)]
     pub spanner_rpc_timeout: Duration,
+
+    /// Spanner stores: what a commit gets per row it writes, on top of --spanner-rpc-timeout,
+    /// since Spanner's work on a commit grows with its size (a group of 3,000 rows: 10s + 15s);
+    /// at most the 30s transaction deadline (or --spanner-rpc-timeout, if longer). 0s: every
+    /// commit gets --spanner-rpc-timeout. Units: ms, s, m.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_SPANNER_COMMIT_TIME_PER_ROW", default_value = "5ms",
+          value_parser = parse_duration)]
+    pub spanner_commit_time_per_row: Duration,
 }
 
 impl StoreOptions {
@@ -51,7 +70,18 @@ impl StoreOptions {
         SpannerOptions {
             session_pool_size: self.spanner_session_pool_size as usize,
             rpc_timeout: self.spanner_rpc_timeout,
+            commit_time_per_row: self.spanner_commit_time_per_row,
             ..SpannerOptions::default()
+        }
+    }
+
+    fn sqlite(&self) -> SqliteOptions {
+        SqliteOptions {
+            synchronous: if self.sqlite_synchronous == "normal" {
+                Synchronous::Normal
+            } else {
+                Synchronous::Full
+            },
         }
     }
 
@@ -84,7 +114,19 @@ pub async fn open(
 ) -> Result<Arc<dyn ClaimStore>, ClaimsError> {
     Ok(match url {
         StoreUrl::Memory => Arc::new(MemoryClaimStore::new()),
-        StoreUrl::Sqlite(path) => Arc::new(SqliteClaimStore::open(path, policy).await?),
+        StoreUrl::Sqlite(path) => {
+            let options = options.sqlite();
+            if options.synchronous == Synchronous::Normal {
+                tracing::warn!(
+                    store = %path.display(),
+                    "--sqlite-synchronous normal: commits reach the disk only at checkpoints; \
+                     an OS crash or power loss can lose the last acknowledged writes (begun \
+                     leases, commits, rollbacks), and cells then act on answers the store no \
+                     longer has"
+                );
+            }
+            Arc::new(SqliteClaimStore::open_with_options(path, options, policy).await?)
+        }
         StoreUrl::Postgres(url) => {
             Arc::new(PostgresClaimStore::connect(url, options.postgres(), policy).await?)
         }

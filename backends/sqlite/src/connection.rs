@@ -1,5 +1,5 @@
-//! Opening the service's database file: path checks, the connection settings, and the mutex that
-//! makes the one connection usable from async code through `spawn_blocking`.
+//! Opening the service's database file: path checks, the connection settings ([`SqliteOptions`]),
+//! and the mutex that makes the one connection usable from async code through `spawn_blocking`.
 //!
 //! Owns every PRAGMA of the service's connection. Must not know any table.
 
@@ -38,15 +38,50 @@ pub(crate) fn check_path(path: &Path) -> Result<(), ClaimsError> {
     }
 }
 
+/// How the service's SQLite store is opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// When a commit reaches the disk (default [`Synchronous::Full`]).
+    pub synchronous: Synchronous,
+}
+
+/// SQLite's `PRAGMA synchronous` for the service's connection (in WAL mode): whether COMMIT
+/// waits for the disk. Decision 073.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Synchronous {
+    /// `FULL`: every commit fsyncs the WAL before COMMIT returns, so every answered write
+    /// survives a crash of the process, of the OS, and a power loss. One disk flush per write
+    /// transaction (a group-commit transaction carries many calls).
+    #[default]
+    Full,
+    /// `NORMAL`: the WAL is fsynced only at checkpoints. An answered write survives a crash of
+    /// the process, and the file is never corrupted, but a power loss or OS crash can roll back
+    /// the last answered writes (leases begun, commits and rollbacks acknowledged).
+    Normal,
+}
+
+impl Synchronous {
+    /// The PRAGMA's value.
+    pub fn as_pragma(self) -> &'static str {
+        match self {
+            Self::Full => "FULL",
+            Self::Normal => "NORMAL",
+        }
+    }
+}
+
 /// Opens (creating if needed) and configures the service's connection.
-pub(crate) fn open_service_connection(path: &Path) -> Result<Connection, ClaimsError> {
+pub(crate) fn open_service_connection(
+    path: &Path,
+    options: SqliteOptions,
+) -> Result<Connection, ClaimsError> {
     check_path(path)?;
     let conn = Connection::open(path).map_err(|e| open_error(path, &e))?;
-    configure(&conn).map_err(|e| open_error(path, &e))?;
+    configure(&conn, options).map_err(|e| open_error(path, &e))?;
     Ok(conn)
 }
 
-fn configure(conn: &Connection) -> rusqlite::Result<()> {
+fn configure(conn: &Connection, options: SqliteOptions) -> rusqlite::Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     // WAL: readers never block the writer and a commit appends to the log instead of rewriting
     // pages. It is also the first statement that reads the file, so a file that is not a
@@ -56,15 +91,13 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
         // In-memory databases answer "memory"; they have no file to be durable in anyway.
         tracing::warn!(journal_mode = %mode, "SQLite did not switch to WAL");
     }
-    // Durability choice. With WAL, synchronous=NORMAL writes every commit to the WAL file before
-    // COMMIT returns but fsyncs only at checkpoints. A committed transaction therefore survives
-    // a crash of this process (the OS holds the written pages), and the database can never be
-    // corrupted. What it trades away: on power loss or an OS crash, the last transactions before
-    // the latest fsync may roll back (a lease BeginUpdate answered may be gone, and the cell's
-    // CommitUpdate then gets LEASE_NOT_FOUND and reconciles). FULL would fsync on every commit,
-    // costing a disk flush per BeginUpdate/CommitUpdate; a deployment that must survive power
-    // loss without losing answered requests belongs on PostgreSQL or Spanner anyway.
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // Durability (decision 073). An OK answer is a promise the cell acts on: after CommitUpdate
+    // it deletes its lease row, so a commit the store forgets comes back as a lease the
+    // reconciler rolls back, releasing a claim the cell's record still holds. FULL (the default)
+    // fsyncs the WAL at every commit, so the promise survives an OS crash or a power loss;
+    // NORMAL (opt-in) only a crash of this process. Set explicitly, never left to how SQLite
+    // was compiled.
+    conn.pragma_update(None, "synchronous", options.synchronous.as_pragma())?;
     // Enforces claims.lease_id -> leases_outstanding: SQLite checks foreign keys only when asked.
     conn.pragma_update(None, "foreign_keys", "ON")?;
     Ok(())
@@ -134,4 +167,30 @@ fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
         }
     }
     guard
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synchronous_of(conn: &Connection) -> i64 {
+        conn.pragma_query_value(None, "synchronous", |row| row.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn the_service_connection_is_full_by_default_and_normal_only_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("claims.db");
+        // SQLite's numbers: 1 NORMAL, 2 FULL.
+        let default = open_service_connection(&path, SqliteOptions::default()).unwrap();
+        assert_eq!(synchronous_of(&default), 2);
+        let normal = SqliteOptions {
+            synchronous: Synchronous::Normal,
+        };
+        assert_eq!(
+            synchronous_of(&open_service_connection(&path, normal).unwrap()),
+            1
+        );
+    }
 }

@@ -60,11 +60,13 @@
 //!
 //! ## Durability
 //!
-//! `journal_mode=WAL` with `synchronous=NORMAL`: every commit is in the WAL file before COMMIT
-//! returns, so an answered request survives a crash or kill of the process, and the file is
-//! never corrupted. Only at checkpoints is the WAL fsynced, so a power loss or OS crash can lose
-//! the last transactions (the database rolls back to a consistent earlier state). `FULL` would
-//! close that window at the cost of one fsync per write request.
+//! `journal_mode=WAL` with `synchronous=FULL` by default ([`Synchronous::Full`]): COMMIT returns
+//! only after the WAL is fsynced, so an answered request survives a crash of the process, of the
+//! OS, and a power loss, at one disk flush per write transaction (group commit shares it among
+//! the calls of a group). [`Synchronous::Normal`] (`serve --sqlite-synchronous normal`) fsyncs
+//! only at checkpoints: still safe against a crash or kill of the process, and the file is never
+//! corrupted, but a power loss or OS crash can lose the last answered writes (the database rolls
+//! back to a consistent earlier state). Decision 073.
 //!
 //! ## Migrations
 //!
@@ -86,14 +88,17 @@ use std::sync::Arc;
 
 use topology_claims::{ClaimsError, MigrationPolicy, SystemClock};
 
+pub use connection::{SqliteOptions, Synchronous};
 pub use local::{ensure_local_schema, SqliteLocalLeaseStore, LOCAL_LEASES_DDL};
 pub use store::SqliteClaimStore;
 
 /// Applies the pending schema migrations to the service's database at `path` (creating the
-/// file if needed); returns the names of those applied, empty if the schema was up to date.
+/// file if needed), committing with [`SqliteOptions::default`]; returns the names of those
+/// applied, empty if the schema was up to date.
 pub async fn migrate(path: impl AsRef<Path>) -> Result<Vec<String>, ClaimsError> {
     let (_conn, applied) = store::open_migrated(
         path.as_ref().to_path_buf(),
+        SqliteOptions::default(),
         MigrationPolicy::Apply,
         Arc::new(SystemClock),
     )

@@ -4,7 +4,9 @@
 //! `record` writes through the caller's open `rusqlite::Transaction`, so the lease row commits
 //! or rolls back with the application's rows; the other methods use the store's own connection
 //! to the same file. Owns only that one table: it must not touch the application's tables, nor
-//! the database's settings (journal mode and the like are the application's choice).
+//! the database's settings (journal mode and the like are the application's choice). Its own
+//! connection commits with `synchronous=FULL`, a per-connection setting the application's
+//! connection does not see (decision 073).
 
 use std::fmt;
 use std::path::Path;
@@ -16,7 +18,7 @@ use topology_claims::{
     ClaimsError, Clock, LeaseId, LocalLease, LocalLeaseStore, LocalLock, SystemClock, Timestamp,
 };
 
-use crate::connection::{check_path, SharedConnection, BUSY_TIMEOUT};
+use crate::connection::{check_path, SharedConnection, Synchronous, BUSY_TIMEOUT};
 use crate::error::{open_error, retry, sqlite_to_claims, StoreError};
 use crate::rows::{lease_id, lease_id_text};
 
@@ -77,6 +79,12 @@ impl SqliteLocalLeaseStore {
             check_path(&opened)?;
             let conn = Connection::open(&opened).map_err(|e| open_error(&opened, &e))?;
             conn.busy_timeout(BUSY_TIMEOUT)
+                .map_err(|e| open_error(&opened, &e))?;
+            // SQLite's default, stated so that a differently compiled SQLite cannot weaken it
+            // (decision 073). What this connection writes is bookkeeping the reconciler redoes
+            // if an OS crash loses it; the write that matters, `record`, commits on the
+            // application's connection, with the application's setting.
+            conn.pragma_update(None, "synchronous", Synchronous::Full.as_pragma())
                 .map_err(|e| open_error(&opened, &e))?;
             // The first statement that reads the file: a non-database fails here, clearly.
             conn.execute_batch(LOCAL_LEASES_DDL)

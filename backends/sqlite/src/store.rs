@@ -27,7 +27,7 @@ use topology_claims::{
     Lease, LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy, SystemClock, Timestamp,
 };
 
-use crate::connection::{open_service_connection, SharedConnection};
+use crate::connection::{open_service_connection, SharedConnection, SqliteOptions};
 use crate::error::{retry, retry_counted, StoreError};
 use crate::migrations;
 use crate::rows::{self, lease_id_text, select_claims, LeaseRow, LEASE_COLUMNS};
@@ -53,12 +53,22 @@ impl fmt::Debug for SqliteClaimStore {
 
 impl SqliteClaimStore {
     /// Opens (creating if needed) the database at `path`, with pending schema migrations
-    /// applied or refused as `policy` says. Timestamps come from the system clock.
+    /// applied or refused as `policy` says. Timestamps come from the system clock; commits are
+    /// fsynced ([`SqliteOptions::default`]).
     pub async fn open(
         path: impl AsRef<Path>,
         policy: MigrationPolicy,
     ) -> Result<Self, ClaimsError> {
-        Self::open_with_clock(path, policy, Arc::new(SystemClock)).await
+        Self::open_with_options(path, SqliteOptions::default(), policy).await
+    }
+
+    /// [`open`](Self::open) with `options` (e.g. [`Synchronous::Normal`](crate::Synchronous)).
+    pub async fn open_with_options(
+        path: impl AsRef<Path>,
+        options: SqliteOptions,
+        policy: MigrationPolicy,
+    ) -> Result<Self, ClaimsError> {
+        Self::opened(path.as_ref(), options, policy, Arc::new(SystemClock)).await
     }
 
     /// [`open`](Self::open) with the clock that stamps `created_at`, `updated_at`,
@@ -68,8 +78,18 @@ impl SqliteClaimStore {
         policy: MigrationPolicy,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ClaimsError> {
-        let path = path.as_ref().to_path_buf();
-        let (conn, _applied) = open_migrated(path.clone(), policy, Arc::clone(&clock)).await?;
+        Self::opened(path.as_ref(), SqliteOptions::default(), policy, clock).await
+    }
+
+    async fn opened(
+        path: &Path,
+        options: SqliteOptions,
+        policy: MigrationPolicy,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, ClaimsError> {
+        let path = path.to_path_buf();
+        let (conn, _applied) =
+            open_migrated(path.clone(), options, policy, Arc::clone(&clock)).await?;
         Ok(Self {
             conn: SharedConnection::new(conn, path),
             clock,
@@ -112,11 +132,12 @@ impl SqliteClaimStore {
 /// Opens the file and brings its schema up to date (or refuses); returns the names applied.
 pub(crate) async fn open_migrated(
     path: PathBuf,
+    options: SqliteOptions,
     policy: MigrationPolicy,
     clock: Arc<dyn Clock>,
 ) -> Result<(Connection, Vec<String>), ClaimsError> {
     tokio::task::spawn_blocking(move || {
-        let mut conn = open_service_connection(&path)?;
+        let mut conn = open_service_connection(&path, options)?;
         // More statements than rusqlite's default cache of 16 are in regular use.
         conn.set_prepared_statement_cache_capacity(64);
         let applied =
@@ -680,13 +701,16 @@ impl ClaimStore for SqliteClaimStore {
         &self,
         cell_id: &CellId,
         lease_id: LeaseId,
+        unrenewed_for: Option<Duration>,
     ) -> Result<(), ClaimsError> {
         let cell_id = cell_id.clone();
+        // `now` is read inside the write transaction that reads the lease row: the condition is
+        // judged against the row as it is when the rollback is written.
         self.write(move |tx, now| {
             let known = rows::lease_record(tx, lease_id)?;
             end(
                 tx,
-                domain::decide_rollback(&cell_id, lease_id, known.as_ref())?,
+                domain::decide_rollback(&cell_id, lease_id, known.as_ref(), unrenewed_for, now)?,
                 now,
             )
         })

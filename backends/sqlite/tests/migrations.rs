@@ -144,7 +144,10 @@ async fn data_survives_closing_and_reopening_the_file() {
         .begin_update(creates(&b, &[username("undone")]))
         .await
         .unwrap();
-    store.rollback_update(&b, undone.lease_id).await.unwrap();
+    store
+        .rollback_update(&b, undone.lease_id, None)
+        .await
+        .unwrap();
     drop(store);
 
     let store = SqliteClaimStore::open(&path, MigrationPolicy::Refuse)

@@ -133,6 +133,13 @@ impl ServeChild {
     /// Sends `signal` and waits (at most `patience`) for the exit.
     pub fn stop_with(mut self, signal: &str, patience: Duration) -> Result<ExitStatus, String> {
         self.signal(signal)?;
+        self.wait(patience)
+            .map_err(|e| format!("{e} (sent {signal})"))
+    }
+
+    /// Waits (at most `patience`) for the exit, without signalling: for a child that is a
+    /// wrapper (e.g. `strace … topology-claims serve`) whose server was signalled directly.
+    pub fn wait(&mut self, patience: Duration) -> Result<ExitStatus, String> {
         let deadline = Instant::now() + patience;
         loop {
             match self.process.child_mut().try_wait() {
@@ -140,11 +147,7 @@ impl ServeChild {
                 Ok(None) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20))
                 }
-                Ok(None) => {
-                    return Err(format!(
-                        "the server did not exit within {patience:?} after {signal}"
-                    ))
-                }
+                Ok(None) => return Err(format!("the server did not exit within {patience:?}")),
                 Err(e) => return Err(format!("cannot wait for the server: {e}")),
             }
         }
