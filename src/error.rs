@@ -38,6 +38,20 @@ pub enum ClaimsError {
     /// The lease was committed already.
     #[error("lease {lease_id} was committed")]
     LeaseCommitted { lease_id: LeaseId },
+    /// A conditional rollback (`unrenewed_for`) of a lease renewed within that window, by the
+    /// store's clock: the lease was left as it was (FAILED_PRECONDITION). Not an error for the
+    /// reconciler or ForceRollback: the cell is alive and may still commit.
+    #[error("lease {lease_id} was renewed within the rollback's unrenewed_for window; it was left as it was")]
+    LeaseRenewed { lease_id: LeaseId },
+    /// A ListClaims page would end inside record `record_id` (its claims alone overflow a page),
+    /// and the request can only resume at record ids (no `page_token`, no `cursor_key`, no
+    /// `page_tokens`): it would get the record's first claims again, forever
+    /// (FAILED_PRECONDITION). See `domain::check_claims_page_followable`.
+    #[error("record {record_id} of table {table_name} has more claims than one page: follow next_page_token (set page_tokens), or send next_cursor_key as cursor_key")]
+    RecordExceedsPage {
+        table_name: crate::domain::TableName,
+        record_id: i64,
+    },
     /// The lease id was never seen, or its outcome is past retention.
     #[error("lease {lease_id} not found")]
     LeaseNotFound { lease_id: LeaseId },
@@ -68,14 +82,15 @@ pub enum ClaimsError {
         retry_after: std::time::Duration,
     },
     /// Every verification slot is held by a running verifier (`serve
-    /// --max-concurrent-verifications`): RESOURCE_EXHAUSTED with a RetryInfo of `retry_after`,
-    /// when the earliest slot expires unless renewed.
-    #[error(
-        "all {max} verification slots are in use ({in_use} held); retry after {retry_after:?}"
-    )]
+    /// --max-concurrent-verifications`), or the caller's cell holds as many as one cell may
+    /// (`--max-verifications-per-cell`): RESOURCE_EXHAUSTED with a RetryInfo of `retry_after`,
+    /// when the earliest slot that fills the limit expires unless renewed.
+    #[error("{limit} ({in_use} of {max} held, --{}); retry after {retry_after:?}", limit.name())]
     VerificationSlotsBusy {
         in_use: u32,
         max: u32,
+        /// Which limit is full: the fleet's, or the caller's cell's own cap.
+        limit: crate::domain::SlotCap,
         retry_after: std::time::Duration,
     },
     /// A verifier's verification slot expired (not renewed within its time-to-live) and another
@@ -115,6 +130,8 @@ impl ClaimsError {
             Self::NotLeaseOwner { .. } => "NOT_LEASE_OWNER",
             Self::LeaseRolledBack { .. } => "LEASE_ROLLED_BACK",
             Self::LeaseCommitted { .. } => "LEASE_COMMITTED",
+            Self::LeaseRenewed { .. } => "LEASE_RENEWED",
+            Self::RecordExceedsPage { .. } => "RECORD_EXCEEDS_PAGE",
             Self::LeaseNotFound { .. } => "LEASE_NOT_FOUND",
             Self::LeaseIdConflict { .. } => "LEASE_ID_CONFLICT",
             Self::Unauthenticated { .. } => "UNAUTHENTICATED",
@@ -153,6 +170,7 @@ impl ClaimsError {
             Self::NotLeaseOwner { lease_id }
             | Self::LeaseRolledBack { lease_id }
             | Self::LeaseCommitted { lease_id }
+            | Self::LeaseRenewed { lease_id }
             | Self::LeaseNotFound { lease_id }
             | Self::LeaseIdConflict { lease_id } => Some(*lease_id),
             _ => None,

@@ -312,8 +312,12 @@ pub async fn run_alone<S: ClaimStore + ?Sized>(
             .commit_update(cell_id, *lease_id)
             .await
             .map(|()| GroupAnswer::Ended),
-        GroupOp::Rollback { cell_id, lease_id } => store
-            .rollback_update(cell_id, *lease_id)
+        GroupOp::Rollback {
+            cell_id,
+            lease_id,
+            unrenewed_for,
+        } => store
+            .rollback_update(cell_id, *lease_id, *unrenewed_for)
             .await
             .map(|()| GroupAnswer::Ended),
     }
@@ -347,10 +351,12 @@ impl ClaimStore for GroupCommit {
         &self,
         cell_id: &CellId,
         lease_id: LeaseId,
+        unrenewed_for: Option<Duration>,
     ) -> Result<(), ClaimsError> {
         self.submit(GroupOp::Rollback {
             cell_id: cell_id.clone(),
             lease_id,
+            unrenewed_for,
         })
         .await
         .map(drop)

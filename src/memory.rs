@@ -69,9 +69,11 @@ impl ClaimStore for MemoryClaimStore {
         &self,
         cell_id: &CellId,
         lease_id: LeaseId,
+        unrenewed_for: Option<Duration>,
     ) -> Result<(), ClaimsError> {
         let now = self.clock.now();
-        self.lock().rollback_update(cell_id, lease_id, now)
+        self.lock()
+            .rollback_update(cell_id, lease_id, unrenewed_for, now)
     }
 
     async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {

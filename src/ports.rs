@@ -33,9 +33,15 @@ pub trait ClaimStore: Send + Sync + 'static {
     async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError>;
 
     /// Reverts a lease: creates are deleted, destroys are released. Idempotent; an unknown id is
-    /// recorded as rolled back.
-    async fn rollback_update(&self, cell_id: &CellId, lease_id: LeaseId)
-        -> Result<(), ClaimsError>;
+    /// recorded as rolled back. With `unrenewed_for`, an outstanding lease is rolled back only
+    /// if it has gone unrenewed that long by the store's clock, read in the same transaction as
+    /// the lease (`domain::decide_rollback`); otherwise `LeaseRenewed` and nothing changes.
+    async fn rollback_update(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+        unrenewed_for: Option<Duration>,
+    ) -> Result<(), ClaimsError>;
 
     /// Marks an outstanding lease as renewed now (store clock).
     async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError>;
@@ -73,9 +79,10 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// Takes or renews a verification slot for `holder`, in one store transaction: read every
     /// row of `verification_slots` (serialized with every other acquire, so several servers on
-    /// the store share `limit.max`), ask `domain::decide_acquire` at the store's clock, then
-    /// delete the expired rows and write the holder's with `expires_at = now + limit.ttl`.
-    /// All slots held: `VerificationSlotsBusy` with the time until the earliest expires.
+    /// the store share `limit.max` and `limit.per_cell`), ask `domain::decide_acquire` at the
+    /// store's clock, then delete the expired rows and write the holder's with
+    /// `expires_at = now + limit.ttl`. All slots held, or the holder's cell at its cap:
+    /// `VerificationSlotsBusy` naming the limit, with the time until the earliest expires.
     async fn acquire_verification_slot(
         &self,
         holder: &SlotHolder,

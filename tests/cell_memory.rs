@@ -123,8 +123,13 @@ impl ClaimStore for MeddlingStore {
     async fn commit_update(&self, c: &CellId, l: LeaseId) -> Result<(), ClaimsError> {
         self.inner.commit_update(c, l).await
     }
-    async fn rollback_update(&self, c: &CellId, l: LeaseId) -> Result<(), ClaimsError> {
-        self.inner.rollback_update(c, l).await
+    async fn rollback_update(
+        &self,
+        c: &CellId,
+        l: LeaseId,
+        unrenewed_for: Option<Duration>,
+    ) -> Result<(), ClaimsError> {
+        self.inner.rollback_update(c, l, unrenewed_for).await
     }
     async fn renew_lease(&self, c: &CellId, l: LeaseId) -> Result<Lease, ClaimsError> {
         self.inner.renew_lease(c, l).await
@@ -691,12 +696,15 @@ async fn verifier_compares_a_record_split_over_pages_as_a_whole() {
         ..VerifierConfig::new(a.clone(), vec![TableName::Users])
     };
     let page = client
-        .list_claims(&ClaimsQuery::new(
-            a.clone(),
-            TableName::Users,
-            topology_claims::ClaimsCursor::at(4),
-            2,
-        ))
+        .list_claims(
+            &ClaimsQuery::new(
+                a.clone(),
+                TableName::Users,
+                topology_claims::ClaimsCursor::at(4),
+                2,
+            ),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(page.split_record(), Some(7), "record 7 is split over pages");
@@ -754,7 +762,7 @@ async fn verifier_falls_back_to_list_claims_against_a_server_without_stream_clai
         2,
     );
     assert!(
-        client.stream_claims(&query).await.unwrap().is_none(),
+        client.stream_claims(&query, None).await.unwrap().is_none(),
         "the server answers UNIMPLEMENTED"
     );
     let records = old_users(0..7);
@@ -809,7 +817,7 @@ async fn verifier_over_the_stream_resumes_from_its_saved_cursor_after_a_kill() {
         1,
     );
     assert!(
-        client.stream_claims(&query).await.unwrap().is_some(),
+        client.stream_claims(&query, None).await.unwrap().is_some(),
         "this server streams"
     );
     // The service holds the even records' claims (so each range at page size 1 is two ids); the

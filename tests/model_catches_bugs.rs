@@ -29,8 +29,11 @@ impl ClaimStore for ForgivingCommits {
         &self,
         cell_id: &CellId,
         lease_id: LeaseId,
+        unrenewed_for: Option<std::time::Duration>,
     ) -> Result<(), ClaimsError> {
-        self.0.rollback_update(cell_id, lease_id).await
+        self.0
+            .rollback_update(cell_id, lease_id, unrenewed_for)
+            .await
     }
     async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {
         self.0.renew_lease(cell_id, lease_id).await

@@ -42,10 +42,12 @@ pub struct AdminArgs {
 
 #[derive(Subcommand, Debug)]
 enum AdminCommand {
-    /// List outstanding leases (of one cell, or of all), with their age by the server's clock.
+    /// List outstanding leases (of one cell, or of all), with their age and the time since
+    /// their last renewal, by the server's clock.
     Leases(ListArgs),
     /// Roll back a downed cell's outstanding leases: its creates are deleted and its destroys
-    /// released, and the cell's late CommitUpdate gets LEASE_ROLLED_BACK.
+    /// released, and the cell's late CommitUpdate gets LEASE_ROLLED_BACK. A lease renewed within
+    /// --older-than (a live cell) is never rolled back.
     ForceRollback(ForceRollbackArgs),
     /// Delete every claim of a cell that is gone for good, in batches; the cell's later
     /// BeginUpdate is refused (CELL_DECOMMISSIONED). Refused while the cell has outstanding
@@ -59,7 +61,8 @@ struct ListArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID")]
     cell_id: Option<String>,
 
-    /// Only leases at least this old (by created_at). Units: ms, s, m, h, d. Default: all.
+    /// Only leases not renewed for at least this long (since their last renewal, or creation if
+    /// never renewed; the server's clock). Units: ms, s, m, h, d. Default: all.
     #[arg(long, value_parser = parse_duration)]
     older_than: Option<Duration>,
 }
@@ -70,7 +73,9 @@ struct ForceRollbackArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID")]
     cell_id: String,
 
-    /// Only leases at least this old (by created_at). Units: ms, s, m, h, d. Default: all.
+    /// Only leases not renewed for at least this long (since their last renewal, or creation if
+    /// never renewed), judged by the store's clock in the transaction that rolls each back: a
+    /// lease renewed within it is spared. Units: ms, s, m, h, d. Default: all.
     #[arg(long, value_parser = parse_duration)]
     older_than: Option<Duration>,
 
@@ -157,9 +162,13 @@ async fn leases(
     let mut cursor = String::new();
     let mut count = 0usize;
     println!(
-        "{:<36}  {:<20}  {:>10}  {:>7}  last_renewed_at",
-        "lease_id", "cell_id", "age", "claims"
+        "{:<36}  {:<20}  {:>10}  {:>10}  {:>7}  last_renewed_at",
+        "lease_id", "cell_id", "age", "unrenewed", "claims"
     );
+    let whole_seconds = |d: Option<&prost_types::Duration>| {
+        let seconds = d.map_or(0, |d| d.seconds.max(0) as u64);
+        format_duration(Duration::from_secs(seconds))
+    };
     loop {
         let response = client
             .list_leases(apb::ListLeasesRequest {
@@ -177,16 +186,12 @@ async fn leases(
             let claims = payload
                 .and_then(|p| p.original_request.as_ref())
                 .map_or(0, |r| r.creates_claims.len() + r.destroys_claims.len());
-            let age = entry
-                .age
-                .as_ref()
-                .map(|a| Duration::new(a.seconds.max(0) as u64, a.nanos.max(0) as u32))
-                .unwrap_or_default();
             println!(
-                "{:<36}  {:<20}  {:>10}  {:>7}  {}",
+                "{:<36}  {:<20}  {:>10}  {:>10}  {:>7}  {}",
                 payload.map_or("-", |p| p.lease_id.as_str()),
                 payload.map_or("-", |p| p.cell_id.as_str()),
-                format_duration(Duration::from_secs(age.as_secs())),
+                whole_seconds(entry.age.as_ref()),
+                whole_seconds(entry.unrenewed_for.as_ref()),
                 claims,
                 lease
                     .and_then(|l| l.last_renewed_at.as_ref())
@@ -241,7 +246,7 @@ async fn force_rollback(
         .into_inner();
     let older = args
         .older_than
-        .map(|d| format!(" at least {} old", format_duration(d)))
+        .map(|d| format!(" not renewed for at least {}", format_duration(d)))
         .unwrap_or_default();
     for lease_id in &plan.lease_ids {
         println!("would roll back lease {lease_id}");
@@ -265,7 +270,7 @@ async fn force_rollback(
     )? {
         return Ok(Outcome::NotConfirmed);
     }
-    let (mut leases, mut claims, mut ended) = (0usize, 0u64, 0usize);
+    let (mut leases, mut claims, mut ended, mut renewed) = (0usize, 0u64, 0usize, 0usize);
     loop {
         let done = client
             .force_rollback(request(false))
@@ -278,6 +283,10 @@ async fn force_rollback(
         leases += done.lease_ids.len();
         claims += done.claims;
         ended += done.already_ended_lease_ids.len();
+        for lease_id in &done.renewed_lease_ids {
+            println!("spared lease {lease_id}: renewed within --older-than");
+        }
+        renewed += done.renewed_lease_ids.len();
         eprintln!("progress: {leases} lease(s) rolled back, {claims} claim(s)");
         if !done.more || done.lease_ids.is_empty() {
             break;
@@ -285,7 +294,7 @@ async fn force_rollback(
     }
     println!(
         "force-rollback {}: {leases} lease(s) rolled back ({claims} claims); {ended} ended by the \
-         cell meanwhile",
+         cell meanwhile; {renewed} renewed by the cell meanwhile (spared)",
         args.cell_id
     );
     Ok(Outcome::Done)

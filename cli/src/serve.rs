@@ -93,6 +93,16 @@ pub struct ServeArgs {
     )]
     max_concurrent_verifications: u32,
 
+    /// Verification slots one cell may hold at once (its `verify` sidecars), so that one cell
+    /// cannot take the fleet's slots: above it, that cell waits while other cells still take
+    /// the free ones. 0: no cap beyond --max-concurrent-verifications.
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_MAX_VERIFICATIONS_PER_CELL",
+        default_value_t = 1
+    )]
+    max_verifications_per_cell: u32,
+
     /// How long a verification slot lasts unless its verifier renews it (every third of it):
     /// the slot of a verifier that died frees after this. Units: ms, s, m, h, d; not zero.
     #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFICATION_SLOT_TTL", default_value = "60s",
@@ -503,6 +513,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         metrics_refresh: args.metrics_refresh_interval,
         cell_limits,
         max_concurrent_verifications: args.max_concurrent_verifications,
+        max_verifications_per_cell: args.max_verifications_per_cell,
         verification_slot_ttl: args.verification_slot_ttl,
     };
     reload_on_sighup(tls, audit)?;

@@ -16,6 +16,7 @@ use topology_claims::cell::{
     ClaimSource, ClaimsClient, ClientConfig, Reconciler, ReconcilerConfig, SlotEvent, Verifier,
     VerifierConfig, VerifyReport,
 };
+use topology_claims::domain::SlotCap;
 use topology_claims::{CellId, ClaimsError, LocalLeaseStore, LocalLock, TableName};
 
 use topology_claims::config::{parse_duration, parse_nonzero_duration, StoreUrl};
@@ -408,8 +409,23 @@ fn print_slot_event(event: &SlotEvent) {
         .map(|d| d.as_millis())
         .unwrap_or(0);
     match event {
-        SlotEvent::Waiting { in_use, retry_in } => eprintln!(
+        SlotEvent::Waiting {
+            in_use,
+            limit: SlotCap::Fleet,
+            retry_in,
+            ..
+        } => eprintln!(
             "waiting for a verification slot ({in_use} in use), retrying in {:.1}s",
+            retry_in.as_secs_f64()
+        ),
+        SlotEvent::Waiting {
+            in_use,
+            max,
+            limit: SlotCap::PerCell,
+            retry_in,
+        } => eprintln!(
+            "waiting for a verification slot (this cell holds {in_use} of the {max} one cell may, \
+             --max-verifications-per-cell), retrying in {:.1}s",
             retry_in.as_secs_f64()
         ),
         SlotEvent::Taken { in_use } => {

@@ -3,8 +3,9 @@
 //! of a cell with 100,000 claims runs in batches, survives a kill (of the server, or of the
 //! command on the memory store) and resumes, leaves every other cell's claims alone, and the
 //! cell's later BeginUpdate is refused; every admin call is in the audit log. Plus, on memory:
-//! a non-admin certificate is PERMISSION_DENIED, an admin one is served, and an audit log that
-//! cannot be written refuses the call.
+//! a non-admin certificate is PERMISSION_DENIED, an admin one is served, an audit log that
+//! cannot be written refuses the call, and `force-rollback --older-than` spares a lease renewed
+//! within the window.
 #![cfg(unix)]
 
 mod common;
@@ -21,7 +22,7 @@ use common::{command, text, Server};
 use futures::StreamExt;
 use topology_claims::cell::{ClaimsClient, ClientConfig};
 use topology_claims::testing::fixtures::{cell, creates, username};
-use topology_claims::{CellId, ClaimsError};
+use topology_claims::{CellId, ClaimsError, LeaseId};
 
 /// Claims of the decommissioned cell (the figure); the Spanner emulator, which runs one
 /// transaction at a time at a few seconds per 1,000-claim batch, gets a tenth of it (see
@@ -394,6 +395,87 @@ async fn admin_runbooks_on_memory() {
         doomed_claims: DOOMED_CLAIMS,
     })
     .await;
+}
+
+/// `older_than` is idle time, judged by the store's clock: of two leases of a cell older than
+/// the window, the one renewed 0 s ago is spared and commits; the one left idle is rolled back.
+/// `admin leases` shows both ages.
+#[tokio::test]
+async fn force_rollback_older_than_spares_a_lease_renewed_within_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.log");
+    let server = start(dir.path(), serve_args("memory:", &audit)).await;
+    let claims = client(&server);
+    let down = cell("down-cell");
+    let idle = claims
+        .begin_update(creates(&down, &[username("idle-1")]))
+        .await
+        .unwrap();
+    let alive = claims
+        .begin_update(creates(&down, &[username("alive-1")]))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    claims.renew_lease(&down, alive.lease_id).await.unwrap();
+
+    let listed = admin(dir.path(), &server, &["leases", "--cell-id", "down-cell"]).await;
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    let listing = text(&listed.stdout);
+    assert!(listing.contains("unrenewed"), "{listing}");
+    // (age, unrenewed) of a lease's row.
+    let ages = |lease: LeaseId| {
+        let line = listing
+            .lines()
+            .find(|l| l.starts_with(&lease.to_string()))
+            .unwrap();
+        let columns: Vec<Duration> = line
+            .split_whitespace()
+            .skip(2)
+            .take(2)
+            .map(|d| topology_claims::config::parse_duration(d).unwrap())
+            .collect();
+        (columns[0], columns[1])
+    };
+    let two = Duration::from_secs(2);
+    let (idle_age, idle_unrenewed) = ages(idle.lease_id);
+    let (alive_age, alive_unrenewed) = ages(alive.lease_id);
+    assert!(idle_age >= two && idle_unrenewed >= two, "{listing}");
+    assert!(alive_age >= two && alive_unrenewed < two, "{listing}");
+
+    // Renewed 0 s ago, as a live cell does every second.
+    claims.renew_lease(&down, alive.lease_id).await.unwrap();
+
+    let rolled = admin(
+        dir.path(),
+        &server,
+        &[
+            "force-rollback",
+            "--cell-id",
+            "down-cell",
+            "--older-than",
+            "2s",
+            "--reason",
+            "cell down?",
+            "--yes",
+        ],
+    )
+    .await;
+    assert!(rolled.status.success(), "{}", text(&rolled.stderr));
+    let out = text(&rolled.stdout);
+    assert!(
+        out.contains(&format!("rolled back lease {}", idle.lease_id)),
+        "{out}"
+    );
+    assert!(!out.contains(&alive.lease_id.to_string()), "{out}");
+    assert!(out.contains("1 lease(s) rolled back (1 claims)"), "{out}");
+    assert!(matches!(
+        claims.lookup_claim(&username("idle-1").key).await,
+        Err(ClaimsError::ClaimNotFound { .. })
+    ));
+    claims.commit_update(&down, alive.lease_id).await.unwrap();
+    assert!(claims.lookup_claim(&username("alive-1").key).await.is_ok());
+    drop(claims);
+    server.stop_with("TERM");
 }
 
 #[tokio::test]

@@ -235,6 +235,7 @@ async fn paced_pairs(
             .rollback_update(pb::RollbackUpdateRequest {
                 cell_id: cell.to_owned(),
                 lease_id,
+                unrenewed_for: None,
             })
             .await
             .expect("cell-b RollbackUpdate");

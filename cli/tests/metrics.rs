@@ -394,6 +394,7 @@ async fn rate_limited_requests_and_failed_audit_writes_are_counted() {
         let request = topology_claims::grpc::pb::RollbackUpdateRequest {
             cell_id: "cell-a".into(),
             lease_id: format!("00000000-0000-4000-8000-00000000000{n}"),
+            unrenewed_for: None,
         };
         if let Err(status) = raw.rollback_update(request).await {
             assert_eq!(status.code(), tonic::Code::ResourceExhausted);

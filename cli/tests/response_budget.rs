@@ -2,7 +2,9 @@
 //! 1,000 claims with 255-byte values (about 4.2 MB of leases, more than the 4 MiB a gRPC client
 //! accepts by default) is listed by `topology-claims leases` and healed by `reconcile --once` at
 //! its default page size; ListClaims of the 8,000 claims of one record id at limit 1 is small,
-//! and paging with the cursors (which point inside the record) returns every claim once.
+//! and paging with the cursors (which point inside the record), or with the one page token,
+//! returns every claim once; a client following `next_cursor` alone gets FAILED_PRECONDITION
+//! naming the record, and an altered token INVALID_ARGUMENT.
 #![cfg(unix)]
 
 use std::collections::BTreeSet;
@@ -62,6 +64,9 @@ fn claims_request(
         cursor,
         limit,
         cursor_key,
+        // Follows next_cursor_key, so a page may end inside record 77.
+        page_token: String::new(),
+        page_tokens: true,
     }
 }
 
@@ -222,6 +227,58 @@ async fn a_cell_with_4_mb_of_outstanding_leases_is_listed_and_healed_and_its_rec
     let mut sorted = values.clone();
     sorted.sort();
     assert_eq!(values, sorted, "in key order");
+
+    // The same with the one opaque token: every claim once, in the same order.
+    let mut by_token = Vec::new();
+    let mut token = String::new();
+    for pages in 1.. {
+        let page = default_client
+            .list_claims(pb::ListClaimsRequest {
+                page_token: token.clone(),
+                ..claims_request(0, None, 10_000)
+            })
+            .await
+            .expect("a page by token")
+            .into_inner();
+        by_token.extend(page.claims.into_iter().map(|c| c.claim_value));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+        assert!(pages < 100, "paging by token terminates");
+    }
+    assert_eq!(
+        by_token, values,
+        "the token follower lists every claim once"
+    );
+    // A client that follows next_cursor alone (no token, no cursor_key, page_tokens unset) is
+    // told what to do instead of getting record 77's first page again and again.
+    let cursor_only = |cursor| pb::ListClaimsRequest {
+        page_tokens: false,
+        ..claims_request(cursor, None, 10_000)
+    };
+    let refusal = default_client
+        .list_claims(cursor_only(0))
+        .await
+        .expect_err("record 77 alone fills more than a page");
+    assert_eq!(
+        refusal.code(),
+        tonic::Code::FailedPrecondition,
+        "{refusal:?}"
+    );
+    assert!(refusal.message().contains("77"), "{refusal:?}");
+    // An altered token is refused.
+    let mut altered = token.into_bytes();
+    let last = altered.len() - 1;
+    altered[last] = if altered[last] == b'A' { b'B' } else { b'A' };
+    let refusal = default_client
+        .list_claims(pb::ListClaimsRequest {
+            page_token: String::from_utf8(altered).unwrap(),
+            ..claims_request(0, None, 10_000)
+        })
+        .await
+        .expect_err("an altered token");
+    assert_eq!(refusal.code(), tonic::Code::InvalidArgument, "{refusal:?}");
 
     // `reconcile --once` at its default page size heals the 8 leases: the cell's database does
     // not know them, so they are rolled back once stale.

@@ -251,6 +251,7 @@ async fn every_rpc(channel: Channel, cell: &str) -> Vec<(&'static str, Option<(C
                 c.rollback_update(pb::RollbackUpdateRequest {
                     cell_id: cell.clone(),
                     lease_id: SOME_LEASE.into(),
+                    unrenewed_for: None,
                 })
                 .await,
             ),
@@ -423,6 +424,7 @@ async fn a_cell_cannot_end_renew_or_destroy_what_belongs_to_another_even_naming_
             .rollback_update(pb::RollbackUpdateRequest {
                 cell_id: name.into(),
                 lease_id: open.clone(),
+                unrenewed_for: None,
             })
             .await;
         let renew = a
@@ -688,6 +690,7 @@ async fn the_audit_log_has_one_line_per_mutating_call_and_per_refusal() {
     a.rollback_update(pb::RollbackUpdateRequest {
         cell_id: "cell-a".into(),
         lease_id: second.clone(),
+        unrenewed_for: None,
     })
     .await
     .unwrap();

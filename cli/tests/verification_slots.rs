@@ -4,7 +4,9 @@
 //! overlap) and all finish; the slot of a verifier killed with SIGKILL frees after its
 //! time-to-live, so the next verifier gets it; and a verifier paused past its slot's
 //! time-to-live, whose slot another verifier took meanwhile, stops when it resumes, says so and
-//! exits 3.
+//! exits 3. The cap of one cell (`--max-verifications-per-cell`, or its env var): with 4 slots,
+//! one cell gets at most its cap, refused with RetryInfo above it, while other cells still get
+//! the free slots.
 
 mod common;
 
@@ -15,6 +17,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{command, Server, PATIENCE};
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+use topology_claims::grpc::pb;
+use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
+use topology_claims::grpc::status::{from_status, retry_delay};
+use topology_claims::{domain::SlotCap, ClaimsError};
 
 /// A cell's SQLite database with `users` users (none claimed yet: each is a correction) and its
 /// verify.toml.
@@ -268,5 +276,105 @@ fn a_verifier_that_lost_its_slot_stops_says_why_and_exits_3() {
 
     let _ = second.kill();
     second.wait().unwrap();
+    server.stop_with("TERM");
+}
+
+async fn slots_client(server: &Server) -> ClaimsServiceClient<Channel> {
+    let channel = Endpoint::from_shared(server.endpoint())
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("connect");
+    ClaimsServiceClient::new(channel)
+}
+
+/// One AcquireVerificationSlot of `cell`/`holder`: the slots in use after it, or the refusal.
+async fn acquire(
+    client: &mut ClaimsServiceClient<Channel>,
+    cell: &str,
+    holder: &str,
+) -> Result<u32, tonic::Status> {
+    let request = pb::AcquireVerificationSlotRequest {
+        cell_id: cell.to_owned(),
+        holder: holder.to_owned(),
+        ttl: None,
+    };
+    client
+        .acquire_verification_slot(request)
+        .await
+        .map(|response| response.get_ref().in_use)
+}
+
+/// Asserts that `refusal` is VERIFICATION_SLOTS_BUSY of `limit`, with a RetryInfo delay.
+fn assert_busy(refusal: &tonic::Status, limit: SlotCap, held: u32, max: u32) {
+    assert_eq!(refusal.code(), Code::ResourceExhausted, "{refusal:?}");
+    match from_status(refusal) {
+        ClaimsError::VerificationSlotsBusy {
+            in_use,
+            max: limit_max,
+            limit: refused_by,
+            ..
+        } => assert_eq!((refused_by, in_use, limit_max), (limit, held, max)),
+        other => panic!("expected VERIFICATION_SLOTS_BUSY, got {other:?}"),
+    }
+    let delay = retry_delay(refusal).expect("a RetryInfo delay");
+    assert!(delay > Duration::ZERO, "{delay:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_four_slots_one_cell_gets_its_cap_of_one_and_other_cells_still_get_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    // The cap is the default (1): only the fleet-wide limit is set.
+    let server = serve(dir.path(), &["--max-concurrent-verifications", "4"]);
+    let mut client = slots_client(&server).await;
+    assert_eq!(acquire(&mut client, "cell-a", "h1").await.unwrap(), 1);
+    // A buggy cron starting verifiers over and over: every further holder of cell-a is refused.
+    for holder in ["h2", "h3", "h4", "h5"] {
+        let refusal = acquire(&mut client, "cell-a", holder).await.unwrap_err();
+        assert_busy(&refusal, SlotCap::PerCell, 1, 1);
+    }
+    // The holder keeps its slot by renewing it.
+    assert_eq!(acquire(&mut client, "cell-a", "h1").await.unwrap(), 1);
+    // Other cells take the free slots, up to the fleet's limit.
+    assert_eq!(acquire(&mut client, "cell-b", "h1").await.unwrap(), 2);
+    assert_eq!(acquire(&mut client, "cell-c", "h1").await.unwrap(), 3);
+    assert_eq!(acquire(&mut client, "cell-d", "h1").await.unwrap(), 4);
+    let refusal = acquire(&mut client, "cell-e", "h1").await.unwrap_err();
+    assert_busy(&refusal, SlotCap::Fleet, 4, 4);
+    server.stop_with("TERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cap_per_cell_comes_from_its_environment_variable_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("claims.db").display());
+    let mut serve = command(
+        dir.path(),
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            &store,
+            "--max-concurrent-verifications",
+            "4",
+        ],
+    );
+    serve
+        .env("TOPOLOGY_CLAIMS_MAX_VERIFICATIONS_PER_CELL", "2")
+        .stderr(Stdio::inherit());
+    let child = topology_claims_harness::serve::ServeChild::start(serve)
+        .unwrap_or_else(|e| panic!("serve: {e}"));
+    let server = Server {
+        addr: child.addr.to_string(),
+        child,
+    };
+    let mut client = slots_client(&server).await;
+    assert_eq!(acquire(&mut client, "cell-a", "h1").await.unwrap(), 1);
+    assert_eq!(acquire(&mut client, "cell-a", "h2").await.unwrap(), 2);
+    let refusal = acquire(&mut client, "cell-a", "h3").await.unwrap_err();
+    assert_busy(&refusal, SlotCap::PerCell, 2, 2);
+    assert_eq!(acquire(&mut client, "cell-b", "h1").await.unwrap(), 3);
     server.stop_with("TERM");
 }

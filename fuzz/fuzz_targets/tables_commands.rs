@@ -233,10 +233,10 @@ fuzz_target!(|commands: Vec<Command>| {
                 }
             }
             Command::Rollback { cell: c, lease: l } => {
-                if tables.rollback_update(&cell(c), lease(l), now).is_ok() {
+                if tables.rollback_update(&cell(c), lease(l), None, now).is_ok() {
                     let before = tables.clone();
                     tables
-                        .rollback_update(&cell(c), lease(l), now)
+                        .rollback_update(&cell(c), lease(l), None, now)
                         .expect("rollback is idempotent");
                     assert_eq!(tables, before);
                 }

@@ -4,6 +4,10 @@
 //! the delay its RetryInfo asks for. BeginUpdate is retried too: the lease id is chosen on the client before the
 //! first attempt, so a retry after a lost response returns the same lease instead of a second one.
 //!
+//! CLAIM_LEASED (a claim under another update in progress) is retried only when the caller asks
+//! for it ([`ClientConfig::retry_claim_leased`], for background jobs), a bounded number of times,
+//! each after the delay its RetryInfo asks for: a user-facing save hears it at once.
+//!
 //! Errors are the domain's [`ClaimsError`] decoded from the status details, so an app can say
 //! "email has already been taken" from `ClaimsError::ClaimTaken { claim }`.
 
@@ -40,6 +44,49 @@ pub struct ClientConfig {
     /// TLS for an `https://` server (required for one, refused with an `http://` URL). Default:
     /// none, plain-text `http://`.
     pub tls: Option<ClientTls>,
+    /// Retry CLAIM_LEASED, boundedly, after the delay its RetryInfo asks for. Default: `None`,
+    /// the caller gets CLAIM_LEASED at once (a user-facing save says "try again"); a background
+    /// job, which has nobody to ask, sets `Some(LeasedRetry::default())`.
+    pub retry_claim_leased: Option<LeasedRetry>,
+}
+
+/// How a background job's client retries CLAIM_LEASED (see docs/cell-integration.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeasedRetry {
+    /// Retries after the first CLAIM_LEASED; then the caller gets it (the lease is probably
+    /// stuck, and only its cell's reconciler ends it, minutes later).
+    pub retries: u32,
+    /// Longest one wait: a server asking for longer is not waited for, the caller hears it.
+    pub longest_wait: Duration,
+}
+
+impl Default for LeasedRetry {
+    /// Five retries of about a second each: a lease of a cell transaction has ended by then.
+    fn default() -> Self {
+        Self {
+            retries: 5,
+            longest_wait: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The wait before CLAIM_LEASED retry number `retried + 1`: the server's RetryInfo `hint` (the
+/// domain's [`CLAIM_LEASED_RETRY_AFTER`](crate::domain::CLAIM_LEASED_RETRY_AFTER) from a server
+/// that sent none) plus up to half of it again, so jobs refused together do not return
+/// together. `None`: no retry (not asked for, retries used up, or a longer wait than allowed).
+fn leased_retry_delay(
+    policy: Option<&LeasedRetry>,
+    retried: u32,
+    hint: Option<Duration>,
+) -> Option<Duration> {
+    let policy = policy?;
+    let hint = hint.unwrap_or(crate::domain::CLAIM_LEASED_RETRY_AFTER);
+    if retried >= policy.retries || hint > policy.longest_wait {
+        return None;
+    }
+    let spread = u64::try_from(hint.as_micros() / 2).unwrap_or(u64::MAX);
+    let jitter = crate::cell::backoff::random_u64() % spread.saturating_add(1);
+    Some(hint + Duration::from_micros(jitter))
 }
 
 impl Default for ClientConfig {
@@ -53,6 +100,7 @@ impl Default for ClientConfig {
             },
             connect_timeout: Duration::from_secs(5),
             tls: None,
+            retry_claim_leased: None,
         }
     }
 }
@@ -149,20 +197,36 @@ impl ClaimsClient {
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let mut attempt = 0;
+        let mut leased_retries = 0;
         loop {
-            let outcome = match tokio::time::timeout(
+            let (outcome, hint) = match tokio::time::timeout(
                 self.config.call_timeout,
                 call(self.inner.clone()),
             )
             .await
             {
                 Ok(Ok(value)) => return Ok(value),
-                Ok(Err(status)) => self.status_error(&status),
-                Err(_) => ClaimsError::unavailable(format!(
-                    "no answer from {} within {:?} (deadline exceeded)",
-                    self.server, self.config.call_timeout
-                )),
+                Ok(Err(status)) => (self.status_error(&status), status::retry_delay(&status)),
+                Err(_) => (
+                    ClaimsError::unavailable(format!(
+                        "no answer from {} within {:?} (deadline exceeded)",
+                        self.server, self.config.call_timeout
+                    )),
+                    None,
+                ),
             };
+            // Nothing was written (the refusal is decided before any write), so the same
+            // request, BeginUpdate's client-chosen lease id included, is simply sent again.
+            if let ClaimsError::ClaimLeased { .. } = outcome {
+                let policy = self.config.retry_claim_leased.as_ref();
+                let Some(delay) = leased_retry_delay(policy, leased_retries, hint) else {
+                    return Err(outcome);
+                };
+                leased_retries += 1;
+                tracing::debug!(leased_retries, error = %outcome, ?delay, "retrying a leased claim");
+                tokio::time::sleep(delay).await;
+                continue;
+            }
             attempt += 1;
             if !retryable(&outcome) || attempt >= self.config.max_attempts {
                 return Err(outcome);
@@ -210,14 +274,37 @@ impl ClaimsClient {
         .map(drop)
     }
 
+    /// An unconditional RollbackUpdate (the cell ending its own lease).
     pub async fn rollback_update(
         &self,
         cell_id: &CellId,
         lease_id: LeaseId,
     ) -> Result<(), ClaimsError> {
+        self.rollback(cell_id, lease_id, None).await
+    }
+
+    /// A conditional RollbackUpdate: the store rolls the lease back only if it has gone
+    /// unrenewed for at least `unrenewed_for` by its own clock, else `LeaseRenewed` (the
+    /// reconciler's rollback of a stale lease, which must not undo a lease renewed since).
+    pub async fn rollback_if_unrenewed_for(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+        unrenewed_for: Duration,
+    ) -> Result<(), ClaimsError> {
+        self.rollback(cell_id, lease_id, Some(unrenewed_for)).await
+    }
+
+    async fn rollback(
+        &self,
+        cell_id: &CellId,
+        lease_id: LeaseId,
+        unrenewed_for: Option<Duration>,
+    ) -> Result<(), ClaimsError> {
         let message = pb::RollbackUpdateRequest {
             cell_id: cell_id.to_string(),
             lease_id: lease_id.to_string(),
+            unrenewed_for: unrenewed_for.map(crate::grpc::admin::duration_to_pb),
         };
         self.with_retries(|mut c| {
             let message = message.clone();
@@ -236,6 +323,7 @@ impl ClaimsClient {
         let message = pb::RollbackUpdateRequest {
             cell_id: cell_id.to_string(),
             lease_id: lease_id.to_string(),
+            unrenewed_for: None,
         };
         let mut client = self.inner.clone();
         match tokio::time::timeout(self.config.call_timeout, client.rollback_update(message)).await
@@ -282,10 +370,16 @@ impl ClaimsClient {
         decode::leases_page_from_pb(response.get_ref())
     }
 
-    /// One ListClaims page. Send `page.next_cursor` back as the next query's cursor (it may point
-    /// inside a record; see `domain::claims_page`).
-    pub async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimViewsPage, ClaimsError> {
-        let message = decode::claims_query_to_pb(query);
+    /// One ListClaims page: the one after `page_token` (the previous page's `next_page_token`),
+    /// or, without one, the one at `query.cursor`. Keep `page.next_cursor` as the next query's
+    /// cursor and send `page.next_page_token` with it: the token when the server gave one, the
+    /// cursor (which may point inside a record; see `domain::claims_page`) from an older server.
+    pub async fn list_claims(
+        &self,
+        query: &ClaimsQuery,
+        page_token: Option<&str>,
+    ) -> Result<ClaimViewsPage, ClaimsError> {
+        let message = decode::claims_query_to_pb(query, page_token);
         let response = self
             .with_retries(|mut c| {
                 let message = message.clone();
@@ -357,8 +451,9 @@ impl ClaimsClient {
         .await
     }
 
-    /// StreamClaims from `query.cursor` to the end: the ListClaims pages of `query.limit`, one
-    /// per item, decoded as [`Self::list_claims`] decodes a page. `Ok(None)`: the server has no
+    /// StreamClaims from `page_token` (a page's or range's `next_page_token`), or without one
+    /// from `query.cursor`, to the end: the ListClaims pages of `query.limit`, one per item,
+    /// decoded as [`Self::list_claims`] decodes a page. `Ok(None)`: the server has no
     /// StreamClaims (UNIMPLEMENTED, an older server); page with [`Self::list_claims`] instead.
     ///
     /// Opening the stream is retried like any call. Each range must arrive within the
@@ -368,8 +463,9 @@ impl ClaimsClient {
     pub async fn stream_claims(
         &self,
         query: &ClaimsQuery,
+        page_token: Option<&str>,
     ) -> Result<Option<ClaimsPageStream>, ClaimsError> {
-        let message = pb::StreamClaimsRequest::from(decode::claims_query_to_pb(query));
+        let message = pb::StreamClaimsRequest::from(decode::claims_query_to_pb(query, page_token));
         let opened = self
             .with_retries(|mut c| {
                 let message = message.clone();
@@ -467,6 +563,41 @@ mod tests {
             retry_delay(&BACKOFF, 0, &error, Duration::from_secs(5)),
             None
         );
+    }
+
+    #[test]
+    fn claim_leased_is_not_retried_unless_asked_for() {
+        let hint = Some(Duration::from_secs(1));
+        assert_eq!(leased_retry_delay(None, 0, hint), None);
+    }
+
+    #[test]
+    fn claim_leased_is_retried_after_its_retry_info_a_bounded_number_of_times() {
+        let policy = LeasedRetry {
+            retries: 3,
+            longest_wait: Duration::from_secs(5),
+        };
+        for retried in 0..3 {
+            let delay = leased_retry_delay(Some(&policy), retried, Some(Duration::from_secs(1)))
+                .expect("a retry");
+            assert!(
+                delay >= Duration::from_secs(1) && delay <= Duration::from_millis(1_500),
+                "{delay:?}"
+            );
+        }
+        assert_eq!(
+            leased_retry_delay(Some(&policy), 3, Some(Duration::from_secs(1))),
+            None,
+            "retries used up"
+        );
+        assert_eq!(
+            leased_retry_delay(Some(&policy), 0, Some(Duration::from_secs(6))),
+            None,
+            "a longer wait than allowed is the caller's to decide"
+        );
+        // A server that sent no RetryInfo: the protocol's own delay.
+        let delay = leased_retry_delay(Some(&policy), 0, None).unwrap();
+        assert!(delay >= crate::domain::CLAIM_LEASED_RETRY_AFTER);
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub mod update;
 pub mod verifier;
 
 pub use backoff::Backoff;
-pub use client::{ClaimsClient, ClientConfig};
+pub use client::{ClaimsClient, ClientConfig, LeasedRetry};
 pub use reconciler::{ReconcileReport, Reconciler, ReconcilerConfig};
 pub use slot::{HeldSlot, SlotEvent, SlotSettings};
 pub use tls::{server_endpoint, ClientTls, TlsFiles};

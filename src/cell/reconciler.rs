@@ -4,7 +4,9 @@
 //! - present in the local `leases_outstanding` table → the local transaction committed: CommitUpdate,
 //!   then delete the local row (failure point 4A);
 //! - absent locally and stale (`server_time - last_renewed_at > staleness`, both by the server's
-//!   clock) → the local transaction never committed: RollbackUpdate (3B);
+//!   clock) → the local transaction never committed: RollbackUpdate (3B), conditional on
+//!   `unrenewed_for = staleness`, so the store refuses it (LEASE_RENEWED) if the cell renewed
+//!   the lease after this page was read; such a lease is left for the next pass;
 //! - absent locally and young → maybe still running: left alone.
 //!
 //! Then local rows older than the threshold that are still there (their CommitUpdate or local
@@ -72,6 +74,9 @@ pub struct ReconcileReport {
     pub committed: u64,
     pub rolled_back: u64,
     pub left_young: u64,
+    /// Stale when listed, but renewed by the cell before the rollback reached the store
+    /// (LEASE_RENEWED): left for the next pass, not an error.
+    pub left_renewed: u64,
     pub local_rows_deleted: u64,
     /// Leases whose local transaction committed but which the service had rolled back.
     pub lost: Vec<LeaseId>,
@@ -86,11 +91,12 @@ impl std::fmt::Display for ReconcileReport {
         }
         write!(
             f,
-            "pages={} committed={} rolled_back={} left_young={} local_rows_deleted={} lost={} errors={}",
+            "pages={} committed={} rolled_back={} left_young={} left_renewed={} local_rows_deleted={} lost={} errors={}",
             self.pages,
             self.committed,
             self.rolled_back,
             self.left_young,
+            self.left_renewed,
             self.local_rows_deleted,
             self.lost.len(),
             self.errors
@@ -157,10 +163,20 @@ impl<L: LocalLeaseStore + LocalLock> Reconciler<L> {
                 if present.contains(&lease.lease_id) {
                     self.commit_and_forget(lease.lease_id, report).await;
                 } else if lease_is_stale(lease, page.server_time, self.config.staleness) {
-                    match self.client.rollback_update(cell_id, lease.lease_id).await {
+                    // The store judges staleness again, by its clock, in the rollback's own
+                    // transaction: the cell may have renewed since this page was read.
+                    match self
+                        .client
+                        .rollback_if_unrenewed_for(cell_id, lease.lease_id, self.config.staleness)
+                        .await
+                    {
                         Ok(()) => {
                             report.rolled_back += 1;
                             tracing::info!(lease_id = %lease.lease_id, "rolled back a stale lease with no local record");
+                        }
+                        Err(ClaimsError::LeaseRenewed { .. }) => {
+                            report.left_renewed += 1;
+                            tracing::info!(lease_id = %lease.lease_id, "stale lease was renewed before its rollback; left for the next pass");
                         }
                         Err(error) => {
                             report.errors += 1;

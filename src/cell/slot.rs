@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::cell::backoff::random_u64;
 use crate::cell::client::ClaimsClient;
-use crate::domain::{SlotGrant, SlotHolder};
+use crate::domain::{SlotCap, SlotGrant, SlotHolder};
 use crate::error::ClaimsError;
 
 /// Shortest wait between two acquires while all slots are held.
@@ -53,8 +53,14 @@ pub fn default_holder() -> String {
 /// What happened to the slot, for the caller to show (the sidecar prints each on stderr).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SlotEvent {
-    /// All slots are held; the next attempt is in `retry_in`.
-    Waiting { in_use: u32, retry_in: Duration },
+    /// All slots are held (`limit` `Fleet`: `in_use` of the fleet's), or the cell holds all one
+    /// cell may (`PerCell`: `in_use` of the cell's); the next attempt is in `retry_in`.
+    Waiting {
+        in_use: u32,
+        max: u32,
+        limit: SlotCap,
+        retry_in: Duration,
+    },
     /// The slot is held (until renewed or released).
     Taken { in_use: u32 },
     /// The run is done with the slot, which is being given back (reported before the release
@@ -131,12 +137,23 @@ pub async fn take_slot(
             }
             Err(ClaimsError::VerificationSlotsBusy {
                 in_use,
+                max,
+                limit,
                 retry_after,
-                ..
             }) => {
                 let retry_in = jittered_wait(retry_after);
-                tracing::debug!(in_use, ?retry_in, "waiting for a verification slot");
-                on_event(&SlotEvent::Waiting { in_use, retry_in });
+                tracing::debug!(
+                    in_use,
+                    limit = limit.name(),
+                    ?retry_in,
+                    "waiting for a verification slot"
+                );
+                on_event(&SlotEvent::Waiting {
+                    in_use,
+                    max,
+                    limit,
+                    retry_in,
+                });
                 tokio::time::sleep(retry_in).await;
             }
             Err(other) => return Err(other),

@@ -435,6 +435,9 @@ impl<S: ClaimSource> Verifier<S> {
             // table is done or the time budget runs out.
             let mut stream: Option<ClaimsPageStream> = None;
             let mut cursor = ClaimsCursor::at(cursors.get(&table).copied().unwrap_or(0));
+            // The server's token of `cursor` (none for the saved record id a run starts at):
+            // what the next page is asked with, `cursor` being the fallback of an older server.
+            let mut page_token: Option<String> = None;
             // Claims of record `cursor.record_id` from earlier pages: a page that ended inside a
             // record leaves them to be compared together with the rest of the record.
             let mut carried: Vec<ServiceClaim> = Vec::new();
@@ -454,7 +457,9 @@ impl<S: ClaimSource> Verifier<S> {
                     cursor.clone(),
                     self.config.page_size,
                 );
-                let page = self.next_page(&query, &mut stream, &mut streaming).await?;
+                let page = self
+                    .next_page(&query, page_token.as_deref(), &mut stream, &mut streaming)
+                    .await?;
                 let split = page.split_record();
                 let mut service = std::mem::take(&mut carried);
                 service.extend(
@@ -494,6 +499,7 @@ impl<S: ClaimSource> Verifier<S> {
                         // first claim again, as the claims carried in memory are gone.
                         cursors.insert(table, next.record_id);
                         cursor = next;
+                        page_token = page.next_page_token;
                     }
                     None => {
                         cursors.remove(&table);
@@ -523,11 +529,12 @@ impl<S: ClaimSource> Verifier<S> {
     async fn next_page(
         &self,
         query: &ClaimsQuery,
+        page_token: Option<&str>,
         stream: &mut Option<ClaimsPageStream>,
         streaming: &mut bool,
     ) -> Result<ClaimViewsPage, ClaimsError> {
         if *streaming && stream.is_none() {
-            *stream = self.client.stream_claims(query).await?;
+            *stream = self.client.stream_claims(query, page_token).await?;
             if stream.is_none() {
                 tracing::info!("the claims server has no StreamClaims; paging with ListClaims");
                 *streaming = false;
@@ -551,7 +558,7 @@ impl<S: ClaimSource> Verifier<S> {
             }
             *stream = None;
         }
-        self.client.list_claims(query).await
+        self.client.list_claims(query, page_token).await
     }
 
     /// Saves the cursor, except on a dry run: a dry run changes nothing, its cursor included, so

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use crate::domain::decide::lease_unrenewed_for;
 use crate::domain::types::{CellId, Lease, LeaseId, Timestamp};
 use crate::error::ClaimsError;
 
@@ -76,16 +77,12 @@ impl LeaseSummary {
     }
 }
 
-/// Whether an outstanding lease is at least `older_than` old (by `created_at`) at `server_time`:
-/// the filter of ListLeases and ForceRollback.
-pub fn lease_is_older_than(lease: &Lease, server_time: Timestamp, older_than: Duration) -> bool {
-    server_time.saturating_since(lease.created_at) >= older_than
-}
-
-/// The leases a ForceRollback of `cell_id` ends: the cell's outstanding leases at least
-/// `older_than` old. Each is then ended through the same decision as RollbackUpdate
-/// (`decide_rollback`), so its outcome is remembered and the cell's late CommitUpdate gets
-/// LEASE_ROLLED_BACK.
+/// The leases a ForceRollback of `cell_id` ends: the cell's outstanding leases that have gone
+/// unrenewed for at least `older_than` (`decide::lease_unrenewed_for`) at `server_time`. Each is
+/// then ended through the same decision as RollbackUpdate (`decide_rollback`), conditional on
+/// the same window judged again by the store's clock in the rollback's own transaction, so a
+/// lease renewed since this selection is spared (`LeaseRenewed`); its outcome is remembered and
+/// the cell's late CommitUpdate gets LEASE_ROLLED_BACK.
 pub fn force_rollback_selection<'a>(
     cell_id: &CellId,
     leases: impl IntoIterator<Item = &'a Lease>,
@@ -94,7 +91,7 @@ pub fn force_rollback_selection<'a>(
 ) -> Vec<LeaseId> {
     leases
         .into_iter()
-        .filter(|l| &l.cell_id == cell_id && lease_is_older_than(l, server_time, older_than))
+        .filter(|l| &l.cell_id == cell_id && lease_unrenewed_for(l, server_time, older_than))
         .map(|l| l.lease_id)
         .collect()
 }

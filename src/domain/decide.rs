@@ -14,6 +14,12 @@ use crate::error::ClaimsError;
 
 /// Default `--max-batch`: most claims one BeginUpdate may carry.
 pub const DEFAULT_MAX_BATCH: usize = 1000;
+/// The retry delay `ClaimLeased` suggests (its google.rpc.RetryInfo). A lease normally lives as
+/// long as one cell transaction (milliseconds, a second or two for a large batch), so a second
+/// later it has usually ended; one that has not is probably stuck, and only the cell's
+/// reconciler (after its `--staleness`, minutes) ends it, so asking sooner gains nothing and
+/// waiting longer only delays the common case.
+pub const CLAIM_LEASED_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Checks that a batch of `claims` claims (creates + destroys + updates) is within `max_batch`.
 /// The front end applies it to the wire before any claim is decoded, as well as here.
 pub fn check_batch_size(claims: usize, max_batch: usize) -> Result<(), ClaimsError> {
@@ -242,10 +248,19 @@ pub fn decide_commit(
 
 /// Decides a RollbackUpdate. Rolling back an unknown id records the rolled-back outcome, so a
 /// BeginUpdate with that id that arrives late (after the client gave up) is refused.
+///
+/// `unrenewed_for` makes it conditional (the reconciler's and ForceRollback's rollbacks): an
+/// outstanding lease is rolled back only if it has gone unrenewed for at least that long at
+/// `now`, the store's clock in the same transaction that reads the lease; otherwise
+/// `LeaseRenewed` and nothing changes. A cell that renewed after someone judged its lease stale
+/// keeps it, so its commit (which its staleness guard now allows) succeeds. Ended and unknown
+/// leases answer as for an unconditional rollback: they have no renewals to respect.
 pub fn decide_rollback(
     caller: &CellId,
     lease_id: LeaseId,
     known: Option<&LeaseRecord>,
+    unrenewed_for: Option<Duration>,
+    now: Timestamp,
 ) -> Result<EndPlan, ClaimsError> {
     match known {
         None => Ok(EndPlan::Apply(EndWrites {
@@ -258,6 +273,9 @@ pub fn decide_rollback(
         })),
         Some(LeaseRecord::Outstanding(lease)) => {
             check_lease_owner(&lease.cell_id, caller, lease_id)?;
+            if unrenewed_for.is_some_and(|window| !lease_unrenewed_for(lease, now, window)) {
+                return Err(ClaimsError::LeaseRenewed { lease_id });
+            }
             Ok(EndPlan::Apply(end_writes(lease, LeaseOutcome::RolledBack)))
         }
         Some(LeaseRecord::Ended(outcome)) => {
@@ -297,7 +315,67 @@ pub fn outcome_expired(decided_at: Timestamp, now: Timestamp, retention: Duratio
     decided_at < now.saturating_sub(retention)
 }
 
+/// Whether a lease has gone unrenewed for at least `window` at `now` (the store's clock):
+/// measured from `last_renewed_at`, which is `created_at` until the first renewal. The condition
+/// of a conditional rollback and the filter of the admin ListLeases and ForceRollback.
+pub fn lease_unrenewed_for(lease: &Lease, now: Timestamp, window: Duration) -> bool {
+    now.saturating_since(lease.last_renewed_at) >= window
+}
+
 /// Whether a lease is stale: no renewal for longer than `threshold`, by the store's clock.
 pub fn lease_is_stale(lease: &Lease, server_time: Timestamp, threshold: Duration) -> bool {
     server_time.saturating_since(lease.last_renewed_at) > threshold
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(created_at: i64, last_renewed_at: i64) -> LeaseRecord {
+        let cell_id = CellId::parse("cell-a").unwrap();
+        LeaseRecord::Outstanding(Lease {
+            lease_id: LeaseId::from_uuid(uuid::Uuid::from_u128(1)),
+            cell_id: cell_id.clone(),
+            created_at: Timestamp::from_unix_micros(created_at),
+            last_renewed_at: Timestamp::from_unix_micros(last_renewed_at),
+            request: BeginUpdate {
+                cell_id,
+                lease_id: None,
+                creates: vec![],
+                destroys: vec![],
+                updates: vec![],
+            },
+        })
+    }
+
+    #[test]
+    fn a_conditional_rollback_measures_idle_time_from_the_last_renewal() {
+        let caller = CellId::parse("cell-a").unwrap();
+        let id = LeaseId::from_uuid(uuid::Uuid::from_u128(1));
+        let window = Some(Duration::from_micros(100));
+        let at = Timestamp::from_unix_micros;
+        // Created long ago, renewed 50 µs ago: refused.
+        assert_eq!(
+            decide_rollback(&caller, id, Some(&lease(0, 950)), window, at(1_000)),
+            Err(ClaimsError::LeaseRenewed { lease_id: id })
+        );
+        // Exactly the window since the renewal (or since creation, never renewed): rolled back.
+        for known in [lease(0, 900), lease(900, 900)] {
+            assert!(matches!(
+                decide_rollback(&caller, id, Some(&known), window, at(1_000)),
+                Ok(EndPlan::Apply(_))
+            ));
+        }
+        // Unconditional: the clock does not matter.
+        assert!(matches!(
+            decide_rollback(&caller, id, Some(&lease(0, 999)), None, at(1_000)),
+            Ok(EndPlan::Apply(_))
+        ));
+        // Another cell's lease is refused as such before any condition.
+        let other = CellId::parse("cell-b").unwrap();
+        assert_eq!(
+            decide_rollback(&other, id, Some(&lease(0, 999)), window, at(1_000)),
+            Err(ClaimsError::NotLeaseOwner { lease_id: id })
+        );
+    }
 }

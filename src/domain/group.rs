@@ -21,6 +21,7 @@
 //! would touch is named by it). So deciding against the snapshot is deciding against the store.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use crate::domain::tables::Tables;
 use crate::domain::types::{
@@ -45,9 +46,12 @@ pub enum GroupOp {
         cell_id: CellId,
         lease_id: LeaseId,
     },
+    /// RollbackUpdate; `unrenewed_for` is its condition (`decide::decide_rollback`), judged at
+    /// the group's store clock like a lone call's.
     Rollback {
         cell_id: CellId,
         lease_id: LeaseId,
+        unrenewed_for: Option<Duration>,
     },
 }
 
@@ -187,8 +191,12 @@ pub fn apply_op(
         GroupOp::Commit { cell_id, lease_id } => tables
             .commit_update(cell_id, *lease_id, now)
             .map(|()| GroupAnswer::Ended),
-        GroupOp::Rollback { cell_id, lease_id } => tables
-            .rollback_update(cell_id, *lease_id, now)
+        GroupOp::Rollback {
+            cell_id,
+            lease_id,
+            unrenewed_for,
+        } => tables
+            .rollback_update(cell_id, *lease_id, *unrenewed_for, now)
             .map(|()| GroupAnswer::Ended),
     }
 }
@@ -278,8 +286,9 @@ mod tests {
             0u8..3,
             0u8..6,
             prop::collection::vec((0u8..3, 0u8..4, 0i64..3), 1..3),
+            0usize..3,
         )
-            .prop_map(|(kind, c, l, claims)| {
+            .prop_map(|(kind, c, l, claims, condition)| {
                 let (cell_id, lease_id) = (cell(c), lease(l));
                 match kind {
                     0 => {
@@ -304,7 +313,17 @@ mod tests {
                         GroupOp::Begin { request, lease_id }
                     }
                     1 => GroupOp::Commit { cell_id, lease_id },
-                    _ => GroupOp::Rollback { cell_id, lease_id },
+                    // Unconditional, always met, or (for a lease begun or renewed within the
+                    // last 30 µs of the history's clock) refused.
+                    _ => GroupOp::Rollback {
+                        cell_id,
+                        lease_id,
+                        unrenewed_for: [
+                            None,
+                            Some(Duration::ZERO),
+                            Some(Duration::from_micros(30)),
+                        ][condition],
+                    },
                 }
             })
     }

@@ -14,26 +14,28 @@ mod types;
 
 pub use admin::{
     check_not_decommissioned, decide_decommission, decommission_batch, force_rollback_selection,
-    lease_is_older_than, CellLeases, DecommissionPlan, DecommissionState, DecommissionStep,
-    LeaseSummary, DECOMMISSION_DEFAULT_BATCH, DECOMMISSION_MAX_BATCH,
+    CellLeases, DecommissionPlan, DecommissionState, DecommissionStep, LeaseSummary,
+    DECOMMISSION_DEFAULT_BATCH, DECOMMISSION_MAX_BATCH,
 };
 pub use decide::{
     check_batch, check_batch_size, check_claim, decide_begin, decide_commit, decide_renew,
-    decide_rollback, lease_is_stale, outcome_expired, BeginPlan, BeginWrites, EndPlan, EndWrites,
-    DEFAULT_MAX_BATCH,
+    decide_rollback, lease_is_stale, lease_unrenewed_for, outcome_expired, BeginPlan, BeginWrites,
+    EndPlan, EndWrites, CLAIM_LEASED_RETRY_AFTER, DEFAULT_MAX_BATCH,
 };
 pub use group::{
     decide_group, GroupAnswer, GroupDecision, GroupOp, GroupReads, GroupResults, GroupSnapshot,
     GroupWrites, DEFAULT_GROUP_MAX,
 };
 pub use pages::{
-    claim_encoded_len_bound, claims_page, claims_page_order, lease_encoded_len_bound, leases_page,
-    page_limit, LeasesPageBuilder, CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT,
-    DEFAULT_MAX_RESPONSE_BYTES, LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT, LEASES_READ_CHUNK,
+    check_claims_page_followable, claim_encoded_len_bound, claims_page, claims_page_order,
+    lease_encoded_len_bound, leases_page, page_limit, LeasesPageBuilder, CLAIMS_DEFAULT_LIMIT,
+    CLAIMS_MAX_LIMIT, DEFAULT_MAX_RESPONSE_BYTES, LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT,
+    LEASES_READ_CHUNK, PAGE_TOKEN_MAX_LEN,
 };
 pub use slots::{
-    decide_acquire, decide_release, slot_ttl, AcquirePlan, SlotGrant, SlotHolder, SlotLimit,
-    SlotRow, DEFAULT_MAX_CONCURRENT_VERIFICATIONS, DEFAULT_VERIFICATION_SLOT_TTL,
+    decide_acquire, decide_release, slot_ttl, AcquirePlan, SlotCap, SlotGrant, SlotHolder,
+    SlotLimit, SlotRow, DEFAULT_MAX_CONCURRENT_VERIFICATIONS, DEFAULT_MAX_VERIFICATIONS_PER_CELL,
+    DEFAULT_VERIFICATION_SLOT_TTL,
 };
 pub use tables::Tables;
 pub use types::*;

@@ -251,6 +251,28 @@ pub fn claims_page(query: &ClaimsQuery, mut rows: Vec<Claim>) -> ClaimsPage {
     }
 }
 
+/// Whether `page` may go to its client. A page that ends inside a record (it holds nothing but
+/// the first claims of one record whose claims alone overflow a page) can only be continued by
+/// a client that resumes inside records: one that follows `next_page_token` (or says it will,
+/// `page_tokens`), or sends `next_cursor_key` back as `cursor_key`. A client that sends back
+/// only `next_cursor`, as the API read before records were split, would get the same first
+/// claims again, forever; it gets [`ClaimsError::RecordExceedsPage`] instead, naming the record
+/// and the fix, before it has seen any of that record's claims. So such a client gets every
+/// claim exactly once, or that error.
+pub fn check_claims_page_followable(
+    query: &ClaimsQuery,
+    page: &ClaimsPage,
+    resumes_inside_records: bool,
+) -> Result<(), ClaimsError> {
+    match page.split_record() {
+        Some(record_id) if !resumes_inside_records => Err(ClaimsError::RecordExceedsPage {
+            table_name: query.table_name,
+            record_id,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Orders claims as ListClaims returns them.
 pub fn claims_page_order(a: &Claim, b: &Claim) -> std::cmp::Ordering {
     (a.record.table_record_id, &a.record.key).cmp(&(b.record.table_record_id, &b.record.key))
@@ -313,8 +335,13 @@ fn timestamp_field(time: Timestamp) -> usize {
 
 /// `ListOutstandingLeasesResponse` without its leases: `next_cursor` and `server_time`.
 const LEASES_RESPONSE_FIXED_LEN: usize = delimited(LEASE_ID_LEN) + TIMESTAMP;
-/// `ListClaimsResponse` without its claims: the ranges, `next_cursor` and `next_cursor_key`.
-const CLAIMS_RESPONSE_FIXED_LEN: usize = 3 * SCALAR + delimited(ENUM + delimited(MAX_VALUE_LEN));
+/// The longest `next_page_token` the front end writes (`grpc::page_token` holds its codec to
+/// it): the response budget counts it.
+pub const PAGE_TOKEN_MAX_LEN: usize = 400;
+/// `ListClaimsResponse` without its claims: the ranges, `next_cursor`, `next_cursor_key` and
+/// `next_page_token`.
+const CLAIMS_RESPONSE_FIXED_LEN: usize =
+    3 * SCALAR + delimited(ENUM + delimited(MAX_VALUE_LEN)) + delimited(PAGE_TOKEN_MAX_LEN);
 
 /// `ClaimRecord`: claim type, owner type, table name, record id, and the two values.
 fn claim_record_len_bound(record: &ClaimRecord) -> usize {
@@ -446,6 +473,26 @@ mod tests {
         assert_eq!(values(&second), ["c", "d"]);
         assert_eq!((second.start_range, second.end_range), (4, i64::MAX));
         assert_eq!(second.next_cursor, None);
+    }
+
+    #[test]
+    fn a_page_ending_inside_a_record_is_refused_to_a_client_that_resumes_only_at_record_ids() {
+        let all = [claim(1, "a"), claim(4, "b"), claim(4, "c"), claim(4, "d")];
+        let q = query(ClaimsCursor::at(0), 2, usize::MAX);
+        let page = claims_page(&q, rows(&all, &q));
+        assert_eq!(page.split_record(), None, "ends between records 1 and 4");
+        assert_eq!(check_claims_page_followable(&q, &page, false), Ok(()));
+
+        let q = query(ClaimsCursor::at(4), 2, usize::MAX);
+        let page = claims_page(&q, rows(&all, &q));
+        assert_eq!(
+            check_claims_page_followable(&q, &page, false),
+            Err(ClaimsError::RecordExceedsPage {
+                table_name: TableName::Users,
+                record_id: 4,
+            })
+        );
+        assert_eq!(check_claims_page_followable(&q, &page, true), Ok(()));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The fleet-wide verification limit: at most `max` verifiers run at once, each holding a
 //! verification slot, a lease with a time-to-live that its holder renews while it runs and that
-//! expires if it dies. Slots are rows of the store (`verification_slots`), so every server on the
-//! store shares one limit.
+//! expires if it dies, and at most `per_cell` of them are held by one cell, so one cell cannot
+//! take the fleet's slots (decision 078). Slots are rows of the store (`verification_slots`), so
+//! every server on the store shares both limits.
 //!
 //! Owns the rules of acquire (grant, renewal, refusal with a retry hint) and release. Must not do
 //! I/O or read a clock: the store's clock is an input, and stores write what [`decide_acquire`]
@@ -14,6 +15,9 @@ use crate::error::ClaimsError;
 
 /// Default of `serve --max-concurrent-verifications`.
 pub const DEFAULT_MAX_CONCURRENT_VERIFICATIONS: u32 = 8;
+/// Default of `serve --max-verifications-per-cell`: one verifier per cell runs at a time, so a
+/// cell whose cron starts verifiers over and over holds one slot, never the fleet's.
+pub const DEFAULT_MAX_VERIFICATIONS_PER_CELL: u32 = 1;
 /// Default of `serve --verification-slot-ttl`.
 pub const DEFAULT_VERIFICATION_SLOT_TTL: Duration = Duration::from_secs(60);
 /// A refused acquire is told to retry at the earliest expiry, but no later than a sixth of the
@@ -68,7 +72,44 @@ pub struct SlotRow {
 pub struct SlotLimit {
     /// Most unexpired slots at once; `0` means unlimited.
     pub max: u32,
+    /// Most unexpired slots one cell holds at once; `0` means no cap beyond `max`.
+    pub per_cell: u32,
     pub ttl: Duration,
+}
+
+/// Which limit refused an acquire (`VERIFICATION_SLOTS_BUSY`'s ErrorInfo metadata `limit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SlotCap {
+    /// Every slot of the fleet is held (`--max-concurrent-verifications`).
+    Fleet,
+    /// The caller's cell holds as many slots as one cell may (`--max-verifications-per-cell`);
+    /// other cells may still take the free ones.
+    PerCell,
+}
+
+impl SlotCap {
+    /// The serve flag that sets the limit, without its dashes: the metadata value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fleet => "max-concurrent-verifications",
+            Self::PerCell => "max-verifications-per-cell",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Fleet, Self::PerCell]
+            .into_iter()
+            .find(|cap| cap.name() == name)
+    }
+}
+
+impl std::fmt::Display for SlotCap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Fleet => "all verification slots of the fleet are in use",
+            Self::PerCell => "the cell holds all the verification slots one cell may",
+        })
+    }
 }
 
 /// A granted (or renewed) slot.
@@ -103,10 +144,12 @@ pub fn slot_ttl(server: Duration, requested: Option<Duration>) -> Duration {
 /// Decides an acquire of `holder` at `now` over every row of `verification_slots`.
 ///
 /// Expired rows are free. The holder's own unexpired row is renewed (until `now + ttl`) whatever
-/// the limit, so a running verifier keeps its slot after the limit was lowered. Otherwise a slot
-/// is granted when fewer than `max` unexpired rows exist; when all are taken the answer is
-/// RESOURCE_EXHAUSTED `VERIFICATION_SLOTS_BUSY`, retrying when the earliest of them expires or
-/// after a sixth of the ttl ([`RETRIES_PER_TTL`]), whichever comes first.
+/// the limits, so a running verifier keeps its slot after a limit was lowered. Otherwise a slot
+/// is granted when the holder's cell holds fewer than `per_cell` unexpired rows and fewer than
+/// `max` unexpired rows exist. A refusal is RESOURCE_EXHAUSTED `VERIFICATION_SLOTS_BUSY` naming
+/// the limit (the cell's cap first: it is the one a waiting cell must wait out even when other
+/// slots free), retrying when the earliest of the rows that fill that limit expires or after a
+/// sixth of the ttl ([`RETRIES_PER_TTL`]), whichever comes first.
 pub fn decide_acquire(
     rows: &[SlotRow],
     holder: &SlotHolder,
@@ -120,16 +163,31 @@ pub fn decide_acquire(
         .filter(live)
         .filter(|row| &row.holder != holder)
         .collect();
-    let in_use = u32::try_from(others.len()).unwrap_or(u32::MAX);
-    if !renewed && limit.max != 0 && in_use >= limit.max {
-        let earliest = others.iter().map(|row| row.expires_at).min().unwrap_or(now);
-        return Err(ClaimsError::VerificationSlotsBusy {
-            in_use,
-            max: limit.max,
-            retry_after: earliest
-                .saturating_since(now)
-                .min(limit.ttl / RETRIES_PER_TTL),
-        });
+    let count = |rows: &[&SlotRow]| u32::try_from(rows.len()).unwrap_or(u32::MAX);
+    let in_use = count(&others);
+    if !renewed {
+        let cells: Vec<&SlotRow> = others
+            .iter()
+            .filter(|row| row.holder.cell_id == holder.cell_id)
+            .copied()
+            .collect();
+        let busy = |held: &[&SlotRow], max: u32, cap: SlotCap| {
+            let earliest = held.iter().map(|row| row.expires_at).min().unwrap_or(now);
+            ClaimsError::VerificationSlotsBusy {
+                in_use: count(held),
+                max,
+                limit: cap,
+                retry_after: earliest
+                    .saturating_since(now)
+                    .min(limit.ttl / RETRIES_PER_TTL),
+            }
+        };
+        if limit.per_cell != 0 && count(&cells) >= limit.per_cell {
+            return Err(busy(&cells, limit.per_cell, SlotCap::PerCell));
+        }
+        if limit.max != 0 && in_use >= limit.max {
+            return Err(busy(&others, limit.max, SlotCap::Fleet));
+        }
     }
     let expired = rows
         .iter()
@@ -172,8 +230,10 @@ mod tests {
         }
     }
 
+    /// No cap per cell: the fleet-wide cases below use one holder per cell anyway.
     const LIMIT: SlotLimit = SlotLimit {
         max: 2,
+        per_cell: 0,
         ttl: Duration::from_secs(60),
     };
 
@@ -196,6 +256,7 @@ mod tests {
             ClaimsError::VerificationSlotsBusy {
                 in_use: 2,
                 max: 2,
+                limit: SlotCap::Fleet,
                 retry_after: Duration::from_secs(5)
             }
         );
@@ -237,6 +298,96 @@ mod tests {
         let limit = SlotLimit { max: 0, ..LIMIT };
         let plan = decide_acquire(&rows, &holder("z", "h"), limit, at(100)).unwrap();
         assert_eq!(plan.grant.in_use, 51);
+    }
+
+    fn named(cell: &str, name: &str, expires: i64) -> SlotRow {
+        SlotRow {
+            holder: holder(cell, name),
+            expires_at: at(expires),
+        }
+    }
+
+    #[test]
+    fn a_cell_at_its_cap_is_refused_while_other_cells_take_free_slots() {
+        let limit = SlotLimit {
+            max: 4,
+            per_cell: 2,
+            ..LIMIT
+        };
+        let rows = [named("a", "h1", 150), named("a", "h2", 130)];
+        let error = decide_acquire(&rows, &holder("a", "h3"), limit, at(100)).unwrap_err();
+        assert_eq!(
+            error,
+            ClaimsError::VerificationSlotsBusy {
+                in_use: 2,
+                max: 2,
+                limit: SlotCap::PerCell,
+                retry_after: Duration::from_secs(10)
+            }
+        );
+        let plan = decide_acquire(&rows, &holder("b", "h1"), limit, at(100)).unwrap();
+        assert_eq!(plan.grant.in_use, 3);
+    }
+
+    #[test]
+    fn the_cells_cap_retries_when_its_own_earliest_slot_expires() {
+        let limit = SlotLimit {
+            max: 4,
+            per_cell: 1,
+            ..LIMIT
+        };
+        // Another cell's slot expires sooner, but only the cell's own frees its cap.
+        let rows = [named("a", "h1", 108), named("b", "h1", 101)];
+        let error = decide_acquire(&rows, &holder("a", "h2"), limit, at(100)).unwrap_err();
+        assert!(matches!(
+            error,
+            ClaimsError::VerificationSlotsBusy { limit: SlotCap::PerCell, in_use: 1, max: 1, retry_after }
+                if retry_after == Duration::from_secs(8)
+        ));
+    }
+
+    #[test]
+    fn the_cells_cap_counts_only_unexpired_slots_and_never_refuses_a_renewal() {
+        let limit = SlotLimit {
+            max: 4,
+            per_cell: 1,
+            ..LIMIT
+        };
+        let rows = [named("a", "h1", 100)];
+        let plan = decide_acquire(&rows, &holder("a", "h2"), limit, at(100)).unwrap();
+        assert_eq!(plan.expired, vec![holder("a", "h1")]);
+        // A holder over its cell's cap (the cap was lowered while it ran) keeps its slot.
+        let rows = [named("a", "h1", 150), named("a", "h2", 150)];
+        let plan = decide_acquire(&rows, &holder("a", "h2"), limit, at(100)).unwrap();
+        assert!(plan.grant.renewed);
+    }
+
+    #[test]
+    fn a_full_fleet_refuses_with_the_fleet_limit_when_the_cell_is_under_its_cap() {
+        let limit = SlotLimit {
+            max: 2,
+            per_cell: 1,
+            ..LIMIT
+        };
+        let rows = [named("a", "h1", 150), named("b", "h1", 150)];
+        let error = decide_acquire(&rows, &holder("c", "h1"), limit, at(100)).unwrap_err();
+        assert!(matches!(
+            error,
+            ClaimsError::VerificationSlotsBusy {
+                limit: SlotCap::Fleet,
+                in_use: 2,
+                max: 2,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn slot_cap_names_are_the_serve_flags() {
+        for cap in [SlotCap::Fleet, SlotCap::PerCell] {
+            assert_eq!(SlotCap::from_name(cap.name()), Some(cap));
+        }
+        assert_eq!(SlotCap::from_name("other"), None);
     }
 
     #[test]

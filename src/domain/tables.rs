@@ -249,14 +249,16 @@ impl Tables {
         Ok(())
     }
 
+    /// A RollbackUpdate; `unrenewed_for` makes it conditional (see `decide::decide_rollback`).
     pub fn rollback_update(
         &mut self,
         cell_id: &CellId,
         lease_id: LeaseId,
+        unrenewed_for: Option<Duration>,
         now: Timestamp,
     ) -> Result<(), ClaimsError> {
         let known = self.lease_record(lease_id);
-        let plan = decide::decide_rollback(cell_id, lease_id, known.as_ref())?;
+        let plan = decide::decide_rollback(cell_id, lease_id, known.as_ref(), unrenewed_for, now)?;
         self.apply_end(plan, now);
         Ok(())
     }
@@ -505,7 +507,7 @@ mod tests {
                 if tables.begin_update(request, id, now).is_ok() {
                     let _ = match end {
                         0 => tables.commit_update(cell, id, now),
-                        1 => tables.rollback_update(cell, id, now),
+                        1 => tables.rollback_update(cell, id, None, now),
                         _ => Ok(()),
                     };
                 }

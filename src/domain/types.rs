@@ -578,6 +578,9 @@ pub struct ClaimViewsPage {
     pub start_range: i64,
     pub end_range: i64,
     pub next_cursor: Option<ClaimsCursor>,
+    /// The server's opaque token of `next_cursor`: send it back to read the next page (`None`
+    /// on the last page, or from a server older than page tokens: then send `next_cursor`).
+    pub next_page_token: Option<String>,
 }
 
 impl ClaimViewsPage {

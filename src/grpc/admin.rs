@@ -113,7 +113,7 @@ impl AdminServiceImpl {
             let want = limit - response.leases.len();
             let (leases, more, time) = self
                 .scan_cell(&cell_id, after, want, |lease, now| {
-                    domain::lease_is_older_than(lease, now, older_than)
+                    domain::lease_unrenewed_for(lease, now, older_than)
                 })
                 .await?;
             server_time = time.unwrap_or(server_time);
@@ -125,6 +125,9 @@ impl AdminServiceImpl {
                     }),
                     age: Some(duration_to_pb(
                         server_time.saturating_since(lease.created_at),
+                    )),
+                    unrenewed_for: Some(duration_to_pb(
+                        server_time.saturating_since(lease.last_renewed_at),
                     )),
                 };
                 let size = entry.encoded_len() + 8;
@@ -160,7 +163,7 @@ impl AdminServiceImpl {
         )?;
         let (leases, more, server_time) = self
             .scan_cell(&cell_id, None, limit, |lease, now| {
-                domain::lease_is_older_than(lease, now, older_than)
+                domain::lease_unrenewed_for(lease, now, older_than)
             })
             .await?;
         let server_time = server_time.unwrap_or(Timestamp::from_unix_micros(0));
@@ -172,8 +175,18 @@ impl AdminServiceImpl {
         };
         for lease in leases.iter().filter(|l| chosen.contains(&l.lease_id)) {
             if !request.dry_run {
-                match self.store.rollback_update(&cell_id, lease.lease_id).await {
+                // Conditional: the store judges the window again in the rollback's transaction,
+                // so a cell that renewed since the scan keeps its lease.
+                match self
+                    .store
+                    .rollback_update(&cell_id, lease.lease_id, Some(older_than))
+                    .await
+                {
                     Ok(()) => {}
+                    Err(ClaimsError::LeaseRenewed { .. }) => {
+                        response.renewed_lease_ids.push(lease.lease_id.to_string());
+                        continue;
+                    }
                     // The cell came back and committed it while this ran: nothing to undo.
                     Err(ClaimsError::LeaseCommitted { .. }) => {
                         response
@@ -329,6 +342,7 @@ mod tests {
                 last_renewed_at: None,
             }),
             age: None,
+            unrenewed_for: None,
         };
         let cursor = cursor_of(&[entry]);
         assert_eq!(

@@ -11,7 +11,7 @@ use crate::domain::{
     LEASES_MAX_LIMIT,
 };
 use crate::error::ClaimsError;
-use crate::grpc::pb;
+use crate::grpc::{page_token, pb};
 
 pub use crate::codec::{
     begin_update_from_pb, begin_update_to_pb, claim_record_from_pb, claim_record_to_pb,
@@ -56,6 +56,22 @@ pub fn lease_ref_from_pb(cell_id: &str, lease_id: &str) -> Result<(CellId, Lease
     Ok((CellId::parse(cell_id)?, LeaseId::parse(lease_id)?))
 }
 
+/// Decodes a RollbackUpdate request: the lease, and its condition (`unrenewed_for`, unset for
+/// an unconditional rollback).
+pub fn rollback_from_pb(
+    request: &pb::RollbackUpdateRequest,
+) -> Result<(CellId, LeaseId, Option<std::time::Duration>), ClaimsError> {
+    let (cell_id, lease_id) = lease_ref_from_pb(&request.cell_id, &request.lease_id)?;
+    let unrenewed_for = match &request.unrenewed_for {
+        Some(d) => Some(crate::grpc::admin::duration_from_pb(
+            Some(d),
+            "unrenewed_for",
+        )?),
+        None => None,
+    };
+    Ok((cell_id, lease_id, unrenewed_for))
+}
+
 /// Decodes a ListOutstandingLeases request: `cursor` empty or a lease id, `limit` 0 (default
 /// 100) up to 1000. `max_bytes` is the server's response budget (`--max-response-bytes`).
 pub fn leases_query_from_pb(
@@ -83,7 +99,9 @@ pub fn leases_query_from_pb(
 }
 
 /// Decodes a ListClaims request: `0 <= cursor < i64::MAX`, `cursor_key` absent or a claim key,
-/// `limit` 0 (default 1000) up to 10000. `max_bytes` is the server's response budget
+/// `page_token` empty or a token of this listing (cell and table), `limit` 0 (default 1000) up
+/// to 10000. A token is the whole position: `cursor` and `cursor_key` beside it must be unset
+/// or name the same position. `max_bytes` is the server's response budget
 /// (`--max-response-bytes`).
 pub fn claims_query_from_pb(
     request: &pb::ListClaimsRequest,
@@ -103,16 +121,37 @@ pub fn claims_query_from_pb(
         CLAIMS_MAX_LIMIT,
         "limit",
     )?;
+    let named = ClaimsCursor {
+        record_id: request.cursor,
+        after_key,
+    };
+    let cursor = if request.page_token.is_empty() {
+        named
+    } else {
+        let position = page_token::decode(&request.page_token, &cell_id, table_name)?;
+        if named != ClaimsCursor::at(0) && named != position {
+            return Err(ClaimsError::invalid(
+                page_token::FIELD,
+                "carries the whole position, and cursor / cursor_key name another one: send \
+                 next_page_token alone",
+            ));
+        }
+        position
+    };
     Ok(ClaimsQuery {
         cell_id,
         table_name,
-        cursor: ClaimsCursor {
-            record_id: request.cursor,
-            after_key,
-        },
+        cursor,
         limit,
         max_bytes,
     })
+}
+
+/// Whether a ListClaims client resumes inside a record, so that a page may end inside one
+/// (`domain::check_claims_page_followable`): it follows page tokens (`page_tokens`, or sends
+/// one), or it sends a `cursor_key`, so it knows next_cursor_key.
+pub fn resumes_inside_records(request: &pb::ListClaimsRequest) -> bool {
+    request.page_tokens || !request.page_token.is_empty() || request.cursor_key.is_some()
 }
 
 /// A `ClaimKeyCursor` (request or response) as a claim key; `field` prefixes error paths.
@@ -164,7 +203,8 @@ pub fn leases_page_to_pb(page: &LeasesPage) -> pb::ListOutstandingLeasesResponse
     }
 }
 
-pub fn claims_page_to_pb(page: &ClaimsPage) -> pb::ListClaimsResponse {
+/// A page of `query`'s listing; `next_page_token` is bound to the query's cell and table.
+pub fn claims_page_to_pb(page: &ClaimsPage, query: &ClaimsQuery) -> pb::ListClaimsResponse {
     pb::ListClaimsResponse {
         claims: page.claims.iter().map(claim_info_to_pb).collect(),
         start_range: page.start_range,
@@ -175,6 +215,11 @@ pub fn claims_page_to_pb(page: &ClaimsPage) -> pb::ListClaimsResponse {
             .as_ref()
             .and_then(|c| c.after_key.as_ref())
             .map(claim_key_cursor_to_pb),
+        next_page_token: page
+            .next_cursor
+            .as_ref()
+            .map(|next| page_token::encode(&query.cell_id, query.table_name, next))
+            .unwrap_or_default(),
     }
 }
 
@@ -188,6 +233,8 @@ impl From<pb::StreamClaimsRequest> for pb::ListClaimsRequest {
             cursor: r.cursor,
             limit: r.limit,
             cursor_key: r.cursor_key,
+            page_token: r.page_token,
+            page_tokens: r.page_tokens,
         }
     }
 }
@@ -200,6 +247,8 @@ impl From<pb::ListClaimsRequest> for pb::StreamClaimsRequest {
             cursor: r.cursor,
             limit: r.limit,
             cursor_key: r.cursor_key,
+            page_token: r.page_token,
+            page_tokens: r.page_tokens,
         }
     }
 }
@@ -213,6 +262,7 @@ impl From<pb::ListClaimsResponse> for pb::ClaimsRange {
             end_range: page.end_range,
             next_cursor: page.next_cursor,
             next_cursor_key: page.next_cursor_key,
+            next_page_token: page.next_page_token,
         }
     }
 }
@@ -225,6 +275,7 @@ impl From<pb::ClaimsRange> for pb::ListClaimsResponse {
             end_range: range.end_range,
             next_cursor: range.next_cursor,
             next_cursor_key: range.next_cursor_key,
+            next_page_token: range.next_page_token,
         }
     }
 }
@@ -351,6 +402,10 @@ mod tests {
         leases_page_to_pb(&page).encoded_len() - leases_page_to_pb(&empty).encoded_len()
     }
 
+    fn listing() -> ClaimsQuery {
+        ClaimsQuery::new(cell(true), TableName::Groups, ClaimsCursor::at(0), 10)
+    }
+
     fn one_claim_len(claim: &Claim) -> usize {
         let page = ClaimsPage {
             claims: vec![claim.clone()],
@@ -362,7 +417,8 @@ mod tests {
             claims: Vec::new(),
             ..page.clone()
         };
-        claims_page_to_pb(&page).encoded_len() - claims_page_to_pb(&empty).encoded_len()
+        claims_page_to_pb(&page, &listing()).encoded_len()
+            - claims_page_to_pb(&empty, &listing()).encoded_len()
     }
 
     #[test]
@@ -426,7 +482,7 @@ mod tests {
             .next_cursor
             .as_ref()
             .is_some_and(|c| c.after_key.is_some()));
-        let len = claims_page_to_pb(&page).encoded_len();
+        let len = claims_page_to_pb(&page, &query).encoded_len();
         assert!(len <= budget, "claims page of {len} bytes");
         assert!(
             len * 100 >= budget * 95,
@@ -445,23 +501,83 @@ mod tests {
                 claim_type: 3,
                 claim_value: "v".into(),
             }),
+            page_token: "token".into(),
+            page_tokens: true,
         };
         let stream = pb::StreamClaimsRequest::from(request.clone());
         assert_eq!(stream.encode_to_vec(), request.encode_to_vec());
         assert_eq!(pb::ListClaimsRequest::from(stream), request);
         let claim = claim(3, 17, 41, LATE);
-        let page = claims_page_to_pb(&ClaimsPage {
-            claims: vec![claim.clone(), claim],
-            start_range: 5,
-            end_range: 41,
-            next_cursor: Some(ClaimsCursor {
-                record_id: 41,
-                after_key: Some(ClaimKey::new(ClaimType::Email, "v")),
-            }),
-        });
+        let page = claims_page_to_pb(
+            &ClaimsPage {
+                claims: vec![claim.clone(), claim],
+                start_range: 5,
+                end_range: 41,
+                next_cursor: Some(ClaimsCursor {
+                    record_id: 41,
+                    after_key: Some(ClaimKey::new(ClaimType::Email, "v")),
+                }),
+            },
+            &listing(),
+        );
+        assert!(!page.next_page_token.is_empty());
         let range = pb::ClaimsRange::from(page.clone());
         assert_eq!(range.encoded_len(), page.encoded_len(), "same byte budget");
         assert_eq!(range.encode_to_vec(), page.encode_to_vec());
         assert_eq!(pb::ListClaimsResponse::from(range), page);
+    }
+
+    fn list_request(cursor: i64, page_token: String) -> pb::ListClaimsRequest {
+        pb::ListClaimsRequest {
+            cell_id: "cell-a".into(),
+            table_name: TableName::Users.number(),
+            cursor,
+            limit: 0,
+            cursor_key: None,
+            page_token,
+            page_tokens: true,
+        }
+    }
+
+    #[test]
+    fn a_page_token_is_the_next_page_position_of_its_own_listing_only() {
+        let query = claims_query_from_pb(&list_request(0, String::new()), 1 << 20).unwrap();
+        let next = ClaimsCursor {
+            record_id: 9,
+            after_key: Some(ClaimKey::new(ClaimType::Username, "ada")),
+        };
+        let page = ClaimsPage {
+            claims: Vec::new(),
+            start_range: 0,
+            end_range: 9,
+            next_cursor: Some(next.clone()),
+        };
+        let token = claims_page_to_pb(&page, &query).next_page_token;
+        let resumed = claims_query_from_pb(&list_request(0, token.clone()), 1 << 20).unwrap();
+        assert_eq!(resumed.cursor, next);
+        // Beside a token, cursor may name the token's own record only with its key, i.e. not
+        // at all here: record 9 alone is another position (its first claim).
+        let conflicting = claims_query_from_pb(&list_request(9, token.clone()), 1 << 20);
+        assert!(
+            matches!(&conflicting, Err(ClaimsError::InvalidRequest { field, .. }) if field == "page_token"),
+            "{conflicting:?}"
+        );
+        let mut other_cell = list_request(0, token.clone());
+        other_cell.cell_id = "cell-b".into();
+        let mut other_table = list_request(0, token);
+        other_table.table_name = TableName::Emails.number();
+        for request in [other_cell, other_table] {
+            let refused = claims_query_from_pb(&request, 1 << 20);
+            assert!(
+                matches!(&refused, Err(ClaimsError::InvalidRequest { field, .. }) if field == "page_token"),
+                "{refused:?}"
+            );
+        }
+        let last = ClaimsPage {
+            next_cursor: None,
+            end_range: i64::MAX,
+            ..page
+        };
+        assert_eq!(claims_page_to_pb(&last, &query).next_page_token, "");
     }
 }

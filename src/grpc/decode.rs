@@ -131,14 +131,27 @@ pub fn leases_page_from_pb(
     })
 }
 
-/// The request of a claims page (`query.max_bytes` is the server's, never sent).
-pub fn claims_query_to_pb(query: &ClaimsQuery) -> pb::ListClaimsRequest {
+/// The request of a claims page (`query.max_bytes` is the server's, never sent): the previous
+/// page's `next_page_token` when there is one (it is the whole position: nothing else of it is
+/// sent), else `query.cursor` (how a listing starts, and how it continues on a server older
+/// than page tokens). Always says it follows page tokens (`page_tokens`), so a record split
+/// over pages is served, not refused.
+pub fn claims_query_to_pb(query: &ClaimsQuery, page_token: Option<&str>) -> pb::ListClaimsRequest {
+    let (cursor, cursor_key) = match page_token {
+        Some(_) => (0, None),
+        None => (
+            query.cursor.record_id,
+            query.cursor.after_key.as_ref().map(claim_key_cursor_to_pb),
+        ),
+    };
     pb::ListClaimsRequest {
         cell_id: query.cell_id.to_string(),
         table_name: query.table_name.number(),
-        cursor: query.cursor.record_id,
+        cursor,
         limit: i32::try_from(query.limit).unwrap_or(i32::MAX),
-        cursor_key: query.cursor.after_key.as_ref().map(claim_key_cursor_to_pb),
+        cursor_key,
+        page_token: page_token.unwrap_or_default().to_owned(),
+        page_tokens: true,
     }
 }
 
@@ -169,6 +182,8 @@ pub fn claims_page_from_pb(
             .collect::<Result<Vec<_>, _>>()?,
         start_range: response.start_range,
         end_range: response.end_range,
+        next_page_token: Some(response.next_page_token.clone())
+            .filter(|token| !token.is_empty() && next_cursor.is_some()),
         next_cursor,
     })
 }
@@ -184,4 +199,37 @@ pub fn slot_grant_from_pb(
         renewed: response.renewed,
         in_use: response.in_use,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{ClaimKey, ClaimType, TableName};
+
+    #[test]
+    fn our_requests_follow_page_tokens_and_send_a_token_alone() {
+        let query = ClaimsQuery::new(
+            CellId::parse("cell-a").unwrap(),
+            TableName::Users,
+            ClaimsCursor {
+                record_id: 9,
+                after_key: Some(ClaimKey::new(ClaimType::Username, "ada")),
+            },
+            5,
+        );
+        let by_token = claims_query_to_pb(&query, Some("t0ken"));
+        assert_eq!(
+            (
+                by_token.page_token.as_str(),
+                by_token.cursor,
+                by_token.cursor_key
+            ),
+            ("t0ken", 0, None)
+        );
+        assert!(by_token.page_tokens);
+        // Without a token (a listing's start, or an older server's pages): the cursor.
+        let by_cursor = claims_query_to_pb(&query, None);
+        assert_eq!((by_cursor.page_token.as_str(), by_cursor.cursor), ("", 9));
+        assert!(by_cursor.cursor_key.is_some() && by_cursor.page_tokens);
+    }
 }

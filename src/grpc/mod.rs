@@ -12,6 +12,7 @@ pub mod health;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub mod page_token;
 pub mod server;
 pub mod service;
 pub mod status;

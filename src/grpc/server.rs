@@ -90,6 +90,9 @@ pub struct ServerConfig {
     pub cell_limits: CellLimits,
     /// Verification slots of the fleet (`--max-concurrent-verifications`, 0: unlimited).
     pub max_concurrent_verifications: u32,
+    /// Slots one cell may hold at once (`--max-verifications-per-cell`, 0: no cap beyond the
+    /// fleet's).
+    pub max_verifications_per_cell: u32,
     /// Their time-to-live (`--verification-slot-ttl`); a request may only shorten it.
     pub verification_slot_ttl: Duration,
 }
@@ -110,6 +113,7 @@ impl Default for ServerConfig {
             metrics_refresh: crate::metrics::DEFAULT_REFRESH_INTERVAL,
             cell_limits: CellLimits::default(),
             max_concurrent_verifications: crate::domain::DEFAULT_MAX_CONCURRENT_VERIFICATIONS,
+            max_verifications_per_cell: crate::domain::DEFAULT_MAX_VERIFICATIONS_PER_CELL,
             verification_slot_ttl: crate::domain::DEFAULT_VERIFICATION_SLOT_TTL,
         }
     }
@@ -165,6 +169,7 @@ pub async fn serve(
             max_batch: config.max_batch,
             max_response_bytes: config.max_response_bytes,
             max_concurrent_verifications: config.max_concurrent_verifications,
+            max_verifications_per_cell: config.max_verifications_per_cell,
             verification_slot_ttl: config.verification_slot_ttl,
         },
     ))

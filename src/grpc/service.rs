@@ -20,7 +20,7 @@ use crate::error::ClaimsError;
 use crate::grpc::convert;
 use crate::grpc::pb;
 use crate::grpc::pb::claims_service_server::ClaimsService;
-use crate::grpc::status::to_status;
+use crate::grpc::status::{self, to_status};
 use crate::ports::ClaimStore;
 
 /// The front end's policy knobs.
@@ -36,6 +36,9 @@ pub struct ServiceConfig {
     /// Verification slots of the fleet, shared through the store
     /// (`--max-concurrent-verifications`; 0: unlimited).
     pub max_concurrent_verifications: u32,
+    /// Slots one cell may hold at once (`--max-verifications-per-cell`; 0: no cap beyond the
+    /// fleet's).
+    pub max_verifications_per_cell: u32,
     /// A slot's time-to-live (`--verification-slot-ttl`); a request may only shorten it.
     pub verification_slot_ttl: std::time::Duration,
 }
@@ -49,6 +52,7 @@ impl Default for ServiceConfig {
             max_batch: DEFAULT_MAX_BATCH,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             max_concurrent_verifications: domain::DEFAULT_MAX_CONCURRENT_VERIFICATIONS,
+            max_verifications_per_cell: domain::DEFAULT_MAX_VERIFICATIONS_PER_CELL,
             verification_slot_ttl: domain::DEFAULT_VERIFICATION_SLOT_TTL,
         }
     }
@@ -64,6 +68,14 @@ pub struct ClaimsServiceImpl {
 impl ClaimsServiceImpl {
     pub fn new(store: Arc<dyn ClaimStore>, config: ServiceConfig) -> Self {
         Self { store, config }
+    }
+
+    /// When the claim of a `ClaimLeased` refusal was leased (its row's `updated_at`), read once
+    /// more from the store; `None` when it is no longer leased or the read fails.
+    async fn leased_since(&self, error: &ClaimsError) -> Option<domain::Timestamp> {
+        let claim = error.claim()?;
+        let row = self.store.lookup_claim(claim).await.ok()?;
+        row.lease.is_some().then_some(row.updated_at)
     }
 }
 
@@ -99,10 +111,13 @@ pub fn claim_ranges(
                 },
             };
             let next = page.next_cursor.clone().map(|cursor| {
-                let query = ClaimsQuery { cursor, ..query };
+                let query = ClaimsQuery {
+                    cursor,
+                    ..query.clone()
+                };
                 (None, query)
             });
-            let range = pb::ClaimsRange::from(convert::claims_page_to_pb(&page));
+            let range = pb::ClaimsRange::from(convert::claims_page_to_pb(&page, &query));
             Some((Ok(range), next))
         }
     }))
@@ -116,17 +131,22 @@ impl ClaimsService for ClaimsServiceImpl {
         &self,
         request: Request<pb::BeginUpdateRequest>,
     ) -> Result<Response<pb::BeginUpdateResponse>, Status> {
-        respond(
-            async {
-                let request = convert::begin_update_from_pb(request.get_ref())?;
-                domain::check_batch(&request, self.config.max_batch)?;
-                let lease = self.store.begin_update(request).await?;
-                Ok(pb::BeginUpdateResponse {
-                    lease_payload: Some(convert::lease_payload_to_pb(&lease)),
-                })
-            }
-            .await,
-        )
+        let result = async {
+            let request = convert::begin_update_from_pb(request.get_ref())?;
+            domain::check_batch(&request, self.config.max_batch)?;
+            let lease = self.store.begin_update(request).await?;
+            Ok(pb::BeginUpdateResponse {
+                lease_payload: Some(convert::lease_payload_to_pb(&lease)),
+            })
+        }
+        .await;
+        match result {
+            Err(error @ ClaimsError::ClaimLeased { .. }) => Err(status::claim_leased_status(
+                &error,
+                self.leased_since(&error).await,
+            )),
+            result => respond(result),
+        }
     }
 
     async fn commit_update(
@@ -151,10 +171,11 @@ impl ClaimsService for ClaimsServiceImpl {
     ) -> Result<Response<pb::RollbackUpdateResponse>, Status> {
         respond(
             async {
-                let request = request.get_ref();
-                let (cell_id, lease_id) =
-                    convert::lease_ref_from_pb(&request.cell_id, &request.lease_id)?;
-                self.store.rollback_update(&cell_id, lease_id).await?;
+                let (cell_id, lease_id, unrenewed_for) =
+                    convert::rollback_from_pb(request.get_ref())?;
+                self.store
+                    .rollback_update(&cell_id, lease_id, unrenewed_for)
+                    .await?;
                 Ok(pb::RollbackUpdateResponse {})
             }
             .await,
@@ -210,12 +231,15 @@ impl ClaimsService for ClaimsServiceImpl {
     ) -> Result<Response<pb::ListClaimsResponse>, Status> {
         respond(
             async {
-                let query = convert::claims_query_from_pb(
-                    request.get_ref(),
-                    self.config.max_response_bytes,
-                )?;
+                let request = request.get_ref();
+                let query = convert::claims_query_from_pb(request, self.config.max_response_bytes)?;
                 let page = self.store.list_claims(&query).await?;
-                Ok(convert::claims_page_to_pb(&page))
+                domain::check_claims_page_followable(
+                    &query,
+                    &page,
+                    convert::resumes_inside_records(request),
+                )?;
+                Ok(convert::claims_page_to_pb(&page, &query))
             }
             .await,
         )
@@ -223,7 +247,9 @@ impl ClaimsService for ClaimsServiceImpl {
 
     /// Validated and first range read before the stream is answered: a bad request is a status,
     /// not an empty stream, and `--request-timeout` bounds the time to the first range
-    /// (docs/decisions/066-streamclaims.md).
+    /// (docs/decisions/066-streamclaims.md). Unlike a ListClaims page, a range may end inside a
+    /// record whatever the request sets: the stream follows its own positions, so no client
+    /// loops on it (docs/decisions/079-one-page-token.md).
     async fn stream_claims(
         &self,
         request: Request<pb::StreamClaimsRequest>,
@@ -266,6 +292,7 @@ impl ClaimsService for ClaimsServiceImpl {
                 let (holder, requested_ttl) = convert::slot_request_from_pb(request.get_ref())?;
                 let limit = domain::SlotLimit {
                     max: self.config.max_concurrent_verifications,
+                    per_cell: self.config.max_verifications_per_cell,
                     ttl: domain::slot_ttl(self.config.verification_slot_ttl, requested_ttl),
                 };
                 let grant = self.store.acquire_verification_slot(&holder, limit).await?;

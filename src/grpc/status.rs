@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::domain::{CellId, ClaimKey, ClaimType, LeaseId};
+use crate::domain::{CellId, ClaimKey, ClaimType, LeaseId, SlotCap, TableName, Timestamp};
 use crate::error::ClaimsError;
 use crate::grpc::listener::RateLimitedLog;
 
@@ -32,6 +32,10 @@ pub const META_OUTSTANDING: &str = "outstanding";
 pub const META_LIMIT: &str = "limit";
 pub const META_IN_USE: &str = "in_use";
 pub const META_MAX: &str = "max";
+/// CLAIM_LEASED: when the claim's lease began (RFC 3339, the store's clock).
+pub const META_LEASED_SINCE: &str = "leased_since";
+pub const META_TABLE_NAME: &str = "table_name";
+pub const META_TABLE_RECORD_ID: &str = "table_record_id";
 
 /// The status code of each error (the status table of the API, docs/api.md).
 pub fn code_of(error: &ClaimsError) -> Code {
@@ -42,13 +46,15 @@ pub fn code_of(error: &ClaimsError) -> Code {
         ClaimsError::ClaimTaken { .. } | ClaimsError::LeaseIdConflict { .. } => Code::AlreadyExists,
         ClaimsError::ClaimLeased { .. }
         | ClaimsError::LeaseRolledBack { .. }
-        | ClaimsError::LeaseCommitted { .. } => Code::FailedPrecondition,
+        | ClaimsError::LeaseCommitted { .. }
+        | ClaimsError::LeaseRenewed { .. } => Code::FailedPrecondition,
         ClaimsError::ClaimNotFound { .. } | ClaimsError::LeaseNotFound { .. } => Code::NotFound,
         ClaimsError::NotClaimOwner { .. }
         | ClaimsError::NotLeaseOwner { .. }
         | ClaimsError::PermissionDenied { .. } => Code::PermissionDenied,
         ClaimsError::CellDecommissioned { .. } => Code::PermissionDenied,
         ClaimsError::CellHasOutstandingLeases { .. } => Code::FailedPrecondition,
+        ClaimsError::RecordExceedsPage { .. } => Code::FailedPrecondition,
         ClaimsError::RateLimited { .. } | ClaimsError::VerificationSlotsBusy { .. } => {
             Code::ResourceExhausted
         }
@@ -92,6 +98,16 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 /// Server-side details of `Internal`, `Configuration` and `Unavailable` errors (SQL, hosts,
 /// paths) are logged here and never sent to the client.
 pub fn to_status(error: &ClaimsError) -> Status {
+    to_status_with(error, None)
+}
+
+/// [`to_status`] of a `ClaimLeased` refusal, saying when the claim's lease began (the claim
+/// row's `updated_at`, which every store sets to the lease's start: the store's clock).
+pub fn claim_leased_status(error: &ClaimsError, leased_since: Option<Timestamp>) -> Status {
+    to_status_with(error, leased_since)
+}
+
+fn to_status_with(error: &ClaimsError, leased_since: Option<Timestamp>) -> Status {
     let mut metadata = HashMap::new();
     if let Some(claim) = error.claim() {
         metadata.insert(
@@ -134,12 +150,28 @@ pub fn to_status(error: &ClaimsError) -> Status {
         ClaimsError::CellDecommissioned { cell_id } => {
             metadata.insert(META_CELL_ID.to_owned(), cell_id.to_string());
         }
+        ClaimsError::RecordExceedsPage {
+            table_name,
+            record_id,
+        } => {
+            metadata.insert(META_TABLE_NAME.to_owned(), table_name.name().to_owned());
+            metadata.insert(META_TABLE_RECORD_ID.to_owned(), record_id.to_string());
+        }
         ClaimsError::CellHasOutstandingLeases {
             cell_id,
             outstanding,
         } => {
             metadata.insert(META_CELL_ID.to_owned(), cell_id.to_string());
             metadata.insert(META_OUTSTANDING.to_owned(), outstanding.to_string());
+        }
+        // Temporary: the lease usually ends within a second (`CLAIM_LEASED_RETRY_AFTER`). When
+        // it began is the front end's one extra read on this refusal (`leased_since`); its age
+        // would need a second clock, so the client judges it (docs/api.md).
+        ClaimsError::ClaimLeased { .. } => {
+            details.set_retry_info(Some(crate::domain::CLAIM_LEASED_RETRY_AFTER));
+            if let Some(since) = leased_since {
+                metadata.insert(META_LEASED_SINCE.to_owned(), rfc3339_micros(since));
+            }
         }
         ClaimsError::RateLimited {
             limit,
@@ -153,16 +185,26 @@ pub fn to_status(error: &ClaimsError) -> Status {
         ClaimsError::VerificationSlotsBusy {
             in_use,
             max,
+            limit,
             retry_after,
         } => {
             metadata.insert(META_IN_USE.to_owned(), in_use.to_string());
             metadata.insert(META_MAX.to_owned(), max.to_string());
+            metadata.insert(META_LIMIT.to_owned(), limit.name().to_owned());
             details.set_retry_info(Some(*retry_after));
         }
         _ => {}
     }
     details.set_error_info(error.reason(), ERROR_DOMAIN, metadata);
     Status::with_error_details(code_of(error), message, details)
+}
+
+/// `2026-11-25T17:04:05.123456Z`.
+fn rfc3339_micros(time: Timestamp) -> String {
+    let micros = time.as_unix_micros();
+    let seconds = micros.div_euclid(1_000_000);
+    let nanos = (micros.rem_euclid(1_000_000) * 1000) as i32;
+    prost_types::Timestamp { seconds, nanos }.to_string()
 }
 
 /// Reads a status back into the error the server meant (for clients and tests).
@@ -214,6 +256,7 @@ pub fn from_status(status: &Status) -> ClaimsError {
         "NOT_LEASE_OWNER" => with_lease(|lease_id| ClaimsError::NotLeaseOwner { lease_id }),
         "LEASE_ROLLED_BACK" => with_lease(|lease_id| ClaimsError::LeaseRolledBack { lease_id }),
         "LEASE_COMMITTED" => with_lease(|lease_id| ClaimsError::LeaseCommitted { lease_id }),
+        "LEASE_RENEWED" => with_lease(|lease_id| ClaimsError::LeaseRenewed { lease_id }),
         "LEASE_NOT_FOUND" => with_lease(|lease_id| ClaimsError::LeaseNotFound { lease_id }),
         "LEASE_ID_CONFLICT" => with_lease(|lease_id| ClaimsError::LeaseIdConflict { lease_id }),
         "STORE_UNAVAILABLE" => ClaimsError::unavailable(message),
@@ -241,6 +284,14 @@ pub fn from_status(status: &Status) -> ClaimsError {
                 },
             )
             .unwrap_or_else(malformed),
+        "RECORD_EXCEEDS_PAGE" => meta(META_TABLE_NAME)
+            .and_then(TableName::from_name)
+            .zip(meta(META_TABLE_RECORD_ID).and_then(|id| id.parse().ok()))
+            .map(|(table_name, record_id)| ClaimsError::RecordExceedsPage {
+                table_name,
+                record_id,
+            })
+            .unwrap_or_else(malformed),
         "AUDIT_UNAVAILABLE" => ClaimsError::AuditUnavailable {
             message: message
                 .strip_prefix("audit log unavailable: ")
@@ -265,6 +316,10 @@ pub fn from_status(status: &Status) -> ClaimsError {
             .map(|(in_use, max)| ClaimsError::VerificationSlotsBusy {
                 in_use,
                 max,
+                // A server older than the per-cell cap names no limit: it had only the fleet's.
+                limit: meta(META_LIMIT)
+                    .and_then(SlotCap::from_name)
+                    .unwrap_or(SlotCap::Fleet),
                 retry_after: details
                     .retry_info()
                     .and_then(|r| r.retry_delay)
@@ -279,6 +334,12 @@ pub fn from_status(status: &Status) -> ClaimsError {
         }
         _ => ClaimsError::internal(format!("{}: {message}", info.reason)),
     }
+}
+
+/// The google.rpc.RetryInfo delay a status carries, if any (RATE_LIMITED,
+/// VERIFICATION_SLOTS_BUSY, CLAIM_LEASED).
+pub fn retry_delay(status: &Status) -> Option<std::time::Duration> {
+    status.get_error_details().retry_info()?.retry_delay
 }
 
 fn without_error_info(status: &Status) -> ClaimsError {
@@ -322,6 +383,7 @@ mod tests {
             ClaimsError::NotLeaseOwner { lease_id },
             ClaimsError::LeaseRolledBack { lease_id },
             ClaimsError::LeaseCommitted { lease_id },
+            ClaimsError::LeaseRenewed { lease_id },
             ClaimsError::LeaseNotFound { lease_id },
             ClaimsError::LeaseIdConflict { lease_id },
             ClaimsError::MigrationsPending {
@@ -337,6 +399,10 @@ mod tests {
             ClaimsError::AuditUnavailable {
                 message: "disk full".into(),
             },
+            ClaimsError::RecordExceedsPage {
+                table_name: TableName::Emails,
+                record_id: 65,
+            },
             ClaimsError::RateLimited {
                 limit: "cell-max-in-flight",
                 cell_id: "cell-a".into(),
@@ -345,7 +411,14 @@ mod tests {
             ClaimsError::VerificationSlotsBusy {
                 in_use: 3,
                 max: 3,
+                limit: SlotCap::Fleet,
                 retry_after: std::time::Duration::from_millis(1_500),
+            },
+            ClaimsError::VerificationSlotsBusy {
+                in_use: 1,
+                max: 1,
+                limit: SlotCap::PerCell,
+                retry_after: std::time::Duration::from_millis(700),
             },
         ]
     }
@@ -368,6 +441,30 @@ mod tests {
             let info = details.error_info().expect("ErrorInfo attached");
             assert_eq!(info.domain, ERROR_DOMAIN);
             assert_eq!(info.reason, error.reason());
+        }
+    }
+
+    #[test]
+    fn the_temporary_refusals_say_when_to_retry() {
+        let claim = ClaimKey::new(ClaimType::Email, "a@example.com");
+        let status = to_status(&ClaimsError::ClaimLeased { claim });
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert_eq!(
+            retry_delay(&status),
+            Some(crate::domain::CLAIM_LEASED_RETRY_AFTER)
+        );
+        for error in every_error() {
+            let retried = matches!(
+                error,
+                ClaimsError::ClaimLeased { .. }
+                    | ClaimsError::RateLimited { .. }
+                    | ClaimsError::VerificationSlotsBusy { .. }
+            );
+            assert_eq!(
+                retry_delay(&to_status(&error)).is_some(),
+                retried,
+                "{error:?}"
+            );
         }
     }
 

@@ -41,7 +41,7 @@ use crate::grpc::pb::claims_service_client::ClaimsServiceClient;
 use crate::grpc::server::ServerConfig;
 use crate::grpc::{decode, pb, status};
 use crate::ports::ClaimStore;
-use crate::testing::conformance::SUITE_SLOTS;
+use crate::testing::conformance::{SUITE_SLOTS, SUITE_SLOTS_PER_CELL};
 use crate::testing::server::TestServer;
 
 /// The response budget is the server's (`--max-response-bytes`), not part of a request: the
@@ -62,12 +62,15 @@ fn served_budget(max_bytes: usize) -> Result<(), ClaimsError> {
 /// not part of a request (whose ttl may only shorten the server's): the test server serves
 /// [`SUITE_SLOTS`] with the default ttl, and a query with another limit is refused.
 fn served_slot_limit(limit: SlotLimit) -> Result<(), ClaimsError> {
-    if limit.max == SUITE_SLOTS && limit.ttl <= DEFAULT_VERIFICATION_SLOT_TTL {
+    if limit.max == SUITE_SLOTS
+        && limit.per_cell == SUITE_SLOTS_PER_CELL
+        && limit.ttl <= DEFAULT_VERIFICATION_SLOT_TTL
+    {
         Ok(())
     } else {
         Err(ClaimsError::internal(format!(
-            "GrpcClaimStore serves {SUITE_SLOTS} verification slots of at most \
-             {DEFAULT_VERIFICATION_SLOT_TTL:?}; the query asks for {limit:?}"
+            "GrpcClaimStore serves {SUITE_SLOTS} verification slots ({SUITE_SLOTS_PER_CELL} per \
+             cell) of at most {DEFAULT_VERIFICATION_SLOT_TTL:?}; the query asks for {limit:?}"
         )))
     }
 }
@@ -98,6 +101,7 @@ impl GrpcClaimStore {
         let inner: Arc<dyn ClaimStore> = Arc::new(inner);
         let config = ServerConfig {
             max_concurrent_verifications: SUITE_SLOTS,
+            max_verifications_per_cell: SUITE_SLOTS_PER_CELL,
             ..ServerConfig::default()
         };
         let server = TestServer::start_with(Arc::clone(&inner), config).await;
@@ -218,10 +222,12 @@ impl ClaimStore for GrpcClaimStore {
         &self,
         cell_id: &CellId,
         lease_id: LeaseId,
+        unrenewed_for: Option<std::time::Duration>,
     ) -> Result<(), ClaimsError> {
         let message = pb::RollbackUpdateRequest {
             cell_id: cell_id.to_string(),
             lease_id: lease_id.to_string(),
+            unrenewed_for: unrenewed_for.map(crate::grpc::admin::duration_to_pb),
         };
         self.client()
             .rollback_update(message)
@@ -264,7 +270,7 @@ impl ClaimStore for GrpcClaimStore {
         served_budget(query.max_bytes)?;
         let response = self
             .client()
-            .list_claims(decode::claims_query_to_pb(query))
+            .list_claims(decode::claims_query_to_pb(query, None))
             .await
             .map_err(|s| status::from_status(&s))?;
         let page = decode::claims_page_from_pb(response.get_ref(), &query.cell_id)?;

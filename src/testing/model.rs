@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
@@ -38,9 +39,13 @@ pub enum Command {
         cell: usize,
         lease: u128,
     },
+    /// `unrenewed_for`: unconditional, or a condition every outstanding lease meets (zero) or
+    /// none does (an hour: histories take seconds), so the model at its constant clock and the
+    /// adapter at its own agree.
     Rollback {
         cell: usize,
         lease: u128,
+        unrenewed_for: Option<Duration>,
     },
     Renew {
         cell: usize,
@@ -107,7 +112,12 @@ fn command() -> impl Strategy<Value = Command> {
                 updates,
             }),
         3 => (cell.clone(), lease.clone()).prop_map(|(cell, lease)| Command::Commit { cell, lease }),
-        2 => (cell.clone(), lease.clone()).prop_map(|(cell, lease)| Command::Rollback { cell, lease }),
+        2 => (
+            cell.clone(),
+            lease.clone(),
+            proptest::sample::select(vec![None, Some(Duration::ZERO), Some(Duration::from_secs(3600))]),
+        )
+            .prop_map(|(cell, lease, unrenewed_for)| Command::Rollback { cell, lease, unrenewed_for }),
         1 => (cell, lease).prop_map(|(cell, lease)| Command::Renew { cell, lease }),
         1 => (0..KEYS).prop_map(|key| Command::Lookup { key }),
         // Rare: a decommissioned cell begins nothing for the rest of the history.
@@ -273,10 +283,14 @@ async fn apply<S: ClaimStore>(
                 observe(expected, |_| Observed::Done),
             )
         }
-        Command::Rollback { cell, lease } => {
+        Command::Rollback {
+            cell,
+            lease,
+            unrenewed_for,
+        } => {
             let (c, id) = (cell_of(*cell), lease_id(*lease));
-            let actual = store.rollback_update(&c, id).await;
-            let expected = model.rollback_update(&c, id, ZERO);
+            let actual = store.rollback_update(&c, id, *unrenewed_for).await;
+            let expected = model.rollback_update(&c, id, *unrenewed_for, ZERO);
             (
                 observe(actual, |_| Observed::Done),
                 observe(expected, |_| Observed::Done),

@@ -12,6 +12,7 @@ mod support;
 mod begin;
 mod end;
 mod lists;
+mod page_tokens;
 mod race;
 mod renew;
 mod scenarios;

@@ -122,6 +122,7 @@ pub fn rollback_req(cell: &str, lease_id: &str) -> pb::RollbackUpdateRequest {
     pb::RollbackUpdateRequest {
         cell_id: cell.to_owned(),
         lease_id: lease_id.to_owned(),
+        unrenewed_for: None,
     }
 }
 
@@ -147,6 +148,8 @@ pub fn leases_req(cell: &str, cursor: &str, limit: i32) -> pb::ListOutstandingLe
     }
 }
 
+/// A ListClaims request at `cursor`, from a client that resumes inside records (`page_tokens`):
+/// the cases that page follow next_cursor_key or next_page_token.
 pub fn claims_req(cell: &str, table: TableName, cursor: i64, limit: i32) -> pb::ListClaimsRequest {
     pb::ListClaimsRequest {
         cell_id: cell.to_owned(),
@@ -154,6 +157,8 @@ pub fn claims_req(cell: &str, table: TableName, cursor: i64, limit: i32) -> pb::
         cursor,
         limit,
         cursor_key: None,
+        page_token: String::new(),
+        page_tokens: true,
     }
 }
 

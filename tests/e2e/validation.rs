@@ -368,6 +368,7 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
             cursor: 0,
             limit: 0,
             cursor_key: None,
+            ..Default::default()
         };
         expect_invalid(c.list_claims(req).await, "table_name");
     }

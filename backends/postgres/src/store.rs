@@ -132,7 +132,7 @@ use topology_claims::domain::{
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
-    LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy,
+    LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy, Timestamp,
 };
 
 use crate::error::Failure;
@@ -147,8 +147,6 @@ use crate::sql;
 const COLLECT_BATCH: i64 = 10_000;
 /// Longest retention honoured (100 years): `now() - retention` must stay a valid timestamp.
 const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-
-type DecideEnd = fn(&CellId, LeaseId, Option<&LeaseRecord>) -> Result<EndPlan, ClaimsError>;
 
 /// The service's store on PostgreSQL (see the module docs for the transaction shape).
 /// Cheap to clone: clones share the pool.
@@ -451,18 +449,20 @@ impl PostgresClaimStore {
         Ok(results)
     }
 
-    /// CommitUpdate and RollbackUpdate: the same transaction, decided by `decide`.
+    /// CommitUpdate and RollbackUpdate: the same transaction, decided by `decide` from the
+    /// locked lease row and the store's clock of this transaction (`now()`, the clock every
+    /// write of the store uses; a conditional rollback compares it with `last_renewed_at`).
     async fn end_attempt(
         &self,
-        cell_id: &CellId,
         lease_id: LeaseId,
-        decide: DecideEnd,
+        decide: impl Fn(Option<&LeaseRecord>, Timestamp) -> Result<EndPlan, ClaimsError>,
     ) -> Result<(), Failure> {
         let mut session = self.shared.session().await?;
-        let [lock, select_lease, select_outcome, lock_claims, delete_claims, release_claims, replace_claims, delete_lease, insert_outcome] =
+        let [lock, server_time, select_lease, select_outcome, lock_claims, delete_claims, release_claims, replace_claims, delete_lease, insert_outcome] =
             session
                 .prepare([
                     sql::LOCK_ADVISORY,
+                    sql::SERVER_TIME,
                     sql::SELECT_LEASE_FOR_UPDATE,
                     sql::SELECT_OUTCOME_FOR_UPDATE,
                     sql::LOCK_CLAIMS_OF_LEASE,
@@ -477,17 +477,19 @@ impl PostgresClaimStore {
         let locks = AdvisoryLocks::lease(lease_id);
         let begin = session.begin_transaction();
         let client = session.client()?;
-        let (_, _, lease_row, outcome_row, _) = tokio::try_join!(
+        let (_, _, time_row, lease_row, outcome_row, _) = tokio::try_join!(
             biased;
             client.batch_execute(begin),
             async { client.execute(&lock, &locks.params()).await },
+            async { client.query_one(&server_time, &[]).await },
             async { client.query_opt(&select_lease, &[id]).await },
             async { client.query_opt(&select_outcome, &[id]).await },
             async { client.execute(&lock_claims, &[id]).await },
         )?;
         session.round_trip();
         let known = rows::lease_record(lease_row, outcome_row)?;
-        let writes = match decide(cell_id, lease_id, known.as_ref())? {
+        let now = rows::timestamp(time_row.try_get(0).map_err(internal)?);
+        let writes = match decide(known.as_ref(), now)? {
             EndPlan::AlreadyDone => return Ok(()),
             EndPlan::Apply(writes) => writes,
         };
@@ -838,7 +840,9 @@ impl ClaimStore for PostgresClaimStore {
     async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError> {
         self.shared
             .run("CommitUpdate", || {
-                self.end_attempt(cell_id, lease_id, domain::decide_commit)
+                self.end_attempt(lease_id, |known, _| {
+                    domain::decide_commit(cell_id, lease_id, known)
+                })
             })
             .await
     }
@@ -847,10 +851,13 @@ impl ClaimStore for PostgresClaimStore {
         &self,
         cell_id: &CellId,
         lease_id: LeaseId,
+        unrenewed_for: Option<Duration>,
     ) -> Result<(), ClaimsError> {
         self.shared
             .run("RollbackUpdate", || {
-                self.end_attempt(cell_id, lease_id, domain::decide_rollback)
+                self.end_attempt(lease_id, |known, now| {
+                    domain::decide_rollback(cell_id, lease_id, known, unrenewed_for, now)
+                })
             })
             .await
     }

@@ -92,6 +92,7 @@ async fn a_group_of_any_size_takes_two_round_trips_and_decides_each_operation_al
         ops.push(GroupOp::Rollback {
             cell_id: a.clone(),
             lease_id: topology_claims::testing::fixtures::lease_id(110 + n),
+            unrenewed_for: None,
         });
     }
     let (results, trips) = run_group(&store, &ops).await;
@@ -135,6 +136,7 @@ async fn a_group_of_any_size_takes_two_round_trips_and_decides_each_operation_al
             GroupOp::Rollback {
                 cell_id: a.clone(),
                 lease_id: topology_claims::testing::fixtures::lease_id(100),
+                unrenewed_for: None,
             },
         ],
     )
@@ -242,7 +244,7 @@ async fn random_concurrent_operations_through_the_combiner_keep_the_store_consis
                         Err(e) => Err(e),
                     },
                     2 => group.commit_update(&cell_id, lease_id).await,
-                    _ => group.rollback_update(&cell_id, lease_id).await,
+                    _ => group.rollback_update(&cell_id, lease_id, None).await,
                 };
                 if let Err(e) = result {
                     if !is_refusal(&e) {

@@ -30,7 +30,10 @@ async fn begin_and_commit_take_two_round_trips_each() {
         .await
         .unwrap();
     store.commit_update(&a, warm.lease_id).await.unwrap();
-    store.rollback_update(&a, warm.lease_id).await.unwrap_err();
+    store
+        .rollback_update(&a, warm.lease_id, None)
+        .await
+        .unwrap_err();
     store.renew_lease(&a, warm.lease_id).await.unwrap_err();
     store.lookup_claim(&username("warm").key).await.unwrap();
 
@@ -65,7 +68,7 @@ async fn begin_and_commit_take_two_round_trips_each() {
         .begin_update(creates(&a, &[username("undo")]))
         .await
         .unwrap();
-    let (undone, n) = trips(&store, store.rollback_update(&a, lease.lease_id)).await;
+    let (undone, n) = trips(&store, store.rollback_update(&a, lease.lease_id, None)).await;
     undone.unwrap();
     assert_eq!(n, 2, "RollbackUpdate");
     let (found, n) = trips(&store, store.lookup_claim(&username("x").key)).await;

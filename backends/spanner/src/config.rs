@@ -1,14 +1,15 @@
 //! Configuration: the `spanner://` store URL, [`SpannerOptions`], and the gcloud-spanner client
-//! settings derived from them (channels, session pool, per-RPC retry).
+//! settings derived from them (channels, session pool, per-RPC retry, deadlines).
 //!
 //! Owns every knob of the adapter and its documented default. Must not open connections itself
 //! beyond building the clients it is asked for.
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use gcloud_gax::conn::Environment;
-use gcloud_gax::grpc::Code;
+use gcloud_gax::grpc::{Code, Status};
 use gcloud_gax::retry::RetrySetting;
 use gcloud_spanner::admin::AdminClientConfig;
 use gcloud_spanner::client::{ChannelConfig, ClientConfig};
@@ -26,6 +27,9 @@ pub const DEFAULT_SESSION_POOL_SIZE: usize = 100;
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default [`SpannerOptions::transaction_deadline`].
 pub const DEFAULT_TRANSACTION_DEADLINE: Duration = Duration::from_secs(30);
+/// Default [`SpannerOptions::commit_time_per_row`]: a group of 3,000 rows (the most one group
+/// transaction writes) gets 10 s + 15 s; a lone BeginUpdate of 1,000 claims 10 s + 5 s.
+pub const DEFAULT_COMMIT_TIME_PER_ROW: Duration = Duration::from_millis(5);
 
 /// Sessions one gRPC channel may carry (a limit enforced by gcloud-spanner's `Client::new`).
 const SESSIONS_PER_CHANNEL: usize = 100;
@@ -40,13 +44,20 @@ pub struct SpannerOptions {
     /// Most sessions open at once = most concurrent Spanner transactions and reads of this
     /// process. A request waits up to `rpc_timeout` for a free session, then fails `Unavailable`.
     pub session_pool_size: usize,
-    /// Bound on one RPC (connect included), and on waiting for a session. A Spanner that does not
-    /// answer within it makes the request fail `Unavailable` instead of hanging.
+    /// Bound on one RPC (connect included, gcloud-spanner's quick retries included), and on
+    /// waiting for a session. A Spanner that does not answer within it makes the request fail
+    /// `Unavailable` instead of hanging. A commit gets more, by its size
+    /// ([`commit_time_per_row`](Self::commit_time_per_row)).
     pub rpc_timeout: Duration,
     /// Bound on one write, all of its attempts included: a transaction aborted by Spanner (lock
     /// contention, the emulator's one-transaction-at-a-time rule) is retried with jittered
     /// backoff until it commits or this much time has passed (then `Unavailable`).
     pub transaction_deadline: Duration,
+    /// What a commit gets per row it writes, on top of `rpc_timeout` (decision 074): Spanner's
+    /// work on a commit grows with its mutations, so a large one must not share a point read's
+    /// deadline. Capped at `transaction_deadline` (at least `rpc_timeout`). Zero: every commit
+    /// gets `rpc_timeout`.
+    pub commit_time_per_row: Duration,
     /// `HOST:PORT` of a Spanner emulator. `None`: the `SPANNER_EMULATOR_HOST` environment
     /// variable if set, else Google Cloud with Application Default Credentials.
     pub emulator_host: Option<String>,
@@ -58,6 +69,7 @@ impl Default for SpannerOptions {
             session_pool_size: DEFAULT_SESSION_POOL_SIZE,
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             transaction_deadline: DEFAULT_TRANSACTION_DEADLINE,
+            commit_time_per_row: DEFAULT_COMMIT_TIME_PER_ROW,
             emulator_host: None,
         }
     }
@@ -110,6 +122,39 @@ impl SpannerOptions {
         }
     }
 
+    /// The deadline of a commit that writes `rows` rows: `rpc_timeout` plus
+    /// `commit_time_per_row` per row, at most [`longest_call`](Self::longest_call).
+    pub(crate) fn commit_deadline(&self, rows: usize) -> Duration {
+        let rows = u32::try_from(rows).unwrap_or(u32::MAX);
+        self.rpc_timeout
+            .saturating_add(self.commit_time_per_row.saturating_mul(rows))
+            .min(self.longest_call())
+    }
+
+    /// The longest any one call may take: the channels' own timeout. Every call but a commit is
+    /// held to `rpc_timeout` by [`within_rpc_timeout`](Self::within_rpc_timeout) instead
+    /// (tonic's channel timeout is a ceiling that a single call can shorten, never extend).
+    pub(crate) fn longest_call(&self) -> Duration {
+        self.rpc_timeout.max(self.transaction_deadline)
+    }
+
+    /// `call` (an RPC with gcloud-spanner's quick retries, or a read with its rows), or
+    /// `DEADLINE_EXCEEDED` (classified `Unavailable`) after `rpc_timeout`. Dropping the call
+    /// cancels its RPC, as the channel timeout did.
+    pub(crate) async fn within_rpc_timeout<T, E: From<Status>>(
+        &self,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let limit = self.rpc_timeout;
+        match tokio::time::timeout(limit, call).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(Status::deadline_exceeded(format!(
+                "Spanner did not answer within {limit:?}"
+            ))
+            .into()),
+        }
+    }
+
     pub(crate) fn call_options(&self) -> CallOptions {
         CallOptions {
             priority: None,
@@ -137,7 +182,8 @@ impl SpannerOptions {
             channel_config: ChannelConfig {
                 num_channels: pool.div_ceil(SESSIONS_PER_CHANNEL).max(min_channels),
                 connect_timeout: self.rpc_timeout,
-                timeout: self.rpc_timeout,
+                // Room for the largest commit; every other call is bounded by rpc_timeout.
+                timeout: self.longest_call(),
                 ..ChannelConfig::default()
             },
             ..ClientConfig::default()
@@ -307,6 +353,27 @@ mod tests {
             ));
         }
         assert_eq!(SpannerOptions::default().check(), Ok(()));
+    }
+
+    #[test]
+    fn a_commit_gets_the_rpc_timeout_plus_time_per_row_up_to_the_transaction_deadline() {
+        let options = SpannerOptions::default();
+        assert_eq!(options.commit_deadline(0), Duration::from_secs(10));
+        assert_eq!(options.commit_deadline(2), Duration::from_millis(10_010));
+        assert_eq!(options.commit_deadline(3000), Duration::from_secs(25));
+        assert_eq!(options.commit_deadline(1_000_000), Duration::from_secs(30));
+        assert_eq!(options.longest_call(), Duration::from_secs(30));
+        let flat = SpannerOptions {
+            commit_time_per_row: Duration::ZERO,
+            ..SpannerOptions::default()
+        };
+        assert_eq!(flat.commit_deadline(3000), Duration::from_secs(10));
+        let slow_rpcs = SpannerOptions {
+            rpc_timeout: Duration::from_secs(60),
+            ..SpannerOptions::default()
+        };
+        assert_eq!(slow_rpcs.commit_deadline(3000), Duration::from_secs(60));
+        assert_eq!(slow_rpcs.longest_call(), Duration::from_secs(60));
     }
 
     #[test]

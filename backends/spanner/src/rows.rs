@@ -4,9 +4,13 @@
 //! Owns the mapping between the schema (see `schema.rs`) and the domain types. Must not decide
 //! which rows to write: callers pass what `topology_claims::domain` decided.
 
+use std::future::Future;
+
+use gcloud_gax::grpc::Status;
 use gcloud_googleapis::spanner::v1::Mutation;
 use gcloud_spanner::key::Key;
 use gcloud_spanner::mutation::{delete, insert, update};
+use gcloud_spanner::reader::{Reader, RowIterator};
 use gcloud_spanner::row::Row;
 use gcloud_spanner::statement::ToKind;
 use gcloud_spanner::value::CommitTimestamp;
@@ -487,6 +491,38 @@ pub(crate) fn group_mutations(writes: &GroupWrites, fresh: Timestamp) -> Vec<Mut
     mutations
 }
 
+/// Every row of a read or query: the call that opens it, then its stream, as one future (so one
+/// deadline bounds both).
+pub(crate) async fn all_rows<'a, R: Reader>(
+    opened: impl Future<Output = Result<RowIterator<'a, R>, Status>>,
+) -> Result<Vec<Row>, Status> {
+    let mut found = opened.await?;
+    let mut rows = Vec::new();
+    while let Some(row) = found.next().await? {
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Rows one mutation writes or deletes (a key range counts as one): what a commit's deadline is
+/// sized by.
+pub(crate) fn mutation_rows(mutation: &Mutation) -> usize {
+    use gcloud_googleapis::spanner::v1::mutation::Operation;
+    match &mutation.operation {
+        Some(
+            Operation::Insert(write)
+            | Operation::Update(write)
+            | Operation::InsertOrUpdate(write)
+            | Operation::Replace(write),
+        ) => write.values.len(),
+        Some(Operation::Delete(delete)) => delete
+            .key_set
+            .as_ref()
+            .map_or(1, |keys| keys.keys.len() + keys.ranges.len()),
+        None => 0,
+    }
+}
+
 /// Rows a group's writes touch (Spanner's mutation limit counts per row and column).
 pub(crate) fn rows_written(writes: &GroupWrites) -> usize {
     writes.insert_claims.len()
@@ -495,4 +531,21 @@ pub(crate) fn rows_written(writes: &GroupWrites) -> usize {
         + writes.insert_leases.len()
         + writes.delete_leases.len()
         + writes.insert_outcomes.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use topology_claims::testing::fixtures::username;
+
+    #[test]
+    fn a_mutation_counts_the_rows_it_writes_or_deletes() {
+        let keys: Vec<ClaimKey> = ["a", "b", "c"].map(|v| username(v).key).into();
+        assert_eq!(mutation_rows(&release_claim(&keys[0])), 1);
+        assert_eq!(
+            mutation_rows(&delete_claims(keys.iter().map(claim_key).collect())),
+            3
+        );
+        assert_eq!(mutation_rows(&Mutation { operation: None }), 0);
+    }
 }

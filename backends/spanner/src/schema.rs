@@ -28,6 +28,7 @@ use topology_claims::{ClaimsError, MigrationPolicy};
 
 use crate::config::{DatabaseName, SpannerOptions};
 use crate::error::{client_error, status_error};
+use crate::rows::all_rows;
 use crate::transaction::Attempts;
 
 /// One schema version: DDL statements applied together in one `UpdateDatabaseDdl`.
@@ -206,17 +207,20 @@ async fn applied(
         call_options: options.call_options(),
         ..Default::default()
     };
-    let mut rows = tx
-        .query_with_option(exists, query_options)
+    let query = async {
+        let mut rows = tx.query_with_option(exists, query_options).await?;
+        rows.next().await
+    };
+    let count: i64 = match options
+        .within_rpc_timeout(query)
         .await
-        .map_err(|s| status_error(context, &s))?;
-    let count: i64 = match rows.next().await.map_err(|s| status_error(context, &s))? {
+        .map_err(|s| status_error(context, &s))?
+    {
         Some(row) => row
             .column_by_name("n")
             .map_err(|e| ClaimsError::internal(format!("{context}: {e}")))?,
         None => 0,
     };
-    drop(rows);
     if count == 0 {
         return Ok(Vec::new());
     }
@@ -230,17 +234,18 @@ async fn applied(
         call_options: options.call_options(),
         ..Default::default()
     };
-    let mut rows = tx
-        .read_with_option(
-            MIGRATIONS_TABLE,
-            &["version", "name"],
-            all_keys(),
-            read_options,
-        )
+    let read = all_rows(tx.read_with_option(
+        MIGRATIONS_TABLE,
+        &["version", "name"],
+        all_keys(),
+        read_options,
+    ));
+    let rows = options
+        .within_rpc_timeout(read)
         .await
         .map_err(|s| status_error(context, &s))?;
     let mut applied = Vec::new();
-    while let Some(row) = rows.next().await.map_err(|s| status_error(context, &s))? {
+    for row in rows {
         let version: i64 = row
             .column_by_name("version")
             .map_err(|e| ClaimsError::internal(format!("{context}: {e}")))?;

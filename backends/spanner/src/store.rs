@@ -19,7 +19,6 @@ use gcloud_spanner::key::Key;
 use gcloud_spanner::row::Row;
 use gcloud_spanner::statement::Statement;
 use gcloud_spanner::transaction::{QueryOptions, ReadOptions, Transaction};
-use gcloud_spanner::transaction_rw::ReadWriteTransaction;
 use gcloud_spanner::value::TimestampBound;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, EndWrites,
@@ -38,7 +37,7 @@ use crate::rows::{
     SLOTS,
 };
 use crate::schema::{self, OUTCOME_SHARDS};
-use crate::transaction::Attempts;
+use crate::transaction::{Attempts, WriteTx};
 
 /// Outcomes deleted per transaction by `collect_outcomes` (far below Spanner's mutation limit).
 const COLLECT_BATCH: usize = 1000;
@@ -180,8 +179,8 @@ impl SpannerClaimStore {
             call_options: self.options.call_options(),
         };
         let tx = self
-            .client
-            .read_only_transaction_with_option(option)
+            .options
+            .within_rpc_timeout(self.client.read_only_transaction_with_option(option))
             .await
             .map_err(|e| client_error(context, &e))?;
         let read_at = tx.rts.ok_or_else(|| {
@@ -201,15 +200,13 @@ impl SpannerClaimStore {
         decode: impl Fn(&Row) -> Result<T, ClaimsError>,
     ) -> Result<Vec<T>, ClaimsError> {
         let failed = |s: gcloud_gax::grpc::Status| status_error(context, &s);
-        let mut found = tx
-            .query_with_option(stmt, self.query_options())
+        let query = rows::all_rows(tx.query_with_option(stmt, self.query_options()));
+        let rows = self
+            .options
+            .within_rpc_timeout(query)
             .await
             .map_err(failed)?;
-        let mut decoded = Vec::new();
-        while let Some(row) = found.next().await.map_err(failed)? {
-            decoded.push(decode(&row)?);
-        }
-        Ok(decoded)
+        rows.iter().map(decode).collect()
     }
 
     /// What is known of a lease id: its outstanding row, else its remembered outcome.
@@ -219,16 +216,13 @@ impl SpannerClaimStore {
         lease_id: LeaseId,
     ) -> Result<Option<LeaseRecord>, TxError> {
         let key = rows::lease_key(lease_id);
-        if let Some(row) = tx
-            .read_row_with_option(LEASES, &LEASE_COLUMNS, key.clone(), self.read_options())
-            .await?
-        {
+        let outstanding =
+            tx.read_row_with_option(LEASES, &LEASE_COLUMNS, key.clone(), self.read_options());
+        if let Some(row) = self.options.within_rpc_timeout(outstanding).await? {
             return Ok(Some(LeaseRecord::Outstanding(rows::lease_from_row(&row)?)));
         }
-        match tx
-            .read_row_with_option(OUTCOMES, &OUTCOME_COLUMNS, key, self.read_options())
-            .await?
-        {
+        let ended = tx.read_row_with_option(OUTCOMES, &OUTCOME_COLUMNS, key, self.read_options());
+        match self.options.within_rpc_timeout(ended).await? {
             Some(row) => Ok(Some(LeaseRecord::Ended(rows::outcome_from_row(&row)?))),
             None => Ok(None),
         }
@@ -260,17 +254,12 @@ impl SpannerClaimStore {
         keys: Vec<Key>,
         decode: impl Fn(&Row) -> Result<T, ClaimsError>,
     ) -> Result<Vec<T>, TxError> {
-        let mut decoded = Vec::new();
         if keys.is_empty() {
-            return Ok(decoded);
+            return Ok(Vec::new());
         }
-        let mut found = tx
-            .read_with_option(table, columns, keys, self.read_options())
-            .await?;
-        while let Some(row) = found.next().await? {
-            decoded.push(decode(&row)?);
-        }
-        Ok(decoded)
+        let read = rows::all_rows(tx.read_with_option(table, columns, keys, self.read_options()));
+        let rows = self.options.within_rpc_timeout(read).await?;
+        Ok(rows.iter().map(decode).collect::<Result<_, _>>()?)
     }
 
     /// Runs a query inside a read-write transaction: a failed RPC stays a `TxError::Status`, so
@@ -281,12 +270,9 @@ impl SpannerClaimStore {
         stmt: Statement,
         decode: impl Fn(&Row) -> Result<T, ClaimsError>,
     ) -> Result<Vec<T>, TxError> {
-        let mut found = tx.query_with_option(stmt, self.query_options()).await?;
-        let mut decoded = Vec::new();
-        while let Some(row) = found.next().await? {
-            decoded.push(decode(&row)?);
-        }
-        Ok(decoded)
+        let query = rows::all_rows(tx.query_with_option(stmt, self.query_options()));
+        let rows = self.options.within_rpc_timeout(query).await?;
+        Ok(rows.iter().map(decode).collect::<Result<_, _>>()?)
     }
 
     /// Whether `cell_id` is recorded in `decommissioned_cells` (a locking point read).
@@ -295,15 +281,13 @@ impl SpannerClaimStore {
         tx: &mut Transaction,
         cell_id: &CellId,
     ) -> Result<bool, TxError> {
-        let row = tx
-            .read_row_with_option(
-                DECOMMISSIONED,
-                &["cell_id"],
-                rows::decommissioned_key(cell_id),
-                self.read_options(),
-            )
-            .await?;
-        Ok(row.is_some())
+        let read = tx.read_row_with_option(
+            DECOMMISSIONED,
+            &["cell_id"],
+            rows::decommissioned_key(cell_id),
+            self.read_options(),
+        );
+        Ok(self.options.within_rpc_timeout(read).await?.is_some())
     }
 
     /// `SELECT COUNT(*) AS n` of the rows of `cell_id` through `table@index`.
@@ -326,7 +310,7 @@ impl SpannerClaimStore {
     /// read no mark and a step that counted no lease cannot both commit.
     async fn decommission_attempt(
         &self,
-        tx: &mut ReadWriteTransaction,
+        tx: &mut WriteTx,
         cell_id: &CellId,
         batch: usize,
         dry_run: bool,
@@ -382,21 +366,11 @@ impl SpannerClaimStore {
     /// the transaction, and `expires_at` is written explicitly from it.
     async fn acquire_slot_attempt(
         &self,
-        tx: &mut ReadWriteTransaction,
+        tx: &mut WriteTx,
         holder: &SlotHolder,
         limit: SlotLimit,
     ) -> Result<Result<SlotGrant, ClaimsError>, TxError> {
-        let clock = self
-            .query_in(
-                tx,
-                Statement::new("SELECT CURRENT_TIMESTAMP() AS now"),
-                rows::now_from_row,
-            )
-            .await?;
-        let now = clock
-            .first()
-            .copied()
-            .ok_or_else(|| ClaimsError::internal("CURRENT_TIMESTAMP() returned no row"))?;
+        let now = self.clock_in(tx).await?;
         let slots = self
             .query_in(
                 tx,
@@ -422,17 +396,16 @@ impl SpannerClaimStore {
     /// One attempt of a slot release: a locking point read of the holder's row, then its delete.
     async fn release_slot_attempt(
         &self,
-        tx: &mut ReadWriteTransaction,
+        tx: &mut WriteTx,
         holder: &SlotHolder,
     ) -> Result<Result<bool, ClaimsError>, TxError> {
-        let row = tx
-            .read_row_with_option(
-                SLOTS,
-                &["cell_id", "holder", "expires_at"],
-                rows::slot_key(holder),
-                self.read_options(),
-            )
-            .await?;
+        let read = tx.read_row_with_option(
+            SLOTS,
+            &["cell_id", "holder", "expires_at"],
+            rows::slot_key(holder),
+            self.read_options(),
+        );
+        let row = self.options.within_rpc_timeout(read).await?;
         let row = row.map(|row| rows::slot_from_row(&row)).transpose()?;
         let release = domain::decide_release(row.as_ref(), holder);
         if release {
@@ -445,7 +418,7 @@ impl SpannerClaimStore {
     /// read first (serializable: a step that marks the cell meanwhile aborts one of the two).
     async fn begin_attempt(
         &self,
-        tx: &mut ReadWriteTransaction,
+        tx: &mut WriteTx,
         request: &BeginUpdate,
         lease_id: LeaseId,
     ) -> Result<Result<BeginPlan, ClaimsError>, TxError> {
@@ -492,18 +465,43 @@ impl SpannerClaimStore {
         Ok(Ok(plan))
     }
 
-    /// One attempt of CommitUpdate / RollbackUpdate.
+    /// The store's clock inside a read-write transaction (`CURRENT_TIMESTAMP()`), read after
+    /// the rows it is compared with were read (and so locked).
+    async fn clock_in(&self, tx: &mut WriteTx) -> Result<Timestamp, TxError> {
+        let clock = self
+            .query_in(
+                tx,
+                Statement::new("SELECT CURRENT_TIMESTAMP() AS now"),
+                rows::now_from_row,
+            )
+            .await?;
+        Ok(clock
+            .first()
+            .copied()
+            .ok_or_else(|| ClaimsError::internal("CURRENT_TIMESTAMP() returned no row"))?)
+    }
+
+    /// One attempt of CommitUpdate / RollbackUpdate (`unrenewed_for`: a conditional rollback's
+    /// window, judged by the clock of this transaction after the lease row is read).
     async fn end_attempt(
         &self,
-        tx: &mut ReadWriteTransaction,
+        tx: &mut WriteTx,
         caller: &CellId,
         lease_id: LeaseId,
         outcome: LeaseOutcome,
+        unrenewed_for: Option<Duration>,
     ) -> Result<Result<(), ClaimsError>, TxError> {
         let known = self.lease_record(tx, lease_id).await?;
         let decided = match outcome {
             LeaseOutcome::Committed => domain::decide_commit(caller, lease_id, known.as_ref()),
-            LeaseOutcome::RolledBack => domain::decide_rollback(caller, lease_id, known.as_ref()),
+            LeaseOutcome::RolledBack => {
+                // Only a condition needs the clock (an unconditional rollback never reads it).
+                let now = match unrenewed_for {
+                    Some(_) => self.clock_in(tx).await?,
+                    None => SPANNER_MIN_TIMESTAMP,
+                };
+                domain::decide_rollback(caller, lease_id, known.as_ref(), unrenewed_for, now)
+            }
         };
         let writes = match decided {
             Err(refusal) => return Ok(Err(refusal)),
@@ -560,6 +558,7 @@ impl SpannerClaimStore {
         caller: &CellId,
         lease_id: LeaseId,
         outcome: LeaseOutcome,
+        unrenewed_for: Option<Duration>,
     ) -> Result<(), ClaimsError> {
         let what = match outcome {
             LeaseOutcome::Committed => "CommitUpdate",
@@ -570,7 +569,9 @@ impl SpannerClaimStore {
             let Some(mut tx) = attempts.begin(&self.client).await? else {
                 continue;
             };
-            let result = self.end_attempt(&mut tx, caller, lease_id, outcome).await;
+            let result = self
+                .end_attempt(&mut tx, caller, lease_id, outcome, unrenewed_for)
+                .await;
             if let Some(done) = attempts.end(&mut tx, result).await? {
                 break done;
             }
@@ -591,10 +592,12 @@ impl SpannerClaimStore {
     ///
     /// The group is decided at a stand-in clock later than every timestamp read; whatever
     /// carries it is written as, and answered with, the commit timestamp (time is Spanner's, as
-    /// for a lone call).
+    /// for a lone call). A group with a conditional rollback reads `CURRENT_TIMESTAMP()` after
+    /// its rows and decides at the later of the two, so the condition is judged by Spanner's
+    /// clock in this transaction.
     async fn group_attempt(
         &self,
-        tx: &mut ReadWriteTransaction,
+        tx: &mut WriteTx,
         ops: &[GroupOp],
     ) -> Result<GroupAttempt, TxError> {
         let reads = GroupReads::of(ops);
@@ -647,7 +650,19 @@ impl SpannerClaimStore {
             outcomes,
             decommissioned,
         };
-        let stand_in = later_than_all(&snapshot);
+        let conditional = ops.iter().any(|op| {
+            matches!(
+                op,
+                GroupOp::Rollback {
+                    unrenewed_for: Some(_),
+                    ..
+                }
+            )
+        });
+        let mut stand_in = later_than_all(&snapshot);
+        if conditional {
+            stand_in = stand_in.max(self.clock_in(tx).await?);
+        }
         let GroupDecision { results, writes } = domain::decide_group(snapshot, ops, stand_in);
         if ops.len() > 1 && rows::rows_written(&writes) > GROUP_MAX_ROWS {
             return Ok(GroupAttempt::TooLarge);
@@ -682,7 +697,7 @@ impl SpannerClaimStore {
     /// One attempt of RenewLease.
     async fn renew_attempt(
         &self,
-        tx: &mut ReadWriteTransaction,
+        tx: &mut WriteTx,
         caller: &CellId,
         lease_id: LeaseId,
     ) -> Result<Result<Lease, ClaimsError>, TxError> {
@@ -700,23 +715,21 @@ impl SpannerClaimStore {
     /// the domain says are past retention. Returns how many were deleted.
     async fn collect_attempt(
         &self,
-        tx: &mut ReadWriteTransaction,
+        tx: &mut WriteTx,
         candidates: &[LeaseId],
         now: Timestamp,
         retention: Duration,
     ) -> Result<u64, TxError> {
         let keys: Vec<Key> = candidates.iter().map(|id| rows::lease_key(*id)).collect();
-        let mut found = tx
-            .read_with_option(OUTCOMES, &OUTCOME_COLUMNS, keys, self.read_options())
+        let outcomes = self
+            .read_keys(tx, OUTCOMES, &OUTCOME_COLUMNS, keys, rows::outcome_from_row)
             .await?;
         let mut expired = Vec::new();
-        while let Some(row) = found.next().await? {
-            let outcome = rows::outcome_from_row(&row)?;
+        for outcome in outcomes {
             if domain::outcome_expired(outcome.decided_at, now, retention) {
                 expired.push(rows::lease_key(outcome.lease_id));
             }
         }
-        drop(found);
         let count = expired.len() as u64;
         if !expired.is_empty() {
             tx.buffer_write(vec![rows::delete_outcomes(expired)]);
@@ -820,7 +833,7 @@ impl ClaimStore for SpannerClaimStore {
     }
 
     async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError> {
-        self.end_lease(cell_id, lease_id, LeaseOutcome::Committed)
+        self.end_lease(cell_id, lease_id, LeaseOutcome::Committed, None)
             .await
     }
 
@@ -828,8 +841,9 @@ impl ClaimStore for SpannerClaimStore {
         &self,
         cell_id: &CellId,
         lease_id: LeaseId,
+        unrenewed_for: Option<Duration>,
     ) -> Result<(), ClaimsError> {
-        self.end_lease(cell_id, lease_id, LeaseOutcome::RolledBack)
+        self.end_lease(cell_id, lease_id, LeaseOutcome::RolledBack, unrenewed_for)
             .await
     }
 
@@ -891,13 +905,15 @@ impl ClaimStore for SpannerClaimStore {
             .single()
             .await
             .map_err(|e| client_error(context, &e))?;
-        let row = tx
-            .read_row_with_option(
-                CLAIMS,
-                &CLAIM_COLUMNS,
-                rows::claim_key(key),
-                self.read_options(),
-            )
+        let read = tx.read_row_with_option(
+            CLAIMS,
+            &CLAIM_COLUMNS,
+            rows::claim_key(key),
+            self.read_options(),
+        );
+        let row = self
+            .options
+            .within_rpc_timeout(read)
             .await
             .map_err(|s| status_error(context, &s))?;
         match row {

@@ -1,20 +1,26 @@
 //! The read-write transaction loop: begin, run one attempt, commit, and on `Aborted` start over
-//! with jittered backoff until the overall deadline.
+//! with jittered backoff until the overall deadline. Each commit gets a deadline sized by the
+//! rows it writes ([`WriteTx`] counts them; decision 074).
 //!
 //! Why not gcloud-spanner's `read_write_transaction`: its retry stops after 6 attempts (about
 //! 3 s, no jitter, not configurable), which a busy database, and the emulator's one transaction
-//! at a time, exhaust routinely. Owns attempt counting, backoff and the commit timestamp; must not
-//! look at rows or decide anything about claims.
+//! at a time, exhaust routinely. Owns attempt counting, backoff, the commit's deadline and the
+//! commit timestamp; must not look at what rows hold or decide anything about claims.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use gcloud_gax::grpc::Status;
+use gcloud_googleapis::spanner::v1::Mutation;
 use gcloud_spanner::client::Client;
+use gcloud_spanner::transaction::Transaction;
 use gcloud_spanner::transaction_rw::{CommitOptions, ReadWriteTransaction};
 use topology_claims::{ClaimsError, Timestamp};
 
 use crate::config::SpannerOptions;
 use crate::error::{classify, client_error, tx_error, Failure, TxError};
+use crate::rows::mutation_rows;
 
 /// First backoff after an abort; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
@@ -22,6 +28,36 @@ const MAX_BACKOFF: Duration = Duration::from_millis(400);
 /// How often a transaction is re-run because a mutation's own check fired at commit before the
 /// failure is reported as `Internal` (it means the rows changed under the transaction's locks).
 const MAX_CONSTRAINT_RETRIES: u32 = 3;
+
+/// One attempt's read-write transaction: reads as gcloud-spanner's, writes buffered through
+/// [`buffer_write`](Self::buffer_write), which counts the rows so that the commit gets a
+/// deadline that fits them.
+pub(crate) struct WriteTx {
+    tx: ReadWriteTransaction,
+    rows: usize,
+}
+
+impl WriteTx {
+    /// Buffers `mutations` for the commit.
+    pub(crate) fn buffer_write(&mut self, mutations: Vec<Mutation>) {
+        self.rows += mutations.iter().map(mutation_rows).sum::<usize>();
+        self.tx.buffer_write(mutations);
+    }
+}
+
+impl Deref for WriteTx {
+    type Target = Transaction;
+
+    fn deref(&self) -> &Transaction {
+        &self.tx
+    }
+}
+
+impl DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut Transaction {
+        &mut self.tx
+    }
+}
 
 /// One write operation's attempts. Use as
 ///
@@ -75,10 +111,7 @@ impl<'a> Attempts<'a> {
 
     /// Begins the next attempt's transaction. `Ok(None)`: the begin failed in a retryable way
     /// (and the backoff was slept); call again.
-    pub(crate) async fn begin(
-        &mut self,
-        client: &Client,
-    ) -> Result<Option<ReadWriteTransaction>, ClaimsError> {
+    pub(crate) async fn begin(&mut self, client: &Client) -> Result<Option<WriteTx>, ClaimsError> {
         self.attempts += 1;
         // gcloud-spanner offers no per-call retry setting for BeginTransaction (its default
         // retries `Unavailable` for minutes), so bound it from outside. Cancelling here is safe:
@@ -89,7 +122,7 @@ impl<'a> Attempts<'a> {
         )
         .await;
         match begun {
-            Ok(Ok(tx)) => Ok(Some(tx)),
+            Ok(Ok(tx)) => Ok(Some(WriteTx { tx, rows: 0 })),
             Ok(Err(error)) => match TxError::from(error) {
                 TxError::Status(status) => self.retry_or_fail(status).await.map(|()| None),
                 TxError::Claims(error) => Err(error),
@@ -103,16 +136,31 @@ impl<'a> Attempts<'a> {
 
     /// Commits (`Ok`) or rolls back (`Err`) the attempt. `Ok(Some((value, commit_ts)))`: done;
     /// `Ok(None)`: the attempt was aborted and the backoff slept, run another one.
+    ///
+    /// A commit may take `rpc_timeout` plus its rows' allowance
+    /// ([`SpannerOptions::commit_deadline`]); a rollback `rpc_timeout`. One that gets no answer
+    /// in time is `Unavailable` (a commit's outcome is then unknown: it may have landed).
     pub(crate) async fn end<T>(
         &mut self,
-        tx: &mut ReadWriteTransaction,
+        tx: &mut WriteTx,
         result: Result<T, TxError>,
     ) -> Result<Option<(T, Timestamp)>, ClaimsError> {
         let options = CommitOptions {
             call_options: self.options.call_options(),
             ..Default::default()
         };
-        match tx.end(result, Some(options)).await {
+        let rows = tx.rows;
+        let limit = match result {
+            Ok(_) => self.options.commit_deadline(rows),
+            Err(_) => self.options.rpc_timeout,
+        };
+        let ended = match tokio::time::timeout(limit, tx.tx.end(result, Some(options))).await {
+            Ok(ended) => ended,
+            Err(_elapsed) => Err(TxError::Status(Status::deadline_exceeded(format!(
+                "Spanner did not answer within {limit:?} (a transaction writing {rows} rows)"
+            )))),
+        };
+        match ended {
             Ok((commit, value)) => {
                 let timestamp = commit.timestamp.ok_or_else(|| {
                     ClaimsError::internal(format!(

@@ -72,6 +72,7 @@ async fn rollback(client: &mut Client, cell: &str, lease_id: &str) {
     let req = pb::RollbackUpdateRequest {
         cell_id: cell.to_owned(),
         lease_id: lease_id.to_owned(),
+        unrenewed_for: None,
     };
     ok(client.rollback_update(req).await, "RollbackUpdate");
 }
@@ -216,6 +217,7 @@ async fn happy_path_claims_are_routable_while_creating_active_after_commit_and_f
         cursor: 0,
         limit: 0,
         cursor_key: None,
+        ..Default::default()
     };
     let users = ok(client.list_claims(users).await, "ListClaims");
     assert_eq!(

@@ -1,16 +1,22 @@
 //! What is particular to the Spanner store's group commit (`run_group`) beyond the shared suite:
 //! a group decided operation by operation in one transaction, stamped with its commit
-//! timestamp; a group too large for one commit split in order; and many concurrent operations
-//! through the combiner over a few keys, after which the tables are consistent.
+//! timestamp; a group too large for one commit split in order; a large commit given time by its
+//! rows beyond the RPC timeout (decision 074); and many concurrent operations through the
+//! combiner over a few keys, after which the tables are consistent.
 
 mod common;
+
+use std::time::{Duration, Instant};
 
 use topology_claims::domain::{GroupAnswer, GroupOp};
 use topology_claims::testing::fixtures::{
     cell, creates, destroys, lease_id, moved, updates, username,
 };
 use topology_claims::testing::run_async;
-use topology_claims::{BeginUpdate, ClaimStore, ClaimsError, Lease, LeaseId, LeaseOp, TableName};
+use topology_claims::{
+    BeginUpdate, ClaimStore, ClaimsError, Lease, LeaseId, LeaseOp, MigrationPolicy, TableName,
+};
+use topology_claims_spanner::{SpannerClaimStore, SpannerOptions};
 
 fn begin(request: BeginUpdate, id: LeaseId) -> GroupOp {
     GroupOp::Begin {
@@ -43,6 +49,7 @@ fn a_group_is_decided_op_by_op_and_stamped_with_its_commit_timestamp() {
             GroupOp::Rollback {
                 cell_id: b.clone(),
                 lease_id: lease_id(4),
+                unrenewed_for: None,
             },
         ];
         let results = store.run_group(&ops).await.expect("the group commits");
@@ -201,6 +208,48 @@ fn a_group_too_large_for_one_commit_is_split_in_order() {
         let last = store.lookup_claim(&batch(3)[999].key).await.unwrap();
         assert_eq!(last.lease, None);
         assert_eq!(common::concurrent::outstanding(&store, &a).await.len(), 3);
+        store.close().await;
+    });
+}
+
+#[test]
+fn a_large_commit_gets_time_for_its_rows_beyond_the_rpc_timeout() {
+    run_async(async {
+        // An emulator of its own: no other test's transaction competes with the 1 s bound.
+        let emulator = common::start(common::Mode::Plain);
+        let url = common::fresh_url();
+        topology_claims_spanner::migrate(&url, common::options(&emulator), true)
+            .await
+            .unwrap();
+        // Every call but the commit is held to 1 s. The commit of 2,002 rows takes seconds on
+        // the emulator (about 3 s on a 2-core machine), more than the RPC timeout, and gets
+        // 1 s + 2,002 × 10 ms.
+        let options = SpannerOptions {
+            rpc_timeout: Duration::from_secs(1),
+            commit_time_per_row: Duration::from_millis(10),
+            ..common::options(&emulator)
+        };
+        let store = SpannerClaimStore::connect(&url, options, MigrationPolicy::Refuse)
+            .await
+            .unwrap();
+        let a = cell("cell-a");
+        let ops: Vec<GroupOp> = (0..2u128)
+            .map(|n| {
+                let names: Vec<_> = (0..1000)
+                    .map(|i| username(&format!("large-{n}-{i:04}")))
+                    .collect();
+                begin(creates(&a, &names), lease_id(n + 1))
+            })
+            .collect();
+        let started = Instant::now();
+        let results = store.run_group(&ops).await.expect("the group commits");
+        println!("one commit of 2,002 rows took {:?}", started.elapsed());
+        let leases: Vec<Lease> = results.iter().map(begun).collect();
+        assert_eq!(
+            leases[0].created_at, leases[1].created_at,
+            "one commit, not split"
+        );
+        assert_eq!(common::concurrent::outstanding(&store, &a).await.len(), 2);
         store.close().await;
     });
 }

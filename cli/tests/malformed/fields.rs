@@ -370,6 +370,7 @@ async fn every_field_of_every_request_is_checked_at_and_past_its_limits() {
         cursor,
         limit,
         cursor_key: None,
+        ..Default::default()
     };
     for (what, cell, valid) in cell_cases() {
         let expect = if valid {
@@ -510,7 +511,11 @@ impl LeaseRef {
                 .await
                 .map(|r| r.map(drop)),
             LeaseRef::Rollback(cell_id, lease_id) => c
-                .rollback_update(pb::RollbackUpdateRequest { cell_id, lease_id })
+                .rollback_update(pb::RollbackUpdateRequest {
+                    cell_id,
+                    lease_id,
+                    unrenewed_for: None,
+                })
                 .await
                 .map(|r| r.map(drop)),
             LeaseRef::Renew(cell_id, lease_id) => c

@@ -72,7 +72,10 @@ pub async fn lease_summary_counts_each_cells_outstanding_leases_and_its_oldest(
     }
 
     store.commit_update(&b, only_b.lease_id).await.unwrap();
-    store.rollback_update(&a, first_a.lease_id).await.unwrap();
+    store
+        .rollback_update(&a, first_a.lease_id, None)
+        .await
+        .unwrap();
     let summary = store.lease_summary().await.unwrap();
     assert_eq!(
         summary.cells.len(),

@@ -1,6 +1,8 @@
 //! Ending a lease: CommitUpdate and RollbackUpdate, their effects on the claims, idempotency,
 //! ownership, and the outcome each leaves for late calls.
 
+use std::time::Duration;
+
 use crate::domain::{BeginUpdate, ClaimState};
 use crate::error::ClaimsError;
 use crate::ports::ClaimStore;
@@ -101,7 +103,10 @@ pub async fn commit_of_another_cells_lease_is_denied(store: &impl ClaimStore) {
         denied
     );
     assert_eq!(
-        store.rollback_update(&b, lease.lease_id).await.unwrap_err(),
+        store
+            .rollback_update(&b, lease.lease_id, None)
+            .await
+            .unwrap_err(),
         denied
     );
     assert_eq!(
@@ -119,7 +124,10 @@ pub async fn commit_of_another_cells_lease_is_denied(store: &impl ClaimStore) {
         "ended leases too"
     );
     assert_eq!(
-        store.rollback_update(&b, lease.lease_id).await.unwrap_err(),
+        store
+            .rollback_update(&b, lease.lease_id, None)
+            .await
+            .unwrap_err(),
         denied
     );
 }
@@ -130,7 +138,10 @@ pub async fn commit_of_rolled_back_lease_fails(store: &impl ClaimStore) {
         .begin_update(creates(&a, &[username("olivia")]))
         .await
         .unwrap();
-    store.rollback_update(&a, lease.lease_id).await.unwrap();
+    store
+        .rollback_update(&a, lease.lease_id, None)
+        .await
+        .unwrap();
     let err = store.commit_update(&a, lease.lease_id).await.unwrap_err();
     assert_eq!(
         err,
@@ -152,7 +163,10 @@ pub async fn rollback_restores_destroys_and_frees_creates(store: &impl ClaimStor
         updates: Vec::new(),
     };
     let lease = store.begin_update(request).await.unwrap();
-    store.rollback_update(&a, lease.lease_id).await.unwrap();
+    store
+        .rollback_update(&a, lease.lease_id, None)
+        .await
+        .unwrap();
     let restored = store
         .lookup_claim(&email("old@example.com").key)
         .await
@@ -177,7 +191,10 @@ pub async fn rollback_is_idempotent(store: &impl ClaimStore) {
         .await
         .unwrap();
     for _ in 0..3 {
-        store.rollback_update(&a, lease.lease_id).await.unwrap();
+        store
+            .rollback_update(&a, lease.lease_id, None)
+            .await
+            .unwrap();
     }
     assert_eq!(state_of(store, &username("paul").key).await, None);
 }
@@ -189,7 +206,10 @@ pub async fn rollback_of_committed_lease_fails(store: &impl ClaimStore) {
         .await
         .unwrap();
     store.commit_update(&a, lease.lease_id).await.unwrap();
-    let err = store.rollback_update(&a, lease.lease_id).await.unwrap_err();
+    let err = store
+        .rollback_update(&a, lease.lease_id, None)
+        .await
+        .unwrap_err();
     assert_eq!(
         err,
         ClaimsError::LeaseCommitted {
@@ -205,8 +225,8 @@ pub async fn rollback_of_committed_lease_fails(store: &impl ClaimStore) {
 pub async fn rollback_of_unknown_lease_is_remembered(store: &impl ClaimStore) {
     let (a, b) = (cell("cell-a"), cell("cell-b"));
     let id = lease_id(11);
-    store.rollback_update(&a, id).await.unwrap();
-    store.rollback_update(&a, id).await.unwrap();
+    store.rollback_update(&a, id, None).await.unwrap();
+    store.rollback_update(&a, id, None).await.unwrap();
     // The BeginUpdate the client gave up on arrives late: refused, nothing leased.
     let late = BeginUpdate {
         lease_id: Some(id),
@@ -228,5 +248,85 @@ pub async fn rollback_of_unknown_lease_is_remembered(store: &impl ClaimStore) {
     assert_eq!(
         store.begin_update(foreign).await.unwrap_err(),
         ClaimsError::LeaseIdConflict { lease_id: id }
+    );
+}
+
+/// The window of the conditional-rollback cases: long enough that a store's round trip between
+/// a renewal and the rollback never reaches it, short enough to wait out.
+const WINDOW: Duration = Duration::from_millis(1500);
+
+/// The reconciler's race: the lease is older than the window, but was renewed just before the
+/// rollback arrives. The store measures from the renewal, by its own clock, and refuses; the
+/// lease stays outstanding and the cell's commit succeeds.
+pub async fn conditional_rollback_of_a_renewed_lease_is_refused_and_its_commit_succeeds(
+    store: &impl ClaimStore,
+) {
+    let a = cell("cell-a");
+    let lease = store
+        .begin_update(creates(&a, &[username("renewed")]))
+        .await
+        .unwrap();
+    tokio::time::sleep(WINDOW + Duration::from_millis(200)).await;
+    store.renew_lease(&a, lease.lease_id).await.unwrap();
+    assert_eq!(
+        store
+            .rollback_update(&a, lease.lease_id, Some(WINDOW))
+            .await
+            .unwrap_err(),
+        ClaimsError::LeaseRenewed {
+            lease_id: lease.lease_id
+        }
+    );
+    assert_eq!(
+        state_of(store, &username("renewed").key).await,
+        Some(("cell-a".into(), ClaimState::Creating)),
+        "a refused rollback leaves the lease as it was"
+    );
+    assert_eq!(leases_of(store, &a).await.leases.len(), 1);
+    store.commit_update(&a, lease.lease_id).await.unwrap();
+    assert_eq!(
+        state_of(store, &username("renewed").key).await,
+        Some(("cell-a".into(), ClaimState::Active))
+    );
+    // Ended leases answer as for an unconditional rollback.
+    assert_eq!(
+        store
+            .rollback_update(&a, lease.lease_id, Some(WINDOW))
+            .await
+            .unwrap_err(),
+        ClaimsError::LeaseCommitted {
+            lease_id: lease.lease_id
+        }
+    );
+}
+
+/// A lease left unrenewed for the window is rolled back like an unconditional rollback, and
+/// rolling it back again (conditionally or not) stays an idempotent success.
+pub async fn conditional_rollback_of_an_idle_lease_succeeds(store: &impl ClaimStore) {
+    let a = cell("cell-a");
+    let window = Duration::from_millis(300);
+    let lease = store
+        .begin_update(creates(&a, &[username("idle")]))
+        .await
+        .unwrap();
+    tokio::time::sleep(window + Duration::from_millis(100)).await;
+    store
+        .rollback_update(&a, lease.lease_id, Some(window))
+        .await
+        .unwrap();
+    assert_eq!(state_of(store, &username("idle").key).await, None);
+    store
+        .rollback_update(&a, lease.lease_id, Some(window))
+        .await
+        .unwrap();
+    store
+        .rollback_update(&a, lease.lease_id, Some(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.commit_update(&a, lease.lease_id).await.unwrap_err(),
+        ClaimsError::LeaseRolledBack {
+            lease_id: lease.lease_id
+        }
     );
 }

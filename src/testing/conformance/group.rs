@@ -54,6 +54,7 @@ pub async fn a_group_decides_each_operation_in_arrival_order(store: &impl ClaimS
         GroupOp::Rollback {
             cell_id: b.clone(),
             lease_id: lease_id(2),
+            unrenewed_for: None,
         },
         // Refusals in between change nothing: another cell's end, a destroy of a foreign claim.
         GroupOp::Commit {
@@ -104,5 +105,5 @@ pub async fn a_group_decides_each_operation_in_arrival_order(store: &impl ClaimS
         matches!(late, ClaimsError::LeaseRolledBack { .. }),
         "the rolled-back id is remembered: {late:?}"
     );
-    store.rollback_update(&c, lease_id(5)).await.unwrap();
+    store.rollback_update(&c, lease_id(5), None).await.unwrap();
 }

@@ -90,7 +90,7 @@ pub async fn begin_with_ended_lease_id_fails_with_its_outcome(store: &impl Claim
         ..creates(&a, &[username("xena")])
     };
     store.begin_update(request.clone()).await.unwrap();
-    store.rollback_update(&a, lease_id(24)).await.unwrap();
+    store.rollback_update(&a, lease_id(24), None).await.unwrap();
     let other_content = BeginUpdate {
         creates: vec![username("yara")],
         ..request

@@ -47,7 +47,7 @@ pub async fn renew_of_ended_unknown_or_foreign_lease_fails(store: &impl ClaimSto
         .await
         .unwrap();
     store
-        .rollback_update(&a, rolled_back.lease_id)
+        .rollback_update(&a, rolled_back.lease_id, None)
         .await
         .unwrap();
     let cases = [

@@ -1,18 +1,23 @@
 //! The fleet-wide verification slots: granted up to the limit, refused beyond it with a retry
-//! hint, renewed by their holder, released only by it, and free again once expired.
+//! hint, renewed by their holder, released only by it, and free again once expired; and one
+//! cell's cap, which refuses that cell while other cells still take free slots.
 
 use std::time::Duration;
 
-use crate::domain::{SlotHolder, SlotLimit};
+use crate::domain::{SlotCap, SlotHolder, SlotLimit};
 use crate::error::ClaimsError;
 use crate::ports::ClaimStore;
 use crate::testing::fixtures::cell;
 
 /// The limit every case runs under (the gRPC conformance store's server serves exactly this).
 pub const SUITE_SLOTS: u32 = 2;
+/// The cap of one cell every case runs under (the default of `serve`, served by the gRPC
+/// conformance store's server too). The fleet-wide cases use one holder per cell.
+pub const SUITE_SLOTS_PER_CELL: u32 = 1;
 
 const LIMIT: SlotLimit = SlotLimit {
     max: SUITE_SLOTS,
+    per_cell: SUITE_SLOTS_PER_CELL,
     ttl: Duration::from_secs(30),
 };
 
@@ -42,9 +47,10 @@ pub async fn verification_slots_are_granted_up_to_the_limit_then_refused_with_a_
         ClaimsError::VerificationSlotsBusy {
             in_use,
             max,
+            limit,
             retry_after,
         } => {
-            assert_eq!((in_use, max), (2, SUITE_SLOTS));
+            assert_eq!((in_use, max, limit), (2, SUITE_SLOTS, SlotCap::Fleet));
             assert!(
                 retry_after > Duration::ZERO && retry_after <= LIMIT.ttl,
                 "retry when the earliest slot expires: {retry_after:?}"
@@ -168,4 +174,51 @@ pub async fn concurrent_acquires_never_exceed_the_limit(store: &impl ClaimStore)
         .iter()
         .filter_map(|r| r.as_ref().err())
         .all(|e| matches!(e, ClaimsError::VerificationSlotsBusy { .. })));
+}
+
+pub async fn a_cell_at_its_verification_slot_cap_is_refused_while_other_cells_get_slots(
+    store: &impl ClaimStore,
+) {
+    let first = holder("cell-a", "h1");
+    store
+        .acquire_verification_slot(&first, LIMIT)
+        .await
+        .expect("the cell's first slot");
+    match store
+        .acquire_verification_slot(&holder("cell-a", "h2"), LIMIT)
+        .await
+    {
+        Err(ClaimsError::VerificationSlotsBusy {
+            in_use,
+            max,
+            limit,
+            retry_after,
+        }) => {
+            assert_eq!(
+                (in_use, max, limit),
+                (SUITE_SLOTS_PER_CELL, SUITE_SLOTS_PER_CELL, SlotCap::PerCell)
+            );
+            assert!(
+                retry_after > Duration::ZERO && retry_after <= LIMIT.ttl,
+                "retry when the cell's earliest slot expires: {retry_after:?}"
+            );
+        }
+        other => panic!("expected VERIFICATION_SLOTS_BUSY of the cell's cap, got {other:?}"),
+    }
+    let other = store
+        .acquire_verification_slot(&holder("cell-b", "h1"), LIMIT)
+        .await
+        .expect("another cell still gets a free slot");
+    assert_eq!(other.in_use, 2);
+    let renewal = store
+        .acquire_verification_slot(&first, LIMIT)
+        .await
+        .expect("the holder at its cell's cap renews its slot");
+    assert!(renewal.renewed);
+    // Once the cell's slot is released, the cell may take one again.
+    assert!(store.release_verification_slot(&first).await.unwrap());
+    store
+        .acquire_verification_slot(&holder("cell-a", "h2"), LIMIT)
+        .await
+        .expect("the cell is under its cap again");
 }

@@ -62,7 +62,10 @@ pub async fn update_rollback_leaves_the_claim_as_it_was(store: &impl ClaimStore)
     committed(store, creates(&a, from_ref(&old))).await;
     let new = moved(&old, "team", TableName::Groups, 7);
     let lease = store.begin_update(updates(&a, &[new])).await.unwrap();
-    store.rollback_update(&a, lease.lease_id).await.unwrap();
+    store
+        .rollback_update(&a, lease.lease_id, None)
+        .await
+        .unwrap();
     let claim = store.lookup_claim(&old.key).await.unwrap();
     assert_eq!((claim.record, claim.lease), (old.clone(), None));
     assert_eq!(listed(store, "cell-a", TableName::Groups).await, vec![]);

@@ -221,6 +221,9 @@ async fn probe(
                 cursor,
                 limit: page_size as i32,
                 cursor_key: None,
+                // A probe reads one page at a random record and follows none.
+                page_token: String::new(),
+                page_tokens: true,
             })
             .await;
         let list_time = started.elapsed();

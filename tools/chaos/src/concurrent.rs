@@ -74,7 +74,9 @@ async fn call(store: &GroupCommit, history: &History, cell: u16, call: Call) -> 
                 .await,
         ),
         Call::Commit { lease, .. } => answer_of(&store.commit_update(&caller, lease).await),
-        Call::Rollback { lease, .. } => answer_of(&store.rollback_update(&caller, lease).await),
+        Call::Rollback { lease, .. } => {
+            answer_of(&store.rollback_update(&caller, lease, None).await)
+        }
         Call::Lookup { key } => match store.lookup_claim(&model::claim_key(key)).await {
             Ok(claim) => Answer::Found {
                 cell: model::cell_index(&claim.cell_id).unwrap_or(u16::MAX),
@@ -305,9 +307,11 @@ impl ClaimStore for Broken {
         &self,
         cell_id: &CellId,
         lease_id: LeaseId,
+        unrenewed_for: Option<Duration>,
     ) -> Result<(), ClaimsError> {
         let now = self.now();
-        self.lock().rollback_update(cell_id, lease_id, now)
+        self.lock()
+            .rollback_update(cell_id, lease_id, unrenewed_for, now)
     }
 
     async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {

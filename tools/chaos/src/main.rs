@@ -212,6 +212,7 @@ fn client_config(tls: Option<ClientTls>) -> ClientConfig {
         },
         connect_timeout: Duration::from_millis(500),
         tls,
+        retry_claim_leased: None,
     }
 }
 

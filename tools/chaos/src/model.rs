@@ -92,7 +92,7 @@ pub fn apply(tables: &mut Tables, cell: u16, call: &Call) -> Answer {
             lease,
             committed: false,
             ..
-        } => answer(tables.rollback_update(&caller, lease, NOW)),
+        } => answer(tables.rollback_update(&caller, lease, None, NOW)),
         Call::Probe { lease, .. } => answer(tables.renew_lease(&caller, lease, NOW).map(drop)),
         Call::Lookup { key } => match tables.lookup_claim(&claim_key(key)) {
             Ok(claim) => Answer::Found {

@@ -104,7 +104,7 @@ pub async fn random_operations(combiner: &GroupCommit, seed: u64) {
                         let ended = if commit {
                             combiner.commit_update(&cell, lease.lease_id).await
                         } else {
-                            combiner.rollback_update(&cell, lease.lease_id).await
+                            combiner.rollback_update(&cell, lease.lease_id, None).await
                         };
                         ended.expect("the lease's own end succeeds");
                         history.push((lease, Some(commit)));
@@ -195,7 +195,7 @@ pub async fn random_operations(combiner: &GroupCommit, seed: u64) {
             let again = if *commit {
                 combiner.commit_update(cell_id, *id).await
             } else {
-                combiner.rollback_update(cell_id, *id).await
+                combiner.rollback_update(cell_id, *id, None).await
             };
             assert_eq!(again, Ok(()), "ending {id} again");
         }
