@@ -159,11 +159,12 @@ async fn broken_grpc_framing_over_raw_http2_is_refused_without_harm() {
             vec![frame(0, length, &valid[..half])],
             invalid,
         ),
+        // `{"ce` reads as a prefix declaring about 580 MB: refused at the prefix.
         (
             "JSON instead of a gRPC frame",
             "application/json",
             vec![b"{\"cell_id\":\"a\"}".to_vec()],
-            invalid,
+            Code::OutOfRange as i32,
         ),
     ];
     for (what, content_type, body, expected) in &refused {
