@@ -43,6 +43,7 @@ pub async fn signup(
         table_record_id: id,
     };
     let request = BeginUpdate {
+        local_transaction: None,
         cell_id: cell.clone(),
         lease_id: None,
         creates: vec![

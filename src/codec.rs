@@ -10,7 +10,8 @@
 use prost::Message;
 
 use crate::domain::{
-    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, LeaseId, OwnerType, TableName, Timestamp,
+    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, LeaseId, LocalTransaction, OwnerType,
+    TableName, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::pb;
@@ -77,6 +78,7 @@ pub fn begin_update_from_pb(request: &pb::BeginUpdateRequest) -> Result<BeginUpd
         creates: records(&request.creates_claims, "creates_claims")?,
         destroys: records(&request.destroys_claims, "destroys_claims")?,
         updates: records(&request.updates_claims, "updates_claims")?,
+        local_transaction: LocalTransaction::parse_optional(&request.local_transaction)?,
     })
 }
 
@@ -97,6 +99,11 @@ pub fn begin_update_to_pb(request: &BeginUpdate) -> pb::BeginUpdateRequest {
         lease_id: request
             .lease_id
             .map(|id| id.to_string())
+            .unwrap_or_default(),
+        local_transaction: request
+            .local_transaction
+            .as_ref()
+            .map(|t| t.as_str().to_owned())
             .unwrap_or_default(),
     }
 }

@@ -31,7 +31,8 @@ pub mod testing;
 pub use domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimState, ClaimType,
     ClaimsCursor, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeaseOp, LeaseOutcome, LeasesPage,
-    LeasesQuery, OwnerType, TableName, Timestamp,
+    LeasesQuery, LocalTransaction, LocalTxStatus, OwnerType, PgLocalTransaction, TableName,
+    Timestamp,
 };
 pub use error::ClaimsError;
 pub use ports::{

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, GroupAnswer,
-    GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant,
-    SlotHolder, SlotLimit, Timestamp,
+    GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, LocalTransaction,
+    LocalTxStatus, SlotGrant, SlotHolder, SlotLimit, Timestamp,
 };
 use crate::error::ClaimsError;
 
@@ -186,6 +186,21 @@ pub trait LocalLeaseStore: Send + Sync {
         before: Timestamp,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<LocalLease>, ClaimsError>> + Send;
+
+    /// What this database knows of the transaction a lease's `local_transaction` names. Never
+    /// fails: anything it cannot vouch for (another database's transaction, a standby, an error)
+    /// is [`LocalTxStatus::Unknown`] with the reason, and the reconciler falls back to the
+    /// staleness rule. The default knows nothing (SQLite, memory); PostgreSQL answers with
+    /// `pg_xact_status` (decision 080).
+    fn transaction_status(
+        &self,
+        local: &LocalTransaction,
+    ) -> impl Future<Output = LocalTxStatus> + Send {
+        let _ = local;
+        std::future::ready(LocalTxStatus::Unknown(
+            "this local database does not report transaction status".to_owned(),
+        ))
+    }
 }
 
 /// Where stores that do not have a database clock get their time from.

@@ -266,8 +266,13 @@ fn format_lease(
         _ => "-".to_owned(),
     };
     let request = payload.original_request.unwrap_or_default();
+    let local = if request.local_transaction.is_empty() {
+        String::new()
+    } else {
+        format!(", local transaction {}", request.local_transaction)
+    };
     format!(
-        "{:<36}  {:<27}  {:>9}  {:>9}  {} create(s), {} destroy(s)",
+        "{:<36}  {:<27}  {:>9}  {:>9}  {} create(s), {} destroy(s){local}",
         payload.lease_id,
         timestamp_text(payload.created_at.as_ref()),
         since(payload.created_at.as_ref()),
@@ -346,5 +351,25 @@ mod tests {
         assert!(row.contains("12m5s"), "age since creation: {row}");
         assert!(row.contains("3m45s"), "idle since renewal: {row}");
         assert!(row.contains("2 create(s), 0 destroy(s)"), "{row}");
+        assert!(!row.contains("local transaction"), "none named: {row}");
+    }
+
+    #[test]
+    fn lease_row_shows_the_local_transaction_as_sent() {
+        let lease = pb::OutstandingLease {
+            lease_payload: Some(pb::LeasePayload {
+                original_request: Some(pb::BeginUpdateRequest {
+                    local_transaction: "pg:7311234567890123456:812".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            last_renewed_at: None,
+        };
+        let row = format_lease(&lease, None);
+        assert!(
+            row.ends_with(", local transaction pg:7311234567890123456:812"),
+            "{row}"
+        );
     }
 }

@@ -71,7 +71,9 @@ pub struct CellArgs {
     cell_id: CellId,
 
     /// The cell's own database, holding its `leases_outstanding` table: sqlite://PATH or
-    /// postgres://USER@HOST:PORT/DB (also ?host=/var/run/postgresql).
+    /// postgres://USER@HOST:PORT/DB (also ?host=/var/run/postgresql). On PostgreSQL, the
+    /// primary: the reconciler asks it whether a lease's local transaction aborted (a standby
+    /// is never asked; its leases wait for the staleness).
     #[arg(long, env = "TOPOLOGY_CLAIMS_LOCAL_DB")]
     local_db: LocalDbUrl,
 

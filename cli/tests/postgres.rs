@@ -1,7 +1,10 @@
 //! The real binary with PostgreSQL: `serve --store postgres://…` on a fresh database keeps its
 //! data across a restart, `migrate` finds the schema up to date, `reconcile` works against a
 //! cell database on PostgreSQL, and concurrent 1,000-claim batches stay within PostgreSQL's
-//! default lock table. Connection from TOPOLOGY_CLAIMS_TEST_POSTGRES_URL (default
+//! default lock table. A lease naming its local transaction (`pg:<system_identifier>:<xid8>`) is
+//! listed with it; `reconcile --once` rolls it back at once when that transaction aborted (or its
+//! client was killed), leaves it while the transaction runs and commits it with its row, and
+//! leaves another cluster's or an unnamed one for the staleness rule. Connection from TOPOLOGY_CLAIMS_TEST_POSTGRES_URL (default
 //! postgres://postgres@127.0.0.1:5432/test); unreachable → fails when CI=true, else one skip line.
 #![cfg(unix)]
 
@@ -11,10 +14,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{run, text, Server};
+use common::{command, run, text, Server};
 use topology_claims::cell::{ClaimsClient, ClientConfig};
 use topology_claims::testing::fixtures::{cell, creates, username};
-use topology_claims::{ClaimState, ClaimsError};
+use topology_claims::{
+    BeginUpdate, ClaimState, ClaimsError, LeaseId, LeasesQuery, LocalTransaction,
+    PgLocalTransaction,
+};
 use topology_claims_postgres::tokio_postgres::{self, NoTls};
 
 fn base_url() -> String {
@@ -425,4 +431,337 @@ fn verify_reports_a_postgres_query_with_too_few_columns_as_a_column_count() {
         err.contains("verify query for table emails returns 5 columns; expected 6: table_record_id, claim_type, claim_value, owner_type, owner_value, created_at"),
         "{err}"
     );
+}
+
+/// A cell on PostgreSQL whose leases name their local transaction (`pg:<system_identifier>:<xid8>`),
+/// a `serve` on memory, and `reconcile --once` at the default staleness (10 minutes).
+struct LocalTransactionCell {
+    db: FreshDb,
+    dir: tempfile::TempDir,
+    server: Server,
+    client: ClaimsClient,
+}
+
+impl LocalTransactionCell {
+    async fn start() -> Option<Self> {
+        let db = FreshDb::create().await?;
+        let (cell_db, connection) = tokio_postgres::connect(&db.url, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        topology_claims_postgres::ensure_local_schema(&cell_db)
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let server = tokio::task::spawn_blocking({
+            let dir = dir.path().to_owned();
+            move || Server::start(&dir, &["--listen", "127.0.0.1:0", "--store", "memory:"])
+        })
+        .await
+        .unwrap();
+        let client =
+            ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+        Some(Self {
+            db,
+            dir,
+            server,
+            client,
+        })
+    }
+
+    /// A connection of the cell's application, with its connection task (abort it to kill the
+    /// client without a goodbye).
+    async fn connect(&self) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
+        let (client, connection) = tokio_postgres::connect(&self.db.url, NoTls).await.unwrap();
+        let task = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        (client, task)
+    }
+
+    /// BEGINs on `app` and returns the transaction's `local_transaction`, as a cell computes it.
+    async fn begin_local(app: &tokio_postgres::Client) -> LocalTransaction {
+        app.batch_execute("BEGIN").await.unwrap();
+        let text: String = app
+            .query_one(
+                "SELECT 'pg:' || (SELECT system_identifier FROM pg_control_system()) || ':' || pg_current_xact_id()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        LocalTransaction::parse_field(&text, "local_transaction").unwrap()
+    }
+
+    /// BeginUpdate of username `name` naming `local`.
+    async fn lease(&self, name: &str, local: Option<LocalTransaction>) -> LeaseId {
+        let request = BeginUpdate {
+            local_transaction: local,
+            ..creates(&cell("cell-a"), &[username(name)])
+        };
+        self.client.begin_update(request).await.unwrap().lease_id
+    }
+
+    /// An application connection with an open local transaction that leased username `name`
+    /// (naming itself) and recorded the lease, uncommitted.
+    async fn leased_in_open_transaction(
+        &self,
+        name: &str,
+    ) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>, LeaseId) {
+        let (app, task) = self.connect().await;
+        let local = Self::begin_local(&app).await;
+        let lease_id = self.lease(name, Some(local)).await;
+        Self::record(&app, lease_id).await;
+        (app, task, lease_id)
+    }
+
+    async fn record(app: &tokio_postgres::Client, lease_id: LeaseId) {
+        app.execute(
+            "INSERT INTO leases_outstanding (lease_id, created_at, updated_at) VALUES ($1, now(), now())",
+            &[lease_id.as_uuid()],
+        )
+        .await
+        .unwrap();
+    }
+
+    /// `reconcile --once` with `extra` flags; its report line.
+    async fn reconcile(&self, extra: &[&str]) -> String {
+        let mut args: Vec<String> = [
+            "reconcile",
+            "--once",
+            "--server",
+            &self.server.endpoint(),
+            "--cell-id",
+            "cell-a",
+            "--local-db",
+            &self.db.url,
+        ]
+        .map(String::from)
+        .into();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let dir = self.dir.path().to_owned();
+        let output = tokio::task::spawn_blocking(move || {
+            run(&dir, &args.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .await
+        .unwrap();
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        text(&output.stdout)
+    }
+
+    async fn state(&self, name: &str) -> Option<ClaimState> {
+        match self.client.lookup_claim(&username(name).key).await {
+            Ok(claim) => Some(claim.state),
+            Err(ClaimsError::ClaimNotFound { .. }) => None,
+            Err(error) => panic!("lookup of {name}: {error}"),
+        }
+    }
+
+    async fn stop(self) {
+        drop(self.server);
+        self.db.drop_database().await;
+    }
+}
+
+/// Waits until the backend of `pid` has gone (it noticed its client's dropped connection and
+/// aborted the open transaction).
+async fn wait_for_backend_exit(admin: &tokio_postgres::Client, pid: i32) {
+    for _ in 0..200 {
+        let alive: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if alive == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("backend {pid} did not exit after its client was killed");
+}
+
+#[tokio::test]
+async fn a_lease_naming_its_local_transaction_is_listed_with_it_unchanged() {
+    let Some(cell_a) = LocalTransactionCell::start().await else {
+        return;
+    };
+    let (app, _task) = cell_a.connect().await;
+    let local = LocalTransactionCell::begin_local(&app).await;
+    let lease_id = cell_a.lease("lt-listed", Some(local.clone())).await;
+    let page = cell_a
+        .client
+        .list_outstanding_leases(&LeasesQuery::new(cell("cell-a"), None, 10))
+        .await
+        .unwrap();
+    assert_eq!(page.leases.len(), 1);
+    assert_eq!(page.leases[0].lease_id, lease_id);
+    assert_eq!(
+        page.leases[0].request.local_transaction,
+        Some(local.clone())
+    );
+
+    let (endpoint, dir) = (cell_a.server.endpoint(), cell_a.dir.path().to_owned());
+    let output = tokio::task::spawn_blocking(move || {
+        run(
+            &dir,
+            &["leases", "--server", &endpoint, "--cell-id", "cell-a"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
+    assert!(
+        out.contains(&format!("local transaction {local}")),
+        "the operator's listing shows it: {out}"
+    );
+    app.batch_execute("ROLLBACK").await.unwrap();
+    drop(app);
+    cell_a.stop().await;
+}
+
+#[tokio::test]
+async fn reconcile_once_rolls_back_the_leases_of_aborted_and_killed_local_transactions_at_once() {
+    let Some(cell_a) = LocalTransactionCell::start().await else {
+        return;
+    };
+    // The application rolls its transaction back (and, like a crashed cell, never calls
+    // RollbackUpdate).
+    let (app, _task, _) = cell_a.leased_in_open_transaction("lt-aborted").await;
+    app.batch_execute("ROLLBACK").await.unwrap();
+
+    // The client is killed with its transaction open: the connection drops without a goodbye.
+    let (killed_app, task, _) = cell_a.leased_in_open_transaction("lt-killed").await;
+    let pid: i32 = killed_app
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    task.abort();
+    let _ = task.await;
+    drop(killed_app);
+    wait_for_backend_exit(&cell_a.db.admin, pid).await;
+
+    assert_eq!(cell_a.state("lt-aborted").await, Some(ClaimState::Creating));
+    let out = cell_a.reconcile(&[]).await;
+    assert!(
+        out.contains("rolled_back=2") && out.contains("rolled_back_aborted=2"),
+        "both rolled back in the first pass, at the default 10-minute staleness: {out}"
+    );
+    assert_eq!(cell_a.state("lt-aborted").await, None, "free again");
+    assert_eq!(cell_a.state("lt-killed").await, None, "free again");
+    drop(app);
+    cell_a.stop().await;
+}
+
+#[tokio::test]
+async fn reconcile_once_leaves_an_open_local_transaction_then_commits_it_with_its_row() {
+    let Some(cell_a) = LocalTransactionCell::start().await else {
+        return;
+    };
+    let (app, _task, _) = cell_a.leased_in_open_transaction("lt-open").await;
+
+    let out = cell_a.reconcile(&[]).await;
+    assert!(
+        out.contains("rolled_back=0")
+            && out.contains("committed=0")
+            && out.contains("left_young=1"),
+        "in progress: left alone: {out}"
+    );
+    assert_eq!(cell_a.state("lt-open").await, Some(ClaimState::Creating));
+
+    app.batch_execute("COMMIT").await.unwrap();
+    let out = cell_a.reconcile(&[]).await;
+    assert!(out.contains("committed=1"), "committed with its row: {out}");
+    assert_eq!(cell_a.state("lt-open").await, Some(ClaimState::Active));
+    drop(app);
+    cell_a.stop().await;
+}
+
+#[tokio::test]
+async fn reconcile_once_leaves_another_clusters_or_an_unnamed_transactions_lease_for_staleness() {
+    let Some(cell_a) = LocalTransactionCell::start().await else {
+        return;
+    };
+    // An aborted transaction, but named with another cluster's system identifier: this
+    // cluster cannot vouch for it.
+    let (app, _task) = cell_a.connect().await;
+    let local = LocalTransactionCell::begin_local(&app).await;
+    app.batch_execute("ROLLBACK").await.unwrap();
+    let named = PgLocalTransaction::parse(&local).unwrap();
+    let foreign = PgLocalTransaction {
+        system_identifier: named.system_identifier ^ 1,
+        ..named
+    };
+    cell_a
+        .lease("lt-foreign", Some(foreign.to_local_transaction()))
+        .await;
+    cell_a.lease("lt-unnamed", None).await;
+
+    let out = cell_a.reconcile(&[]).await;
+    assert!(
+        out.contains("rolled_back=0") && out.contains("left_young=2"),
+        "both wait for the staleness: {out}"
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let out = cell_a.reconcile(&["--staleness", "1s"]).await;
+    assert!(
+        out.contains("rolled_back=2") && out.contains("rolled_back_aborted=0"),
+        "then stale, rolled back by today's rule: {out}"
+    );
+    assert_eq!(cell_a.state("lt-foreign").await, None);
+    assert_eq!(cell_a.state("lt-unnamed").await, None);
+    drop(app);
+    cell_a.stop().await;
+}
+
+#[tokio::test]
+async fn reconcile_logs_why_a_young_lease_waits_once_not_on_every_pass() {
+    let Some(cell_a) = LocalTransactionCell::start().await else {
+        return;
+    };
+    let (app, _task, lease_id) = cell_a.leased_in_open_transaction("lt-logged").await;
+    let mut reconciler = command(
+        cell_a.dir.path(),
+        &[
+            "reconcile",
+            "--server",
+            &cell_a.server.endpoint(),
+            "--cell-id",
+            "cell-a",
+            "--local-db",
+            &cell_a.db.url,
+            "--interval",
+            "100ms",
+        ],
+    );
+    reconciler
+        .env("RUST_LOG", "topology_claims=debug")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = reconciler.spawn().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    child.kill().unwrap();
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let (err, out) = (text(&output.stderr), text(&output.stdout));
+    let passes = err.matches("reconcile pass").count() + out.matches("left_young=1").count();
+    assert!(passes >= 3, "several passes ran: {err}{out}");
+    let fallbacks = err
+        .lines()
+        .filter(|line| {
+            line.contains("left for the staleness rule") && line.contains(&lease_id.to_string())
+        })
+        .count();
+    assert_eq!(fallbacks, 1, "logged once, with why (in progress): {err}");
+    assert!(
+        err.contains("its local transaction is in progress"),
+        "{err}"
+    );
+    app.batch_execute("ROLLBACK").await.unwrap();
+    drop(app);
+    cell_a.stop().await;
 }

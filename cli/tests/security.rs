@@ -197,6 +197,7 @@ fn begin(
     destroys: Vec<pb::ClaimRecord>,
 ) -> pb::BeginUpdateRequest {
     pb::BeginUpdateRequest {
+        local_transaction: String::new(),
         cell_id: cell.to_owned(),
         creates_claims: creates,
         destroys_claims: destroys,

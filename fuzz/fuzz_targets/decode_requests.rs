@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use topology_claims::codec;
-use topology_claims::domain::{self, MAX_CELL_ID_LEN, MAX_VALUE_LEN};
+use topology_claims::domain::{self, MAX_CELL_ID_LEN, MAX_LOCAL_TRANSACTION_LEN, MAX_VALUE_LEN};
 use topology_claims::grpc::{convert, pb};
 use topology_claims::BeginUpdate;
 
@@ -17,6 +17,11 @@ fn check_accepted_begin(request: &BeginUpdate) {
         assert!(!record.key.value.is_empty() && record.key.value.len() <= MAX_VALUE_LEN);
         assert!(!record.owner_value.is_empty() && record.owner_value.len() <= MAX_VALUE_LEN);
         assert!((0..i64::MAX).contains(&record.table_record_id));
+    }
+    if let Some(local) = &request.local_transaction {
+        let text = local.as_str();
+        assert!(!text.is_empty() && text.len() <= MAX_LOCAL_TRANSACTION_LEN);
+        assert!(text.bytes().all(|b| (b' '..=b'~').contains(&b)));
     }
     // The lease payload codec every store uses must give back exactly what it was given.
     let stored = codec::encode_request(request);

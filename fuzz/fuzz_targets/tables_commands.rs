@@ -193,6 +193,7 @@ fuzz_target!(|commands: Vec<Command>| {
                 updates,
             } => {
                 let request = BeginUpdate {
+                    local_transaction: None,
                     cell_id: cell(c),
                     lease_id: l.map(lease),
                     creates: creates.iter().take(4).map(|&k| record(c, k)).collect(),
@@ -233,7 +234,10 @@ fuzz_target!(|commands: Vec<Command>| {
                 }
             }
             Command::Rollback { cell: c, lease: l } => {
-                if tables.rollback_update(&cell(c), lease(l), None, now).is_ok() {
+                if tables
+                    .rollback_update(&cell(c), lease(l), None, now)
+                    .is_ok()
+                {
                     let before = tables.clone();
                     tables
                         .rollback_update(&cell(c), lease(l), None, now)

@@ -7,7 +7,11 @@
 //!   clock) → the local transaction never committed: RollbackUpdate (3B), conditional on
 //!   `unrenewed_for = staleness`, so the store refuses it (LEASE_RENEWED) if the cell renewed
 //!   the lease after this page was read; such a lease is left for the next pass;
-//! - absent locally and young → maybe still running: left alone.
+//! - absent locally, young, and its `local_transaction` is one the local database reports as
+//!   aborted (`LocalLeaseStore::transaction_status`, PostgreSQL's `pg_xact_status`) → its row
+//!   can never appear: RollbackUpdate now, whatever its age (`unrenewed_for` zero; decision 080);
+//! - absent locally and young otherwise → maybe still running: left alone (why is logged once
+//!   per lease at debug level, not on every pass).
 //!
 //! Then local rows older than the threshold that are still there (their CommitUpdate or local
 //! delete was lost, 5A) are committed idempotently and deleted; those the service no longer knows
@@ -17,11 +21,16 @@
 //! `reconciler:<cell>` in the cell's own database and skips if another sidecar holds it.
 //! Must not decide protocol rules beyond this lease bookkeeping; the service decides the rest.
 
+use std::collections::HashSet;
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::cell::client::ClaimsClient;
-use crate::domain::{lease_is_stale, CellId, LeaseId, LeasesQuery};
+use crate::domain::{
+    decide_absent_lease, local_transaction_to_ask, AbsentLeaseAction, CellId, LeaseId, LeasesQuery,
+    EARLY_ROLLBACK_UNRENEWED_FOR,
+};
 use crate::error::ClaimsError;
 use crate::ports::{Clock, LocalLeaseStore, LocalLock, SystemClock};
 
@@ -72,7 +81,10 @@ pub struct ReconcileReport {
     pub acted: bool,
     pub pages: u64,
     pub committed: u64,
+    /// Every lease rolled back, stale or early.
     pub rolled_back: u64,
+    /// Of `rolled_back`, those rolled back early: young, but their local transaction aborted.
+    pub rolled_back_aborted: u64,
     pub left_young: u64,
     /// Stale when listed, but renewed by the cell before the rollback reached the store
     /// (LEASE_RENEWED): left for the next pass, not an error.
@@ -91,10 +103,11 @@ impl std::fmt::Display for ReconcileReport {
         }
         write!(
             f,
-            "pages={} committed={} rolled_back={} left_young={} left_renewed={} local_rows_deleted={} lost={} errors={}",
+            "pages={} committed={} rolled_back={} rolled_back_aborted={} left_young={} left_renewed={} local_rows_deleted={} lost={} errors={}",
             self.pages,
             self.committed,
             self.rolled_back,
+            self.rolled_back_aborted,
             self.left_young,
             self.left_renewed,
             self.local_rows_deleted,
@@ -109,6 +122,9 @@ pub struct Reconciler<L> {
     client: ClaimsClient,
     local: L,
     config: ReconcilerConfig,
+    /// Young leases whose fallback was logged: each is logged once, not on every pass. Holds
+    /// only the leases of the last pass, so it is bounded by the cell's outstanding leases.
+    fallbacks_logged: Mutex<HashSet<LeaseId>>,
 }
 
 impl<L: LocalLeaseStore + LocalLock> Reconciler<L> {
@@ -117,6 +133,7 @@ impl<L: LocalLeaseStore + LocalLock> Reconciler<L> {
             client,
             local,
             config,
+            fallbacks_logged: Mutex::new(HashSet::new()),
         }
     }
 
@@ -145,57 +162,15 @@ impl<L: LocalLeaseStore + LocalLock> Reconciler<L> {
     }
 
     async fn pass(&self, report: &mut ReconcileReport) -> Result<(), ClaimsError> {
-        let cell_id = &self.config.cell_id;
-        let mut after = None;
-        loop {
-            let query = LeasesQuery::new(cell_id.clone(), after, self.config.page_size);
-            let page = self.client.list_outstanding_leases(&query).await?;
-            report.pages += 1;
-            let ids: Vec<LeaseId> = page.leases.iter().map(|l| l.lease_id).collect();
-            let present: std::collections::HashSet<LeaseId> = self
-                .local
-                .find(&ids)
-                .await?
-                .into_iter()
-                .map(|l| l.lease_id)
-                .collect();
-            for lease in &page.leases {
-                if present.contains(&lease.lease_id) {
-                    self.commit_and_forget(lease.lease_id, report).await;
-                } else if lease_is_stale(lease, page.server_time, self.config.staleness) {
-                    // The store judges staleness again, by its clock, in the rollback's own
-                    // transaction: the cell may have renewed since this page was read.
-                    match self
-                        .client
-                        .rollback_if_unrenewed_for(cell_id, lease.lease_id, self.config.staleness)
-                        .await
-                    {
-                        Ok(()) => {
-                            report.rolled_back += 1;
-                            tracing::info!(lease_id = %lease.lease_id, "rolled back a stale lease with no local record");
-                        }
-                        Err(ClaimsError::LeaseRenewed { .. }) => {
-                            report.left_renewed += 1;
-                            tracing::info!(lease_id = %lease.lease_id, "stale lease was renewed before its rollback; left for the next pass");
-                        }
-                        Err(error) => {
-                            report.errors += 1;
-                            tracing::warn!(lease_id = %lease.lease_id, %error, "rollback of a stale lease failed");
-                        }
-                    }
-                } else {
-                    report.left_young += 1;
-                }
-            }
-            // Keep the lock while paging through a long list.
-            self.local
-                .try_lock(&self.lock_name(), &self.config.holder, self.config.lock_ttl)
-                .await?;
-            match page.next_cursor {
-                Some(cursor) => after = Some(cursor),
-                None => break,
-            }
+        let logged = std::mem::take(&mut *self.fallbacks_logged());
+        let mut waiting = HashSet::new();
+        let result = self.outstanding(report, &logged, &mut waiting).await;
+        if result.is_err() {
+            // Leases the failed pass did not reach are not logged again by the next one.
+            waiting.extend(logged);
         }
+        *self.fallbacks_logged() = waiting;
+        result?;
         let cut = SystemClock.now().saturating_sub(self.config.staleness);
         for row in self
             .local
@@ -208,6 +183,112 @@ impl<L: LocalLeaseStore + LocalLock> Reconciler<L> {
             self.commit_and_forget(row.lease_id, report).await;
         }
         Ok(())
+    }
+
+    fn fallbacks_logged(&self) -> std::sync::MutexGuard<'_, HashSet<LeaseId>> {
+        self.fallbacks_logged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Pages through the cell's outstanding leases and acts on each (module docs). `logged`:
+    /// young leases whose fallback the previous pass logged; `waiting` collects this pass's.
+    async fn outstanding(
+        &self,
+        report: &mut ReconcileReport,
+        logged: &HashSet<LeaseId>,
+        waiting: &mut HashSet<LeaseId>,
+    ) -> Result<(), ClaimsError> {
+        let (cell_id, staleness) = (&self.config.cell_id, self.config.staleness);
+        let mut after = None;
+        loop {
+            let query = LeasesQuery::new(cell_id.clone(), after, self.config.page_size);
+            let page = self.client.list_outstanding_leases(&query).await?;
+            report.pages += 1;
+            let ids: Vec<LeaseId> = page.leases.iter().map(|l| l.lease_id).collect();
+            let present: HashSet<LeaseId> = self
+                .local
+                .find(&ids)
+                .await?
+                .into_iter()
+                .map(|l| l.lease_id)
+                .collect();
+            for lease in &page.leases {
+                let lease_id = lease.lease_id;
+                if present.contains(&lease_id) {
+                    self.commit_and_forget(lease_id, report).await;
+                    continue;
+                }
+                let status = match local_transaction_to_ask(lease, page.server_time, staleness) {
+                    Some(local) => Some(self.local.transaction_status(local).await),
+                    None => None,
+                };
+                let local = lease.request.local_transaction.as_ref().map(|t| t.as_str());
+                match decide_absent_lease(lease, page.server_time, staleness, status.as_ref()) {
+                    // The store judges staleness again, by its clock, in the rollback's own
+                    // transaction: the cell may have renewed since this page was read.
+                    AbsentLeaseAction::RollBackStale => {
+                        if self.rollback(lease_id, staleness, report).await {
+                            tracing::info!(%lease_id, "rolled back a stale lease with no local record");
+                        }
+                    }
+                    AbsentLeaseAction::RollBackAborted => {
+                        if self
+                            .rollback(lease_id, EARLY_ROLLBACK_UNRENEWED_FOR, report)
+                            .await
+                        {
+                            report.rolled_back_aborted += 1;
+                            tracing::info!(%lease_id, local_transaction = local, "rolled back a lease whose local transaction aborted");
+                        }
+                    }
+                    AbsentLeaseAction::Wait { fallback } => {
+                        report.left_young += 1;
+                        if !logged.contains(&lease_id) {
+                            tracing::debug!(%lease_id, local_transaction = local, %fallback, "young lease with no local record left for the staleness rule");
+                        }
+                        waiting.insert(lease_id);
+                    }
+                }
+            }
+            // Keep the lock while paging through a long list.
+            self.local
+                .try_lock(&self.lock_name(), &self.config.holder, self.config.lock_ttl)
+                .await?;
+            match page.next_cursor {
+                Some(cursor) => after = Some(cursor),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// The conditional RollbackUpdate of a lease with no local record; `true` if it was rolled
+    /// back. A renewal within `unrenewed_for` (LEASE_RENEWED) leaves it for the next pass.
+    async fn rollback(
+        &self,
+        lease_id: LeaseId,
+        unrenewed_for: Duration,
+        report: &mut ReconcileReport,
+    ) -> bool {
+        match self
+            .client
+            .rollback_if_unrenewed_for(&self.config.cell_id, lease_id, unrenewed_for)
+            .await
+        {
+            Ok(()) => {
+                report.rolled_back += 1;
+                true
+            }
+            Err(ClaimsError::LeaseRenewed { .. }) => {
+                report.left_renewed += 1;
+                tracing::info!(%lease_id, "stale lease was renewed before its rollback; left for the next pass");
+                false
+            }
+            Err(error) => {
+                report.errors += 1;
+                tracing::warn!(%lease_id, %error, "rollback of a lease with no local record failed");
+                false
+            }
+        }
     }
 
     /// CommitUpdate for a lease whose local transaction committed, then delete the local row.

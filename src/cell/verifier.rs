@@ -761,6 +761,7 @@ impl<S: ClaimSource> Verifier<S> {
         let cell_id = self.config.cell_id.clone();
         let lease_id = LeaseId::generate();
         let mut request = BeginUpdate {
+            local_transaction: None,
             cell_id: cell_id.clone(),
             lease_id: Some(lease_id),
             creates: Vec::new(),

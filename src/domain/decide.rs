@@ -339,6 +339,7 @@ mod tests {
             created_at: Timestamp::from_unix_micros(created_at),
             last_renewed_at: Timestamp::from_unix_micros(last_renewed_at),
             request: BeginUpdate {
+                local_transaction: None,
                 cell_id,
                 lease_id: None,
                 creates: vec![],

@@ -293,6 +293,7 @@ mod tests {
                 match kind {
                     0 => {
                         let mut request = BeginUpdate {
+                            local_transaction: None,
                             cell_id,
                             lease_id: None,
                             creates: vec![],
@@ -391,6 +392,7 @@ mod tests {
         let k = record(1, 1);
         let begin = |c: u8, l: u8| GroupOp::Begin {
             request: BeginUpdate {
+                local_transaction: None,
                 cell_id: cell(c),
                 lease_id: None,
                 creates: vec![k.clone()],

@@ -1,5 +1,5 @@
 //! The pure lease state machine: types, validation and the decisions of begin / commit /
-//! rollback / renew, the administrative decisions (force rollback, decommission), the paging rules of the list calls, the fleet-wide verification slots, plus [`Tables`], the reference
+//! rollback / renew, the administrative decisions (force rollback, decommission), the paging rules of the list calls, the reconciler's decision for a lease missing locally, the fleet-wide verification slots, plus [`Tables`], the reference
 //! semantics over in-memory tables.
 //!
 //! Owns every protocol rule. Must not do I/O, be async, or read a clock: time is an input.
@@ -8,6 +8,7 @@ pub mod admin;
 pub mod decide;
 pub mod group;
 pub mod pages;
+pub mod reconcile;
 pub mod slots;
 mod tables;
 mod types;
@@ -31,6 +32,10 @@ pub use pages::{
     lease_encoded_len_bound, leases_page, page_limit, LeasesPageBuilder, CLAIMS_DEFAULT_LIMIT,
     CLAIMS_MAX_LIMIT, DEFAULT_MAX_RESPONSE_BYTES, LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT,
     LEASES_READ_CHUNK, PAGE_TOKEN_MAX_LEN,
+};
+pub use reconcile::{
+    decide_absent_lease, local_transaction_to_ask, AbsentLeaseAction, LocalTxStatus,
+    EARLY_ROLLBACK_UNRENEWED_FOR,
 };
 pub use slots::{
     decide_acquire, decide_release, slot_ttl, AcquirePlan, SlotCap, SlotGrant, SlotHolder,

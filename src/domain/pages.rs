@@ -361,7 +361,11 @@ pub fn lease_encoded_len_bound(lease: &Lease) -> usize {
         + request
             .operations()
             .map(|(_, record)| delimited(claim_record_len_bound(record)))
-            .sum::<usize>();
+            .sum::<usize>()
+        + request
+            .local_transaction
+            .as_ref()
+            .map_or(0, |t| delimited(t.as_str().len()));
     let payload_len = delimited(LEASE_ID_LEN)
         + delimited(lease.cell_id.as_str().len())
         + timestamp_field(lease.created_at)
@@ -529,6 +533,7 @@ mod tests {
             created_at: Timestamp::default(),
             last_renewed_at: Timestamp::default(),
             request: BeginUpdate {
+                local_transaction: None,
                 cell_id,
                 lease_id: None,
                 creates: (0..claims)

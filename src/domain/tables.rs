@@ -495,7 +495,7 @@ mod tests {
                     }
                     _ => creates = records,
                 }
-                let request = BeginUpdate {
+                let request = BeginUpdate { local_transaction: None,
                     cell_id: cell.clone(),
                     lease_id: None,
                     creates,

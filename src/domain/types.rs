@@ -54,18 +54,7 @@ impl CellId {
     }
 
     pub fn parse_field(value: &str, field: &str) -> Result<Self, ClaimsError> {
-        if value.is_empty() {
-            return Err(ClaimsError::invalid(field, "must not be empty"));
-        }
-        if value.len() > MAX_CELL_ID_LEN {
-            return Err(ClaimsError::invalid(
-                field,
-                format!(
-                    "must be at most {MAX_CELL_ID_LEN} bytes, got {}",
-                    value.len()
-                ),
-            ));
-        }
+        check_len(value, MAX_CELL_ID_LEN, field)?;
         if let Some(bad) = value
             .chars()
             .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
@@ -89,17 +78,99 @@ impl fmt::Display for CellId {
     }
 }
 
-/// Checks a claim or owner value: 1..=255 bytes of UTF-8 without control characters.
-pub fn check_value(value: &str, field: &str) -> Result<(), ClaimsError> {
+/// Longest `local_transaction`, in bytes.
+pub const MAX_LOCAL_TRANSACTION_LEN: usize = 256;
+
+/// The cell's local transaction that will record a lease (`BeginUpdateRequest.local_transaction`):
+/// 1..=256 bytes of printable ASCII. The service stores and returns it and never interprets it;
+/// only the cell's reconciler reads it (for PostgreSQL `pg:<system_identifier>:<xid8>`, see
+/// [`PgLocalTransaction`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LocalTransaction(String);
+
+impl LocalTransaction {
+    /// The field as sent: empty means none.
+    pub fn parse_optional(value: &str) -> Result<Option<Self>, ClaimsError> {
+        if value.is_empty() {
+            return Ok(None);
+        }
+        Self::parse_field(value, "local_transaction").map(Some)
+    }
+
+    pub fn parse_field(value: &str, field: &str) -> Result<Self, ClaimsError> {
+        check_len(value, MAX_LOCAL_TRANSACTION_LEN, field)?;
+        if let Some(bad) = value.chars().find(|c| !(' '..='~').contains(c)) {
+            return Err(ClaimsError::invalid(
+                field,
+                format!("may only contain printable ASCII, found {bad:?}"),
+            ));
+        }
+        Ok(Self(value.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LocalTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A PostgreSQL local transaction as a cell names it in `local_transaction`:
+/// `pg:<system_identifier>:<xid8>` (`SELECT system_identifier FROM pg_control_system()` and
+/// `pg_current_xact_id()`, both as decimal integers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PgLocalTransaction {
+    pub system_identifier: u64,
+    pub xid8: u64,
+}
+
+impl PgLocalTransaction {
+    /// `None` if `local` is not in this format (another database's, or malformed).
+    pub fn parse(local: &LocalTransaction) -> Option<Self> {
+        let rest = local.as_str().strip_prefix("pg:")?;
+        let (system, xid) = rest.split_once(':')?;
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(system) || !digits(xid) {
+            return None;
+        }
+        Some(Self {
+            system_identifier: system.parse().ok()?,
+            xid8: xid.parse().ok()?,
+        })
+    }
+
+    pub fn to_local_transaction(self) -> LocalTransaction {
+        LocalTransaction(self.to_string())
+    }
+}
+
+impl fmt::Display for PgLocalTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pg:{}:{}", self.system_identifier, self.xid8)
+    }
+}
+
+/// 1..=`max` bytes, or INVALID_ARGUMENT naming `field`.
+fn check_len(value: &str, max: usize, field: &str) -> Result<(), ClaimsError> {
     if value.is_empty() {
         return Err(ClaimsError::invalid(field, "must not be empty"));
     }
-    if value.len() > MAX_VALUE_LEN {
+    if value.len() > max {
         return Err(ClaimsError::invalid(
             field,
-            format!("must be at most {MAX_VALUE_LEN} bytes, got {}", value.len()),
+            format!("must be at most {max} bytes, got {}", value.len()),
         ));
     }
+    Ok(())
+}
+
+/// Checks a claim or owner value: 1..=255 bytes of UTF-8 without control characters.
+pub fn check_value(value: &str, field: &str) -> Result<(), ClaimsError> {
+    check_len(value, MAX_VALUE_LEN, field)?;
     if value.chars().any(char::is_control) {
         return Err(ClaimsError::invalid(
             field,
@@ -303,6 +374,9 @@ pub struct BeginUpdate {
     /// Claims the caller holds whose owner, table and record id change in place on commit: the
     /// new values (the key names the claim). The claim is never free in between.
     pub updates: Vec<ClaimRecord>,
+    /// The cell's local transaction that will record this lease, if the cell names it. Part of
+    /// the content (a retry must send the same); never interpreted by the service.
+    pub local_transaction: Option<LocalTransaction>,
 }
 
 impl BeginUpdate {
@@ -312,6 +386,7 @@ impl BeginUpdate {
             && self.creates == other.creates
             && self.destroys == other.destroys
             && self.updates == other.updates
+            && self.local_transaction == other.local_transaction
     }
 
     /// Every claim of the batch with the operation it asks for: creates, then destroys, then
@@ -587,5 +662,66 @@ impl ClaimViewsPage {
     /// As [`ClaimsPage::split_record`].
     pub fn split_record(&self) -> Option<i64> {
         split_record(self.next_cursor.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(error: ClaimsError) -> String {
+        match error {
+            ClaimsError::InvalidRequest { field, .. } => field,
+            other => panic!("expected InvalidRequest, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn empty_local_transaction_means_none() {
+        assert_eq!(LocalTransaction::parse_optional("").unwrap(), None);
+    }
+
+    #[test]
+    fn local_transaction_of_printable_ascii_up_to_256_bytes_is_kept_as_sent() {
+        for text in ["pg:1:2", " ~!x", &"a".repeat(MAX_LOCAL_TRANSACTION_LEN)] {
+            let parsed = LocalTransaction::parse_optional(text).unwrap().unwrap();
+            assert_eq!(parsed.as_str(), text);
+        }
+    }
+
+    #[test]
+    fn local_transaction_too_long_or_not_printable_ascii_is_invalid_naming_the_field() {
+        let too_long = "a".repeat(MAX_LOCAL_TRANSACTION_LEN + 1);
+        for text in [too_long.as_str(), "pg:1:\n2", "tab\there", "é", "\u{7f}"] {
+            let error = LocalTransaction::parse_optional(text).unwrap_err();
+            assert_eq!(field_of(error), "local_transaction", "{text:?}");
+        }
+    }
+
+    #[test]
+    fn postgres_local_transaction_reads_system_identifier_and_xid8() {
+        let local =
+            LocalTransaction::parse_field("pg:7311234567890123456:4294967298", "f").unwrap();
+        let pg = PgLocalTransaction::parse(&local).unwrap();
+        assert_eq!(pg.system_identifier, 7_311_234_567_890_123_456);
+        assert_eq!(pg.xid8, 4_294_967_298);
+        assert_eq!(pg.to_local_transaction(), local, "round-trips");
+    }
+
+    #[test]
+    fn other_formats_are_not_postgres_local_transactions() {
+        for text in [
+            "mysql:1:2",
+            "pg:1",
+            "pg::2",
+            "pg:1:",
+            "pg:1:2:3",
+            "pg:-1:2",
+            "pg:+1:2",
+            "pg:1:99999999999999999999",
+        ] {
+            let local = LocalTransaction::parse_field(text, "f").unwrap();
+            assert_eq!(PgLocalTransaction::parse(&local), None, "{text}");
+        }
     }
 }

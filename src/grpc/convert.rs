@@ -367,6 +367,7 @@ mod tests {
             created_at: time,
             last_renewed_at: time,
             request: BeginUpdate {
+                local_transaction: None,
                 cell_id: cell(long_cell),
                 lease_id: Some(LeaseId::from_uuid(uuid::Uuid::from_u128(n))),
                 creates: records[..claims / 2].to_vec(),

@@ -44,6 +44,7 @@ fn client_for(server: &TestServer) -> ClaimsClient {
 
 fn signup(cell_id: &CellId, name: &str) -> BeginUpdate {
     BeginUpdate {
+        local_transaction: None,
         cell_id: cell_id.clone(),
         lease_id: None,
         creates: vec![username(name), email(&format!("{name}@example.com"))],

@@ -42,6 +42,7 @@ pub fn route(value: &str) -> ClaimRecord {
 
 pub fn creates(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
     BeginUpdate {
+        local_transaction: None,
         cell_id: cell_id.clone(),
         lease_id: None,
         creates: records.to_vec(),
@@ -52,6 +53,7 @@ pub fn creates(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
 
 pub fn destroys(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
     BeginUpdate {
+        local_transaction: None,
         cell_id: cell_id.clone(),
         lease_id: None,
         creates: Vec::new(),
@@ -63,6 +65,7 @@ pub fn destroys(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
 /// A BeginUpdate of `cell_id` updating its claims in place to `records` (the new values).
 pub fn updates(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
     BeginUpdate {
+        local_transaction: None,
         cell_id: cell_id.clone(),
         lease_id: None,
         creates: Vec::new(),

@@ -104,6 +104,7 @@ macro_rules! claim_store_conformance {
                 begin_with_same_lease_id_and_other_content_conflicts,
                 begin_with_another_cells_lease_id_conflicts,
                 begin_with_ended_lease_id_fails_with_its_outcome,
+                local_transaction_is_kept_with_the_lease_and_is_part_of_its_content,
                 renew_moves_last_renewed_at,
                 renew_of_ended_unknown_or_foreign_lease_fails,
                 list_outstanding_leases_pages_by_lease_id,

@@ -13,7 +13,8 @@ use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimType, ClaimsCursor, ClaimsQuery,
-    DecommissionStep, Lease, LeaseId, LeasesQuery, OwnerType, TableName, Tables, Timestamp,
+    DecommissionStep, Lease, LeaseId, LeasesQuery, LocalTransaction, OwnerType, TableName, Tables,
+    Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::ClaimStore;
@@ -34,6 +35,8 @@ pub enum Command {
         destroys: Vec<(usize, i64)>,
         /// `(key, new record id, moves to the emails table)`: the new values of an update.
         updates: Vec<(usize, i64, bool)>,
+        /// The local transaction named (`pg:1:N`), if any: a retry may name another one.
+        local: Option<u8>,
     },
     Commit {
         cell: usize,
@@ -103,13 +106,15 @@ fn command() -> impl Strategy<Value = Command> {
             claims(),
             claims(),
             proptest::collection::vec((0..KEYS, 0..RECORD_IDS, proptest::bool::weighted(0.3)), 0..3),
+            proptest::option::of(0..2u8),
         )
-            .prop_map(|(cell, lease, creates, destroys, updates)| Command::Begin {
+            .prop_map(|(cell, lease, creates, destroys, updates, local)| Command::Begin {
                 cell,
                 lease,
                 creates,
                 destroys,
                 updates,
+                local,
             }),
         3 => (cell.clone(), lease.clone()).prop_map(|(cell, lease)| Command::Commit { cell, lease }),
         2 => (
@@ -251,8 +256,13 @@ async fn apply<S: ClaimStore>(
             creates,
             destroys,
             updates,
+            local,
         } => {
             let request = BeginUpdate {
+                local_transaction: local.map(|n| {
+                    LocalTransaction::parse_field(&format!("pg:1:{n}"), "local_transaction")
+                        .expect("a valid local transaction")
+                }),
                 cell_id: cell_of(*cell),
                 lease_id: lease.map(lease_id),
                 creates: creates.iter().map(|(k, r)| record_of(*k, *r)).collect(),

@@ -103,6 +103,7 @@ pub fn request(
     destroys: impl AsRef<[pb::ClaimRecord]>,
 ) -> pb::BeginUpdateRequest {
     pb::BeginUpdateRequest {
+        local_transaction: String::new(),
         cell_id: cell.to_owned(),
         creates_claims: creates.as_ref().to_vec(),
         destroys_claims: destroys.as_ref().to_vec(),

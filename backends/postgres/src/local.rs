@@ -14,7 +14,10 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
-use topology_claims::{ClaimsError, LeaseId, LocalLease, LocalLeaseStore, LocalLock, Timestamp};
+use topology_claims::{
+    ClaimsError, LeaseId, LocalLease, LocalLeaseStore, LocalLock, LocalTransaction, LocalTxStatus,
+    PgLocalTransaction, Timestamp,
+};
 
 use crate::error::{final_error, pool_error};
 use crate::options::{PostgresOptions, Settings};
@@ -200,6 +203,83 @@ impl LocalLeaseStore for PostgresLocalLeaseStore {
             .await
             .map_err(self.fail("reading leases_outstanding"))?;
         rows.iter().map(local_lease).collect()
+    }
+
+    /// `pg:<system_identifier>:<xid8>` of this cluster, asked of the server the pool is on: its
+    /// `pg_xact_status`, unless the server is a standby. Anything else is `Unknown` (decision 080).
+    async fn transaction_status(&self, local: &LocalTransaction) -> LocalTxStatus {
+        match PgLocalTransaction::parse(local) {
+            Some(named) => self.pg_transaction_status(named).await,
+            None => LocalTxStatus::Unknown(format!(
+                "{local:?} is not a PostgreSQL transaction (pg:<system_identifier>:<xid8>)"
+            )),
+        }
+    }
+}
+
+/// The first normal PostgreSQL transaction id: 0 to 2 are special (invalid, bootstrap, frozen),
+/// and `pg_xact_status` of them says nothing about a cell's transaction.
+const FIRST_NORMAL_XID: u64 = 3;
+
+impl PostgresLocalLeaseStore {
+    /// [`LocalLeaseStore::transaction_status`] of a `pg:<system_identifier>:<xid8>` transaction.
+    async fn pg_transaction_status(&self, named: PgLocalTransaction) -> LocalTxStatus {
+        let unknown = |why: String| LocalTxStatus::Unknown(why);
+        // A system identifier PostgreSQL cannot hold (it is a bigint) is no cluster's.
+        let Ok(system) = i64::try_from(named.system_identifier) else {
+            return unknown(format!(
+                "system identifier {} is not this cluster's",
+                named.system_identifier
+            ));
+        };
+        if named.xid8 < FIRST_NORMAL_XID {
+            return unknown(format!("{} is not a normal transaction id", named.xid8));
+        }
+        let client = match self.client().await {
+            Ok(client) => client,
+            Err(error) => return unknown(format!("could not ask the local database: {error}")),
+        };
+        let row = match client
+            .query_one(
+                sql::LOCAL_TRANSACTION_STATUS,
+                &[&system, &named.xid8.to_string()],
+            )
+            .await
+        {
+            Ok(row) => row,
+            // 22023 for an xid from the future (after a failover or a restore): fall back.
+            Err(error) => {
+                let code = error.code().map_or("none", |c| c.code());
+                return unknown(format!("pg_xact_status failed (SQLSTATE {code}): {error}"));
+            }
+        };
+        let answer = (|| -> Result<_, tokio_postgres::Error> {
+            Ok((
+                row.try_get::<_, bool>(0)?,
+                row.try_get::<_, i64>(1)?,
+                row.try_get::<_, Option<String>>(2)?,
+            ))
+        })();
+        match answer {
+            Err(error) => unknown(format!("unreadable pg_xact_status answer: {error}")),
+            Ok((true, _, _)) => unknown(
+                "the local database is a standby (pg_is_in_recovery()): point --local-db at the primary"
+                    .to_owned(),
+            ),
+            Ok((false, own, _)) if own != system => unknown(format!(
+                "another cluster's transaction (system identifier {system}, this one is {own})"
+            )),
+            Ok((false, _, None)) => unknown(
+                "pg_xact_status is NULL: the transaction is too old for this cluster to know"
+                    .to_owned(),
+            ),
+            Ok((false, _, Some(status))) => match status.as_str() {
+                "aborted" => LocalTxStatus::Aborted,
+                "in progress" => LocalTxStatus::InProgress,
+                "committed" => LocalTxStatus::Committed,
+                other => unknown(format!("unexpected pg_xact_status {other:?}")),
+            },
+        }
     }
 }
 

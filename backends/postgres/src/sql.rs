@@ -483,6 +483,16 @@ WHERE created_at < $1::timestamptz
 ORDER BY created_at, lease_id
 LIMIT $2::bigint";
 
+/// What the local cluster says of transaction `$2` (an xid8, as text) for a lease naming system
+/// identifier `$1`: whether this server is a standby, its own system identifier, and
+/// `pg_xact_status` only when it is the primary of that cluster (CASE evaluates the volatile
+/// call lazily; an xid from the future still raises 22023, which the caller falls back on).
+pub const LOCAL_TRANSACTION_STATUS: &str = "\
+SELECT pg_is_in_recovery(), s.system_identifier,
+       CASE WHEN NOT pg_is_in_recovery() AND s.system_identifier = $1::bigint
+            THEN pg_xact_status($2::text::xid8) END
+FROM pg_control_system() s";
+
 /// Takes or extends lock `$1` for holder `$2` until the database's now + `$3` microseconds, if it
 /// is free, already `$2`'s, or expired. A changed row means the lock is held.
 pub const LOCAL_TRY_LOCK: &str = "\

@@ -160,6 +160,7 @@ async fn racing_begin_updates_leave_exactly_one_owner_per_claim(grouped: bool) {
     // Round 1: creates only.
     let creates: Vec<BeginUpdate> = (0..TASKS)
         .map(|t| BeginUpdate {
+            local_transaction: None,
             cell_id: cell(&format!("cell-{}", t % CELLS)),
             lease_id: None,
             creates: keys_of(t).into_iter().map(|k| claim("one", k)).collect(),
@@ -208,6 +209,7 @@ async fn racing_begin_updates_leave_exactly_one_owner_per_claim(grouped: bool) {
                 .filter(|r| owners.get(&r.key) == Some(&cell_id))
                 .collect();
             BeginUpdate {
+                local_transaction: None,
                 cell_id,
                 lease_id: None,
                 creates: keys_of(t + 1)
@@ -285,6 +287,7 @@ async fn decommission_step_racing_begin_updates(grouped: bool) {
                 (Arc::clone(&store), Arc::clone(&barrier), doomed.clone());
             begins.spawn(async move {
                 let request = BeginUpdate {
+                    local_transaction: None,
                     cell_id: doomed,
                     lease_id: None,
                     creates: vec![claim(&format!("dc{round}"), b)],

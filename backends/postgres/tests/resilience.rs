@@ -106,6 +106,7 @@ async fn terminated_backends_mid_run(grouped: bool) {
             let mut attempts = Vec::new();
             for i in 0..30 {
                 let request = BeginUpdate {
+                    local_transaction: None,
                     cell_id: cell(&format!("cell-{}", worker % 3)),
                     lease_id: Some(LeaseId::generate()),
                     creates: vec![

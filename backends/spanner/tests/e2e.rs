@@ -39,6 +39,7 @@ fn request(
     destroys: &[pb::ClaimRecord],
 ) -> pb::BeginUpdateRequest {
     pb::BeginUpdateRequest {
+        local_transaction: String::new(),
         cell_id: cell.to_owned(),
         creates_claims: creates.to_vec(),
         destroys_claims: destroys.to_vec(),

@@ -12,6 +12,7 @@ use super::{committed, leases_of, state_of};
 pub async fn begin_returns_the_lease_payload_with_the_original_request(store: &impl ClaimStore) {
     let a = cell("cell-a");
     let request = BeginUpdate {
+        local_transaction: None,
         cell_id: a.clone(),
         lease_id: None,
         creates: vec![username("bob"), email("bob@example.com")],
@@ -213,6 +214,7 @@ pub async fn failed_batch_changes_nothing(store: &impl ClaimStore) {
     let (a, b) = (cell("cell-a"), cell("cell-b"));
     committed(store, creates(&a, &[username("taken"), username("mine")])).await;
     let request = BeginUpdate {
+        local_transaction: None,
         cell_id: b.clone(),
         lease_id: Some(lease_id(7)),
         creates: vec![username("fresh1"), username("fresh2"), username("taken")],
@@ -227,6 +229,7 @@ pub async fn failed_batch_changes_nothing(store: &impl ClaimStore) {
         }
     );
     let mixed = BeginUpdate {
+        local_transaction: None,
         cell_id: a.clone(),
         lease_id: None,
         creates: vec![username("fresh3")],
@@ -259,6 +262,7 @@ pub async fn failed_batch_changes_nothing(store: &impl ClaimStore) {
     }
     // The failed lease id was never used: it can still be used.
     let retry = BeginUpdate {
+        local_transaction: None,
         cell_id: cell("cell-b"),
         lease_id: Some(lease_id(7)),
         creates: vec![username("fresh1")],
@@ -277,6 +281,7 @@ pub async fn first_failing_claim_in_request_order_decides(store: &impl ClaimStor
         .unwrap();
     // creates are checked before destroys, each list in order.
     let request = BeginUpdate {
+        local_transaction: None,
         cell_id: b.clone(),
         lease_id: None,
         creates: vec![username("ok"), username("k3"), username("k1")],
@@ -291,6 +296,7 @@ pub async fn first_failing_claim_in_request_order_decides(store: &impl ClaimStor
         }
     );
     let request = BeginUpdate {
+        local_transaction: None,
         cell_id: b,
         lease_id: None,
         creates: vec![username("ok")],
@@ -324,6 +330,7 @@ pub async fn many_claims_in_one_batch_are_all_or_nothing(store: &impl ClaimStore
     );
     assert_eq!(state_of(store, &batch[299].key).await, None);
     let lease = store.begin_update(BeginUpdate {
+        local_transaction: None,
         cell_id: a.clone(),
         lease_id: None,
         creates: batch[150..].to_vec(),

@@ -156,6 +156,7 @@ pub async fn rollback_restores_destroys_and_frees_creates(store: &impl ClaimStor
     let (a, b) = (cell("cell-a"), cell("cell-b"));
     committed(store, creates(&a, &[email("old@example.com")])).await;
     let request = BeginUpdate {
+        local_transaction: None,
         cell_id: a.clone(),
         lease_id: None,
         creates: vec![email("new@example.com")],

@@ -1,7 +1,7 @@
 //! Client-chosen lease ids: a retried BeginUpdate returns the same lease, while the same id with
 //! other content, from another cell, or after its lease ended is refused.
 
-use crate::domain::BeginUpdate;
+use crate::domain::{BeginUpdate, GroupAnswer, GroupOp, LocalTransaction};
 use crate::error::ClaimsError;
 use crate::ports::ClaimStore;
 use crate::testing::fixtures::{cell, creates, email, lease_id, username};
@@ -100,5 +100,70 @@ pub async fn begin_with_ended_lease_id_fails_with_its_outcome(store: &impl Claim
         ClaimsError::LeaseRolledBack {
             lease_id: lease_id(24)
         }
+    );
+}
+
+/// The cell's local transaction is stored with the lease, returned unchanged by every call that
+/// returns the original request (begin, its replay, the list, renew; lone or grouped), and is
+/// part of the content a retry must repeat.
+pub async fn local_transaction_is_kept_with_the_lease_and_is_part_of_its_content(
+    store: &impl ClaimStore,
+) {
+    let a = cell("cell-a");
+    let named =
+        |text: &str| Some(LocalTransaction::parse_field(text, "local_transaction").unwrap());
+    let request = BeginUpdate {
+        lease_id: Some(lease_id(80)),
+        local_transaction: named("pg:7311234567890123456:4294967298"),
+        ..creates(&a, &[username("wanda")])
+    };
+    let lease = store.begin_update(request.clone()).await.unwrap();
+    assert_eq!(lease.request, request, "kept as sent");
+    assert_eq!(
+        store.begin_update(request.clone()).await.unwrap(),
+        lease,
+        "a retry with the same local transaction replays the lease"
+    );
+    let listed = leases_of(store, &a).await.leases;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].request, request, "listed unchanged");
+    let renewed = store.renew_lease(&a, lease_id(80)).await.unwrap();
+    assert_eq!(renewed.request, request, "renew returns it unchanged");
+    for other in [None, named("pg:7311234567890123456:4294967299")] {
+        let retry = BeginUpdate {
+            local_transaction: other,
+            ..request.clone()
+        };
+        assert_eq!(
+            store.begin_update(retry).await.unwrap_err(),
+            ClaimsError::LeaseIdConflict {
+                lease_id: lease_id(80)
+            },
+            "same id, other local transaction: other content"
+        );
+    }
+
+    // Through group commit too, with a printable-ASCII value that is not PostgreSQL's format.
+    let grouped = BeginUpdate {
+        lease_id: Some(lease_id(81)),
+        local_transaction: named("mysql:any printable ~ text"),
+        ..creates(&a, &[email("wanda@example.com")])
+    };
+    let results = store
+        .run_group(&[GroupOp::Begin {
+            request: grouped.clone(),
+            lease_id: lease_id(81),
+        }])
+        .await
+        .unwrap();
+    match &results[..] {
+        [Ok(GroupAnswer::Begun(lease))] => assert_eq!(lease.request, grouped),
+        other => panic!("expected the grouped lease, got {other:?}"),
+    }
+    let listed = leases_of(store, &a).await.leases;
+    let found = listed.iter().find(|l| l.lease_id == lease_id(81)).unwrap();
+    assert_eq!(
+        found.request, grouped,
+        "a grouped BeginUpdate stores it too"
     );
 }

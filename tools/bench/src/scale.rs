@@ -155,6 +155,7 @@ pub async fn load_grpc(
                 let end = (start + GRPC_BATCH).min(to);
                 let lease_id = LeaseId::generate();
                 let request = BeginUpdate {
+                    local_transaction: None,
                     cell_id: cell.clone(),
                     lease_id: Some(lease_id),
                     creates: (start..end)

@@ -355,6 +355,7 @@ async fn inject(
     for ids in missing.chunks(DESTROY_BATCH) {
         let lease_id = LeaseId::generate();
         let request = BeginUpdate {
+            local_transaction: None,
             cell_id: cell.clone(),
             lease_id: Some(lease_id),
             creates: Vec::new(),

@@ -96,6 +96,7 @@ impl Batch {
             LeaseOp::Update => updates = self.records.clone(),
         }
         topology_claims::BeginUpdate {
+            local_transaction: None,
             cell_id: self.cell.clone(),
             lease_id: Some(lease_id),
             creates,

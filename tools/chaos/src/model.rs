@@ -56,6 +56,7 @@ pub fn request(cell: u16, lease: LeaseId, op: TxOp, key: u32) -> BeginUpdate {
         TxOp::Update => updates.push(claim),
     }
     BeginUpdate {
+        local_transaction: None,
         cell_id: cell_id(cell),
         lease_id: Some(lease),
         creates,
