@@ -22,6 +22,9 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use crate::error::ClaimsError;
 
+/// The shortest RetryInfo delay of a `--cell-rate` refusal.
+const MIN_RATE_RETRY_HINT: Duration = Duration::from_millis(1);
+
 /// The retry hint sent with a `cell-max-in-flight` refusal: a slot frees when one of the cell's
 /// requests completes, which no clock predicts; a store round trip is a few milliseconds.
 pub const IN_FLIGHT_RETRY_HINT: Duration = Duration::from_millis(50);
@@ -150,7 +153,11 @@ impl CellLimiter {
                 limiter.shrink_to_fit();
             }
             if let Err(not_until) = limiter.check_key(&cell.to_owned()) {
-                let retry_after = not_until.wait_time_from(limiter.clock().now());
+                // Read after the check: on a loaded machine the token may be due already, and a
+                // zero RetryInfo would invite an immediate retry storm; wait at least 1 ms.
+                let retry_after = not_until
+                    .wait_time_from(limiter.clock().now())
+                    .max(MIN_RATE_RETRY_HINT);
                 return Err(self.refuse("cell-rate", cell, retry_after));
             }
         }
