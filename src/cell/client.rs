@@ -172,6 +172,13 @@ impl ClaimsClient {
         }
     }
 
+    /// A clone (same channel) whose attempts each last at most `timeout`.
+    pub(crate) fn with_call_timeout(&self, timeout: Duration) -> Self {
+        let mut client = self.clone();
+        client.config.call_timeout = client.config.call_timeout.min(timeout);
+        client
+    }
+
     pub fn config(&self) -> &ClientConfig {
         &self.config
     }

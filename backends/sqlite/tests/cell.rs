@@ -180,6 +180,7 @@ async fn transact_refuses_a_stale_local_commit() {
         staleness: Duration::from_millis(300),
         safety_margin: Duration::from_millis(100),
         renew_every: None,
+        ..UpdateConfig::default()
     };
     let result = transact(
         &client,
@@ -245,4 +246,101 @@ async fn transact_reports_a_taken_claim_before_touching_the_local_database() {
     }
     assert!(!ran, "the local transaction never started");
     server.shutdown().await;
+}
+
+mod in_transaction {
+    use super::*;
+    use topology_claims_sqlite::cell::transact_in_transaction;
+
+    async fn local_lease_rows(db: &SqliteDb) -> usize {
+        let far = Timestamp::from_unix_micros(i64::MAX);
+        db.store.list_older_than(far, 10).await.unwrap().len()
+    }
+
+    #[tokio::test]
+    async fn in_transaction_order_commits_the_local_rows_and_the_claims_named_after_them() {
+        let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
+        let client =
+            ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+        let db = sqlite_db().await;
+        let mut conn = open_app_db(&db.path);
+        let a = cell("cell-a");
+        let (rowid, outcome) = transact_in_transaction(
+            &client,
+            &mut conn,
+            &db.store,
+            UpdateConfig::default(),
+            |tx| {
+                tx.execute("INSERT INTO users (name) VALUES ('alice')", [])?;
+                Ok::<_, rusqlite::Error>(tx.last_insert_rowid())
+            },
+            |rowid| {
+                let mut claim = username("alice");
+                claim.table_record_id = *rowid;
+                creates(&a, &[claim])
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(outcome, CommitOutcome::Committed);
+        let view = client.lookup_claim(&username("alice").key).await.unwrap();
+        assert_eq!(view.state, ClaimState::Active);
+        assert_eq!(
+            view.record.table_record_id, rowid,
+            "the claim names the row inserted before BeginUpdate"
+        );
+        assert_eq!(
+            db.committed_users().await.unwrap(),
+            BTreeSet::from(["alice".to_owned()])
+        );
+        assert_eq!(local_lease_rows(&db).await, 0, "deleted after CommitUpdate");
+        server.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn in_transaction_order_rolls_the_local_transaction_back_when_begin_update_is_refused() {
+        let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
+        let client =
+            ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+        let db = sqlite_db().await;
+        let mut conn = open_app_db(&db.path);
+        let lease = client
+            .begin_update(creates(&cell("cell-b"), &[username("dave")]))
+            .await
+            .unwrap();
+        client
+            .commit_update(&cell("cell-b"), lease.lease_id)
+            .await
+            .unwrap();
+        let result = transact_in_transaction(
+            &client,
+            &mut conn,
+            &db.store,
+            UpdateConfig::default(),
+            |tx| {
+                tx.execute("INSERT INTO users (name) VALUES ('dave')", [])?;
+                Ok::<_, rusqlite::Error>(())
+            },
+            |_| creates(&cell("cell-a"), &[username("dave")]),
+        )
+        .await;
+        match result {
+            Err(TransactionError::Claims(ClaimsError::ClaimTaken { claim })) => {
+                assert_eq!(claim, username("dave").key)
+            }
+            other => panic!("expected ClaimTaken, got {other:?}"),
+        }
+        assert!(
+            db.committed_users().await.unwrap().is_empty(),
+            "the application's row was rolled back"
+        );
+        assert_eq!(local_lease_rows(&db).await, 0);
+        assert!(
+            conn.is_autocommit(),
+            "no transaction left open on the connection"
+        );
+        conn.execute("INSERT INTO users (name) VALUES ('erin')", [])
+            .unwrap();
+        server.shutdown().await;
+    }
 }
