@@ -343,4 +343,48 @@ mod in_transaction {
             .unwrap();
         server.shutdown().await;
     }
+
+    #[tokio::test]
+    async fn in_transaction_order_gives_up_at_its_deadline_and_rolls_the_local_transaction_back() {
+        // Accepts connections (the kernel's backlog) but never answers a byte.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", silent.local_addr().unwrap());
+        let config = ClientConfig {
+            call_timeout: Duration::from_secs(1),
+            ..ClientConfig::default()
+        };
+        let client = ClaimsClient::connect_lazy(&endpoint, config).unwrap();
+        let db = sqlite_db().await;
+        let mut conn = open_app_db(&db.path);
+        let update = UpdateConfig {
+            in_transaction_deadline: Duration::from_millis(200),
+            ..UpdateConfig::default()
+        };
+        let result = transact_in_transaction(
+            &client,
+            &mut conn,
+            &db.store,
+            update,
+            |tx| {
+                tx.execute("INSERT INTO users (name) VALUES ('gina')", [])?;
+                Ok::<_, rusqlite::Error>(())
+            },
+            |_| creates(&cell("cell-a"), &[username("gina")]),
+        )
+        .await;
+        match result {
+            Err(TransactionError::Claims(error @ ClaimsError::Unavailable { .. })) => {
+                assert!(
+                    error.to_string().contains("in-transaction deadline"),
+                    "{error}"
+                )
+            }
+            other => panic!("expected Unavailable at the deadline, got {other:?}"),
+        }
+        assert!(db.committed_users().await.unwrap().is_empty());
+        assert!(
+            conn.is_autocommit(),
+            "no transaction left open on the connection"
+        );
+    }
 }
