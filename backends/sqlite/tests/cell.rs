@@ -252,6 +252,15 @@ mod in_transaction {
     use super::*;
     use topology_claims_sqlite::cell::transact_in_transaction;
 
+    /// The default 200 ms suits a service next door; a loaded CI machine's first call (which
+    /// also opens the connection) can take longer, and these tests are not about the deadline.
+    fn roomy_deadline() -> UpdateConfig {
+        UpdateConfig {
+            in_transaction_deadline: Duration::from_secs(5),
+            ..UpdateConfig::default()
+        }
+    }
+
     async fn local_lease_rows(db: &SqliteDb) -> usize {
         let far = Timestamp::from_unix_micros(i64::MAX);
         db.store.list_older_than(far, 10).await.unwrap().len()
@@ -269,7 +278,7 @@ mod in_transaction {
             &client,
             &mut conn,
             &db.store,
-            UpdateConfig::default(),
+            roomy_deadline(),
             |tx| {
                 tx.execute("INSERT INTO users (name) VALUES ('alice')", [])?;
                 Ok::<_, rusqlite::Error>(tx.last_insert_rowid())
@@ -316,7 +325,7 @@ mod in_transaction {
             &client,
             &mut conn,
             &db.store,
-            UpdateConfig::default(),
+            roomy_deadline(),
             |tx| {
                 tx.execute("INSERT INTO users (name) VALUES ('dave')", [])?;
                 Ok::<_, rusqlite::Error>(())
