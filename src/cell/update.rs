@@ -192,7 +192,8 @@ impl PendingUpdate {
     /// Phase 1 of the in-transaction order, sent while the caller's local transaction is open:
     /// BeginUpdate with retries (same lease id) all within
     /// [`UpdateConfig::in_transaction_deadline`], each attempt's own deadline no longer than
-    /// that. On failure, roll back the local transaction, then [`BeginFailure::settle`].
+    /// that, and CLAIM_LEASED returned at once even to a client configured to wait it out. On
+    /// failure, roll back the local transaction, then [`BeginFailure::settle`].
     pub async fn begin_in_transaction(
         client: &ClaimsClient,
         mut request: BeginUpdate,
@@ -200,7 +201,7 @@ impl PendingUpdate {
     ) -> Result<Self, BeginFailure> {
         request.lease_id.get_or_insert_with(LeaseId::generate);
         let deadline = config.in_transaction_deadline;
-        let bounded = client.with_call_timeout(deadline);
+        let bounded = client.for_open_transaction(deadline);
         let call = async {
             match tokio::time::timeout(deadline, bounded.begin_update(request.clone())).await {
                 Ok(answer) => answer,

@@ -396,4 +396,43 @@ mod in_transaction {
             "no transaction left open on the connection"
         );
     }
+
+    #[tokio::test]
+    async fn in_transaction_order_answers_claim_leased_at_once_even_to_a_client_that_waits_it_out()
+    {
+        let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
+        let config = ClientConfig {
+            retry_claim_leased: Some(topology_claims::cell::LeasedRetry::default()),
+            ..ClientConfig::default()
+        };
+        let client = ClaimsClient::connect_lazy(&server.endpoint(), config).unwrap();
+        client
+            .begin_update(creates(&cell("cell-b"), &[username("hank")]))
+            .await
+            .unwrap();
+        let db = sqlite_db().await;
+        let mut conn = open_app_db(&db.path);
+        // Waiting it out (about 1 s per retry) would outlast the deadline: `Unavailable`.
+        let result = transact_in_transaction(
+            &client,
+            &mut conn,
+            &db.store,
+            roomy_deadline(),
+            |tx| {
+                tx.execute("INSERT INTO users (name) VALUES ('hank')", [])?;
+                Ok::<_, rusqlite::Error>(())
+            },
+            |_| creates(&cell("cell-a"), &[username("hank")]),
+        )
+        .await;
+        assert!(
+            matches!(
+                result,
+                Err(TransactionError::Claims(ClaimsError::ClaimLeased { .. }))
+            ),
+            "{result:?}"
+        );
+        assert!(db.committed_users().await.unwrap().is_empty());
+        server.shutdown().await;
+    }
 }
