@@ -259,6 +259,7 @@ async fn staleness_guard_refuses_a_local_commit_past_the_window_and_rolls_back()
         staleness: Duration::from_millis(400),
         safety_margin: Duration::from_millis(150),
         renew_every: None,
+        ..UpdateConfig::default()
     };
     let pending = PendingUpdate::begin(&client, creates(&a, &[username("slow")]), config)
         .await
@@ -294,6 +295,7 @@ async fn renewal_keeps_a_long_local_transaction_alive() {
         staleness: Duration::from_millis(400),
         safety_margin: Duration::from_millis(150),
         renew_every: Some(Duration::from_millis(50)),
+        ..UpdateConfig::default()
     };
     let pending = PendingUpdate::begin(&client, creates(&a, &[username("long")]), config)
         .await

@@ -172,6 +172,16 @@ impl ClaimsClient {
         }
     }
 
+    /// A clone (same channel) for calls made while a local transaction is open: each attempt
+    /// lasts at most `deadline`, and CLAIM_LEASED is returned at once, never waited out (its
+    /// retry delay is longer than any such deadline, and the wait would hold the local locks).
+    pub(crate) fn for_open_transaction(&self, deadline: Duration) -> Self {
+        let mut client = self.clone();
+        client.config.call_timeout = client.config.call_timeout.min(deadline);
+        client.config.retry_claim_leased = None;
+        client
+    }
+
     pub fn config(&self) -> &ClientConfig {
         &self.config
     }

@@ -18,7 +18,9 @@ pub use client::{ClaimsClient, ClientConfig, LeasedRetry};
 pub use reconciler::{ReconcileReport, Reconciler, ReconcilerConfig};
 pub use slot::{HeldSlot, SlotEvent, SlotSettings};
 pub use tls::{server_endpoint, ClientTls, TlsFiles};
-pub use update::{CommitOutcome, LocalEnd, PendingUpdate, TransactionError, UpdateConfig};
+pub use update::{
+    BeginFailure, CommitOutcome, LocalEnd, PendingUpdate, TransactionError, UpdateConfig,
+};
 pub use verifier::{
     check_verify_query_columns, ClaimSource, Discrepancy, LocalClaim, Verifier, VerifierConfig,
     VerifyReport, VERIFY_QUERY_COLUMNS,

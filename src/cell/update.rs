@@ -14,6 +14,14 @@
 //! the server's time, so a local transaction can never commit after its lease became eligible for
 //! rollback. Long transactions renew to move both clocks forward together.
 //!
+//! The same handle serves the **in-transaction order** (GitLab's Cells ADR 021): local BEGIN, the
+//! application's writes, then [`PendingUpdate::begin_in_transaction`] (one overall deadline,
+//! [`UpdateConfig::in_transaction_deadline`], so the open local transaction waits a bounded
+//! time), the lease record, the guard, the local COMMIT and [`PendingUpdate::finish`]. A refused
+//! or unanswered BeginUpdate comes back as a [`BeginFailure`]: the caller rolls back locally
+//! first, then [`BeginFailure::settle`]s it (the clean-up RollbackUpdate runs with no local
+//! transaction open).
+//!
 //! Backend crates wrap this in a closure-style helper for their database (e.g.
 //! `topology_claims_sqlite::cell::transact`). Must not touch any local database itself.
 
@@ -24,7 +32,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cell::client::ClaimsClient;
-use crate::domain::{BeginUpdate, ClaimKey, Lease, LeaseId};
+use crate::domain::{BeginUpdate, CellId, ClaimKey, Lease, LeaseId};
 use crate::error::ClaimsError;
 use crate::ports::LocalLeaseStore;
 
@@ -38,6 +46,11 @@ pub struct UpdateConfig {
     pub safety_margin: Duration,
     /// Renew the lease this often while the local transaction runs (`None`: never).
     pub renew_every: Option<Duration>,
+    /// In the in-transaction order, the longest BeginUpdate may take, retries with the same
+    /// lease id included, while the local transaction stays open and holds its locks (and its
+    /// connection). Default 200 ms, as GitLab's Cells ADR 021. On expiry the local transaction
+    /// is rolled back and the caller gets `Unavailable`.
+    pub in_transaction_deadline: Duration,
 }
 
 impl Default for UpdateConfig {
@@ -46,6 +59,7 @@ impl Default for UpdateConfig {
             staleness: Duration::from_secs(600),
             safety_margin: Duration::from_secs(60),
             renew_every: Some(Duration::from_secs(120)),
+            in_transaction_deadline: Duration::from_millis(200),
         }
     }
 }
@@ -114,6 +128,32 @@ pub enum LocalEnd<T, E> {
     Indeterminate(E),
 }
 
+/// A BeginUpdate that did not take the lease. `settle` it (after any local rollback) to get the
+/// error for the caller.
+#[derive(Debug)]
+pub struct BeginFailure {
+    error: ClaimsError,
+    /// Set when the request may still be applied (no answer): its lease id is rolled back.
+    unconfirmed: Option<(ClaimsClient, CellId, LeaseId)>,
+}
+
+impl BeginFailure {
+    pub fn error(&self) -> &ClaimsError {
+        &self.error
+    }
+
+    /// A best-effort RollbackUpdate of an unconfirmed lease id (one attempt), so a request still
+    /// in flight can never take the claims later; then the error, unchanged.
+    pub async fn settle(self) -> ClaimsError {
+        if let Some((client, cell_id, lease_id)) = self.unconfirmed {
+            if let Err(cleanup) = client.rollback_once(&cell_id, lease_id).await {
+                tracing::warn!(%lease_id, error = %cleanup, "could not roll back an unconfirmed lease; the reconciler will");
+            }
+        }
+        self.error
+    }
+}
+
 /// A lease taken by BeginUpdate whose local transaction has not finished yet.
 pub struct PendingUpdate {
     client: ClaimsClient,
@@ -141,17 +181,62 @@ impl PendingUpdate {
         mut request: BeginUpdate,
         config: UpdateConfig,
     ) -> Result<Self, ClaimsError> {
-        let lease_id = *request.lease_id.get_or_insert_with(LeaseId::generate);
+        request.lease_id.get_or_insert_with(LeaseId::generate);
+        let call = client.begin_update(request.clone());
+        match Self::begin_unsettled(client, call, &request, config).await {
+            Ok(pending) => Ok(pending),
+            Err(failure) => Err(failure.settle().await),
+        }
+    }
+
+    /// Phase 1 of the in-transaction order, sent while the caller's local transaction is open:
+    /// BeginUpdate with retries (same lease id) all within
+    /// [`UpdateConfig::in_transaction_deadline`], each attempt's own deadline no longer than
+    /// that, and CLAIM_LEASED returned at once even to a client configured to wait it out. On
+    /// failure, roll back the local transaction, then [`BeginFailure::settle`].
+    pub async fn begin_in_transaction(
+        client: &ClaimsClient,
+        mut request: BeginUpdate,
+        config: UpdateConfig,
+    ) -> Result<Self, BeginFailure> {
+        request.lease_id.get_or_insert_with(LeaseId::generate);
+        let deadline = config.in_transaction_deadline;
+        let bounded = client.for_open_transaction(deadline);
+        let call = async {
+            match tokio::time::timeout(deadline, bounded.begin_update(request.clone())).await {
+                Ok(answer) => answer,
+                Err(_) => Err(ClaimsError::unavailable(format!(
+                    "BeginUpdate got no answer within the in-transaction deadline of {deadline:?}"
+                ))),
+            }
+        };
+        Self::begin_unsettled(client, call, &request, config).await
+    }
+
+    /// Sends `call` (the BeginUpdate of `request`, whose lease id is set) and keeps the time it
+    /// was sent for the staleness guard.
+    async fn begin_unsettled(
+        client: &ClaimsClient,
+        call: impl std::future::Future<Output = Result<Lease, ClaimsError>>,
+        request: &BeginUpdate,
+        config: UpdateConfig,
+    ) -> Result<Self, BeginFailure> {
+        let lease_id = request.lease_id.unwrap_or_else(LeaseId::generate);
         let sent = Instant::now();
-        let lease = match client.begin_update(request.clone()).await {
+        let lease = match call.await {
             Ok(lease) => lease,
             Err(error @ ClaimsError::Unavailable { .. }) => {
-                if let Err(cleanup) = client.rollback_once(&request.cell_id, lease_id).await {
-                    tracing::warn!(%lease_id, error = %cleanup, "could not roll back an unconfirmed lease; the reconciler will");
-                }
-                return Err(error);
+                return Err(BeginFailure {
+                    error,
+                    unconfirmed: Some((client.clone(), request.cell_id.clone(), lease_id)),
+                })
             }
-            Err(error) => return Err(error),
+            Err(error) => {
+                return Err(BeginFailure {
+                    error,
+                    unconfirmed: None,
+                })
+            }
         };
         let mut pending = Self {
             client: client.clone(),

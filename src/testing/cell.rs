@@ -60,6 +60,7 @@ fn no_renewal() -> UpdateConfig {
         staleness: STALENESS,
         safety_margin: Duration::from_millis(100),
         renew_every: None,
+        ..UpdateConfig::default()
     }
 }
 

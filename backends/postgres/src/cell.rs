@@ -1,5 +1,6 @@
 //! The cell side for a cell whose local database is PostgreSQL: the three-phase transaction as
-//! one call around the application's async closure ([`transact`]) and a verifier
+//! one call around the application's async closure, in the pre-flight order ([`transact`]) or
+//! inside the local transaction ([`transact_in_transaction`]), and a verifier
 //! [`ClaimSource`] made of one SQL query per table ([`PostgresQuerySource`]).
 //!
 //! The protocol itself (phases, staleness guard, reconciliation) is `topology_claims::cell`'s;
@@ -14,7 +15,8 @@ use topology_claims::cell::{
     PendingUpdate, TransactionError, UpdateConfig,
 };
 use topology_claims::{
-    BeginUpdate, ClaimKey, ClaimRecord, ClaimType, ClaimsError, OwnerType, TableName, Timestamp,
+    BeginUpdate, ClaimKey, ClaimRecord, ClaimType, ClaimsError, LocalTransaction, OwnerType,
+    TableName, Timestamp,
 };
 
 use crate::error::{final_error, pool_error};
@@ -81,6 +83,15 @@ where
         Ok(value) => value,
         Err(e) => return LocalEnd::Failed(e),
     };
+    record_and_commit(tx, pending, value).await
+}
+
+/// The end of phase 2 in either order: the lease row, the staleness guard, the local COMMIT.
+async fn record_and_commit<T, E: From<tokio_postgres::Error>>(
+    tx: Transaction<'_>,
+    pending: &PendingUpdate,
+    value: T,
+) -> LocalEnd<T, E> {
     if let Err(e) = record_in(&tx, pending.lease_id()).await {
         return LocalEnd::Failed(e.into());
     }
@@ -95,6 +106,85 @@ where
         // No answer (connection closed or broken mid-COMMIT): it may or may not have happened.
         Err(e) => LocalEnd::Indeterminate(e.into()),
     }
+}
+
+/// `pg:<system_identifier>:<xid8>` of the transaction open in `tx` (it is given a transaction
+/// id now if it has none): the `local_transaction` of a BeginUpdate sent from inside it.
+pub async fn local_transaction_of(
+    tx: &Transaction<'_>,
+) -> Result<LocalTransaction, tokio_postgres::Error> {
+    let row = tx
+        .query_one(crate::sql::LOCAL_TRANSACTION_NAME, &[])
+        .await?;
+    let (system, xid): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+    // Digits and a colon, at most 46 bytes: always a valid field.
+    Ok(
+        LocalTransaction::parse_field(&format!("pg:{system}:{xid}"), "local_transaction")
+            .expect("decimal integers make a valid local_transaction"),
+    )
+}
+
+/// The three-phase transaction in the **in-transaction order** (GitLab's Cells ADR 021): local
+/// BEGIN on `db`; the application's `body`; BeginUpdate of `request(&value)` (so it can name the
+/// records `body` just inserted) carrying this transaction as its `local_transaction`, within
+/// [`UpdateConfig::in_transaction_deadline`] (retries keep the lease id); the lease record; the
+/// staleness guard; the local COMMIT; then CommitUpdate and the deletion of the local lease row.
+///
+/// A refused or unanswered BeginUpdate rolls the local transaction back and returns
+/// [`TransactionError::Claims`] with the service's error (e.g. `ClaimTaken`). While BeginUpdate
+/// is in flight the local transaction stays open with its locks, for at most the deadline. If the
+/// process dies there, the cell's reconciler sees the transaction `aborted` and rolls the lease
+/// back in its next pass (decision 080).
+///
+/// ```no_run
+/// # use topology_claims::cell::{ClaimsClient, TransactionError, UpdateConfig};
+/// # use topology_claims::BeginUpdate;
+/// # use topology_claims_postgres::{cell::transact_in_transaction, tokio_postgres, PostgresLocalLeaseStore};
+/// # async fn signup(
+/// #     client: ClaimsClient, mut db: tokio_postgres::Client, leases: PostgresLocalLeaseStore,
+/// #     claims_of: impl FnOnce(i64) -> BeginUpdate, name: String,
+/// # ) -> Result<i64, TransactionError<tokio_postgres::Error>> {
+/// let (id, _) = transact_in_transaction(
+///     &client, &mut db, &leases, UpdateConfig::default(),
+///     |tx| Box::pin(async move {
+///         let row = tx.query_one("INSERT INTO users (name) VALUES ($1) RETURNING id", &[&name]).await?;
+///         Ok::<i64, tokio_postgres::Error>(row.get(0))
+///     }),
+///     |id| claims_of(*id),
+/// ).await?;
+/// # Ok(id)
+/// # }
+/// ```
+pub async fn transact_in_transaction<T, E, F, R>(
+    client: &ClaimsClient,
+    db: &mut tokio_postgres::Client,
+    leases: &PostgresLocalLeaseStore,
+    config: UpdateConfig,
+    body: F,
+    request: R,
+) -> Result<(T, CommitOutcome), TransactionError<E>>
+where
+    E: From<tokio_postgres::Error>,
+    F: for<'t> FnOnce(&'t Transaction<'t>) -> BoxFuture<'t, Result<T, E>>,
+    R: FnOnce(&T) -> BeginUpdate,
+{
+    let local = |e: tokio_postgres::Error| TransactionError::Local(E::from(e));
+    // Every early return drops `tx`, which rolls it back.
+    let tx = db.transaction().await.map_err(local)?;
+    let value = body(&tx).await.map_err(TransactionError::Local)?;
+    let mut request = request(&value);
+    request.local_transaction = Some(local_transaction_of(&tx).await.map_err(local)?);
+    let pending = match PendingUpdate::begin_in_transaction(client, request, config).await {
+        Ok(pending) => pending,
+        Err(failure) => {
+            if let Err(error) = tx.rollback().await {
+                tracing::warn!(%error, "local rollback after a refused BeginUpdate failed; the connection's end rolls it back");
+            }
+            return Err(TransactionError::Claims(failure.settle().await));
+        }
+    };
+    let local_end = record_and_commit(tx, &pending, value).await;
+    pending.finish(local_end, leases).await
 }
 
 /// A verifier claim source: for each table, one SQL query over the cell's PostgreSQL database

@@ -493,6 +493,11 @@ SELECT pg_is_in_recovery(), s.system_identifier,
             THEN pg_xact_status($2::text::xid8) END
 FROM pg_control_system() s";
 
+/// The open transaction's `local_transaction` parts: this cluster's system identifier and the
+/// transaction's own 64-bit id (assigning one now if it has none yet), both as decimal text.
+pub const LOCAL_TRANSACTION_NAME: &str = "\
+SELECT (SELECT system_identifier FROM pg_control_system())::text, pg_current_xact_id()::text";
+
 /// Takes or extends lock `$1` for holder `$2` until the database's now + `$3` microseconds, if it
 /// is free, already `$2`'s, or expired. A changed row means the lock is held.
 pub const LOCAL_TRY_LOCK: &str = "\

@@ -1,5 +1,6 @@
 //! The cell side for a cell whose local database is SQLite: the three-phase transaction as one
-//! call around the application's closure ([`transact`]) and a verifier [`ClaimSource`] made of
+//! call around the application's closure, in the pre-flight order ([`transact`]) or inside the
+//! local transaction ([`transact_in_transaction`]), and a verifier [`ClaimSource`] made of
 //! one SQL query per table ([`SqliteQuerySource`]).
 //!
 //! The protocol itself (phases, staleness guard, reconciliation) is `topology_claims::cell`'s;
@@ -10,7 +11,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use rusqlite::types::ValueRef;
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::{Connection, DropBehavior, TransactionBehavior};
 use topology_claims::cell::{
     check_verify_query_columns, ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd,
     PendingUpdate, TransactionError, UpdateConfig,
@@ -72,20 +73,136 @@ fn local_phase<T, E: From<rusqlite::Error>>(
         Ok(tx) => tx,
         Err(e) => return LocalEnd::Failed(e.into()),
     };
+    let mut tx = tx;
     let value = match body(&tx) {
         Ok(value) => value,
         Err(e) => return LocalEnd::Failed(e),
     };
-    if let Err(e) = leases.record_sync(&tx, pending.lease_id()) {
-        return LocalEnd::Failed(e.into());
+    // From here on the transaction is ended by SQL (`record_and_commit`), as in the other order.
+    tx.set_drop_behavior(DropBehavior::Ignore);
+    record_and_commit(&tx, leases, pending, value)
+}
+
+/// The end of phase 2 in either order, on a connection with an open transaction: the lease row,
+/// the staleness guard, the local COMMIT. Every outcome but a commit leaves it rolled back.
+fn record_and_commit<T, E: From<rusqlite::Error>>(
+    conn: &Connection,
+    leases: &SqliteLocalLeaseStore,
+    pending: &PendingUpdate,
+    value: T,
+) -> LocalEnd<T, E> {
+    let end = if let Err(e) = leases.record_on(conn, pending.lease_id()) {
+        LocalEnd::Failed(e.into())
+    } else if let Err(elapsed) = pending.check_fresh() {
+        LocalEnd::Stale { elapsed }
+    } else {
+        match conn.execute_batch("COMMIT") {
+            Ok(()) => return LocalEnd::Committed(value),
+            Err(e) => LocalEnd::Failed(e.into()),
+        }
+    };
+    roll_back(conn);
+    end
+}
+
+/// ROLLBACK if a transaction is still open (a failed COMMIT may have ended it already).
+fn roll_back(conn: &Connection) {
+    if !conn.is_autocommit() {
+        if let Err(error) = conn.execute_batch("ROLLBACK") {
+            tracing::warn!(%error, "local ROLLBACK failed");
+        }
     }
-    if let Err(elapsed) = pending.check_fresh() {
-        return LocalEnd::Stale { elapsed };
+}
+
+/// The local transaction of the in-transaction order while BeginUpdate is awaited: a plain
+/// `&mut Connection` (`Send`, unlike a `rusqlite::Transaction`) that rolls back when dropped
+/// unless it was handed on, so a cancelled or panicking caller leaves nothing open.
+struct OpenTransaction<'c> {
+    conn: Option<&'c mut Connection>,
+}
+
+impl<'c> OpenTransaction<'c> {
+    fn conn(&self) -> &Connection {
+        self.conn.as_deref().expect("open until handed on")
     }
-    match tx.commit() {
-        Ok(()) => LocalEnd::Committed(value),
-        Err(e) => LocalEnd::Failed(e.into()),
+
+    /// The connection, with the transaction still open, for its caller to end.
+    fn hand_on(mut self) -> &'c mut Connection {
+        self.conn.take().expect("open until handed on")
     }
+}
+
+impl Drop for OpenTransaction<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            roll_back(conn);
+        }
+    }
+}
+
+/// The three-phase transaction in the **in-transaction order** (GitLab's Cells ADR 021): local
+/// `BEGIN IMMEDIATE` on `db`; the application's `body`; BeginUpdate of `request(&value)` (so it
+/// can name the rows `body` just inserted) within [`UpdateConfig::in_transaction_deadline`]
+/// (retries keep the lease id); the lease record; the staleness guard; the local COMMIT; then
+/// CommitUpdate and the deletion of the local lease row.
+///
+/// A refused or unanswered BeginUpdate rolls the local transaction back and returns
+/// [`TransactionError::Claims`] with the service's error (e.g. `ClaimTaken`). SQLite has one
+/// writer: while BeginUpdate is in flight the database's write lock is held, for at most the
+/// deadline, and every other writer waits. SQLite has no transaction id a reconciler could ask
+/// about, so the lease carries no `local_transaction` and a crash here is healed by staleness.
+///
+/// ```no_run
+/// # use topology_claims::cell::{ClaimsClient, TransactionError, UpdateConfig};
+/// # use topology_claims::BeginUpdate;
+/// # use topology_claims_sqlite::{cell::transact_in_transaction, SqliteLocalLeaseStore};
+/// # async fn signup(
+/// #     client: ClaimsClient, mut db: rusqlite::Connection, leases: SqliteLocalLeaseStore,
+/// #     claims_of: impl FnOnce(i64) -> BeginUpdate, name: String,
+/// # ) -> Result<i64, TransactionError<rusqlite::Error>> {
+/// let (user_id, _) = transact_in_transaction(
+///     &client, &mut db, &leases, UpdateConfig::default(),
+///     |tx| {
+///         tx.execute("INSERT INTO users (name) VALUES (?1)", [&name])?;
+///         Ok::<_, rusqlite::Error>(tx.last_insert_rowid())
+///     },
+///     |id| claims_of(*id),
+/// ).await?;
+/// # Ok(user_id)
+/// # }
+/// ```
+pub async fn transact_in_transaction<T, E>(
+    client: &ClaimsClient,
+    db: &mut Connection,
+    leases: &SqliteLocalLeaseStore,
+    config: UpdateConfig,
+    body: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, E>,
+    request: impl FnOnce(&T) -> BeginUpdate,
+) -> Result<(T, CommitOutcome), TransactionError<E>>
+where
+    E: From<rusqlite::Error>,
+{
+    let value = {
+        // IMMEDIATE: take the write lock up front, so the commit cannot fail on a lock upgrade.
+        let mut tx = db
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| TransactionError::Local(e.into()))?;
+        let value = body(&tx).map_err(TransactionError::Local)?;
+        // Kept open past this `!Send` value: `OpenTransaction` ends it.
+        tx.set_drop_behavior(DropBehavior::Ignore);
+        value
+    };
+    let open = OpenTransaction { conn: Some(db) };
+    let pending = match PendingUpdate::begin_in_transaction(client, request(&value), config).await {
+        Ok(pending) => pending,
+        Err(failure) => {
+            drop(open);
+            return Err(TransactionError::Claims(failure.settle().await));
+        }
+    };
+    let local_end = record_and_commit(open.conn(), leases, &pending, value);
+    open.hand_on();
+    pending.finish(local_end, leases).await
 }
 
 /// A verifier claim source: for each table, one SQL query over the cell's SQLite database with

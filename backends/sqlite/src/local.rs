@@ -111,8 +111,14 @@ impl SqliteLocalLeaseStore {
         tx: &rusqlite::Transaction<'_>,
         lease_id: LeaseId,
     ) -> rusqlite::Result<()> {
+        self.record_on(tx, lease_id)
+    }
+
+    /// [`record_sync`](Self::record_sync) on a connection whose transaction was opened with SQL
+    /// (`BEGIN IMMEDIATE`) rather than as a `rusqlite::Transaction`.
+    pub(crate) fn record_on(&self, conn: &Connection, lease_id: LeaseId) -> rusqlite::Result<()> {
         let now = self.clock.now().as_unix_micros();
-        tx.prepare_cached(
+        conn.prepare_cached(
             "INSERT INTO leases_outstanding (lease_id, created_at, updated_at) VALUES (?1, ?2, ?2) \
              ON CONFLICT(lease_id) DO NOTHING",
         )?

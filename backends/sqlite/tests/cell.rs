@@ -180,6 +180,7 @@ async fn transact_refuses_a_stale_local_commit() {
         staleness: Duration::from_millis(300),
         safety_margin: Duration::from_millis(100),
         renew_every: None,
+        ..UpdateConfig::default()
     };
     let result = transact(
         &client,
@@ -245,4 +246,193 @@ async fn transact_reports_a_taken_claim_before_touching_the_local_database() {
     }
     assert!(!ran, "the local transaction never started");
     server.shutdown().await;
+}
+
+mod in_transaction {
+    use super::*;
+    use topology_claims_sqlite::cell::transact_in_transaction;
+
+    /// The default 200 ms suits a service next door; a loaded CI machine's first call (which
+    /// also opens the connection) can take longer, and these tests are not about the deadline.
+    fn roomy_deadline() -> UpdateConfig {
+        UpdateConfig {
+            in_transaction_deadline: Duration::from_secs(5),
+            ..UpdateConfig::default()
+        }
+    }
+
+    async fn local_lease_rows(db: &SqliteDb) -> usize {
+        let far = Timestamp::from_unix_micros(i64::MAX);
+        db.store.list_older_than(far, 10).await.unwrap().len()
+    }
+
+    #[tokio::test]
+    async fn in_transaction_order_commits_the_local_rows_and_the_claims_named_after_them() {
+        let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
+        let client =
+            ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+        let db = sqlite_db().await;
+        let mut conn = open_app_db(&db.path);
+        let a = cell("cell-a");
+        let (rowid, outcome) = transact_in_transaction(
+            &client,
+            &mut conn,
+            &db.store,
+            roomy_deadline(),
+            |tx| {
+                tx.execute("INSERT INTO users (name) VALUES ('alice')", [])?;
+                Ok::<_, rusqlite::Error>(tx.last_insert_rowid())
+            },
+            |rowid| {
+                let mut claim = username("alice");
+                claim.table_record_id = *rowid;
+                creates(&a, &[claim])
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(outcome, CommitOutcome::Committed);
+        let view = client.lookup_claim(&username("alice").key).await.unwrap();
+        assert_eq!(view.state, ClaimState::Active);
+        assert_eq!(
+            view.record.table_record_id, rowid,
+            "the claim names the row inserted before BeginUpdate"
+        );
+        assert_eq!(
+            db.committed_users().await.unwrap(),
+            BTreeSet::from(["alice".to_owned()])
+        );
+        assert_eq!(local_lease_rows(&db).await, 0, "deleted after CommitUpdate");
+        server.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn in_transaction_order_rolls_the_local_transaction_back_when_begin_update_is_refused() {
+        let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
+        let client =
+            ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+        let db = sqlite_db().await;
+        let mut conn = open_app_db(&db.path);
+        let lease = client
+            .begin_update(creates(&cell("cell-b"), &[username("dave")]))
+            .await
+            .unwrap();
+        client
+            .commit_update(&cell("cell-b"), lease.lease_id)
+            .await
+            .unwrap();
+        let result = transact_in_transaction(
+            &client,
+            &mut conn,
+            &db.store,
+            roomy_deadline(),
+            |tx| {
+                tx.execute("INSERT INTO users (name) VALUES ('dave')", [])?;
+                Ok::<_, rusqlite::Error>(())
+            },
+            |_| creates(&cell("cell-a"), &[username("dave")]),
+        )
+        .await;
+        match result {
+            Err(TransactionError::Claims(ClaimsError::ClaimTaken { claim })) => {
+                assert_eq!(claim, username("dave").key)
+            }
+            other => panic!("expected ClaimTaken, got {other:?}"),
+        }
+        assert!(
+            db.committed_users().await.unwrap().is_empty(),
+            "the application's row was rolled back"
+        );
+        assert_eq!(local_lease_rows(&db).await, 0);
+        assert!(
+            conn.is_autocommit(),
+            "no transaction left open on the connection"
+        );
+        conn.execute("INSERT INTO users (name) VALUES ('erin')", [])
+            .unwrap();
+        server.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn in_transaction_order_gives_up_at_its_deadline_and_rolls_the_local_transaction_back() {
+        // Accepts connections (the kernel's backlog) but never answers a byte.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", silent.local_addr().unwrap());
+        let config = ClientConfig {
+            call_timeout: Duration::from_secs(1),
+            ..ClientConfig::default()
+        };
+        let client = ClaimsClient::connect_lazy(&endpoint, config).unwrap();
+        let db = sqlite_db().await;
+        let mut conn = open_app_db(&db.path);
+        let update = UpdateConfig {
+            in_transaction_deadline: Duration::from_millis(200),
+            ..UpdateConfig::default()
+        };
+        let result = transact_in_transaction(
+            &client,
+            &mut conn,
+            &db.store,
+            update,
+            |tx| {
+                tx.execute("INSERT INTO users (name) VALUES ('gina')", [])?;
+                Ok::<_, rusqlite::Error>(())
+            },
+            |_| creates(&cell("cell-a"), &[username("gina")]),
+        )
+        .await;
+        match result {
+            Err(TransactionError::Claims(error @ ClaimsError::Unavailable { .. })) => {
+                assert!(
+                    error.to_string().contains("in-transaction deadline"),
+                    "{error}"
+                )
+            }
+            other => panic!("expected Unavailable at the deadline, got {other:?}"),
+        }
+        assert!(db.committed_users().await.unwrap().is_empty());
+        assert!(
+            conn.is_autocommit(),
+            "no transaction left open on the connection"
+        );
+    }
+
+    #[tokio::test]
+    async fn in_transaction_order_answers_claim_leased_at_once_even_to_a_client_that_waits_it_out()
+    {
+        let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
+        let config = ClientConfig {
+            retry_claim_leased: Some(topology_claims::cell::LeasedRetry::default()),
+            ..ClientConfig::default()
+        };
+        let client = ClaimsClient::connect_lazy(&server.endpoint(), config).unwrap();
+        client
+            .begin_update(creates(&cell("cell-b"), &[username("hank")]))
+            .await
+            .unwrap();
+        let db = sqlite_db().await;
+        let mut conn = open_app_db(&db.path);
+        // Waiting it out (about 1 s per retry) would outlast the deadline: `Unavailable`.
+        let result = transact_in_transaction(
+            &client,
+            &mut conn,
+            &db.store,
+            roomy_deadline(),
+            |tx| {
+                tx.execute("INSERT INTO users (name) VALUES ('hank')", [])?;
+                Ok::<_, rusqlite::Error>(())
+            },
+            |_| creates(&cell("cell-a"), &[username("hank")]),
+        )
+        .await;
+        assert!(
+            matches!(
+                result,
+                Err(TransactionError::Claims(ClaimsError::ClaimLeased { .. }))
+            ),
+            "{result:?}"
+        );
+        assert!(db.committed_users().await.unwrap().is_empty());
+        server.shutdown().await;
+    }
 }

@@ -320,6 +320,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         staleness: args.staleness,
         safety_margin: args.staleness / 2,
         renew_every: None,
+        ..UpdateConfig::default()
     };
     let ctx = Arc::new(CellContext {
         history: Arc::clone(&history),
