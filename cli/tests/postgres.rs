@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::pg::{base_url, with_database, FreshDb};
 use common::{command, run, text, Server};
 use topology_claims::cell::{ClaimsClient, ClientConfig};
 use topology_claims::testing::fixtures::{cell, creates, username};
@@ -22,78 +23,6 @@ use topology_claims::{
     PgLocalTransaction,
 };
 use topology_claims_postgres::tokio_postgres::{self, NoTls};
-
-fn base_url() -> String {
-    std::env::var("TOPOLOGY_CLAIMS_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// `url` with its database replaced by `db` (query string kept).
-fn with_database(url: &str, db: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
-    match query {
-        Some(q) => format!("{server}/{db}?{q}"),
-        None => format!("{server}/{db}"),
-    }
-}
-
-/// A fresh database, dropped on Drop; `None` (with a skip line) when PostgreSQL is unreachable
-/// outside CI.
-struct FreshDb {
-    admin: tokio_postgres::Client,
-    name: String,
-    url: String,
-}
-
-impl FreshDb {
-    async fn create() -> Option<FreshDb> {
-        let admin_url = base_url();
-        let admin = match tokio_postgres::connect(&admin_url, NoTls).await {
-            Ok((client, connection)) => {
-                tokio::spawn(connection);
-                client
-            }
-            Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
-                panic!("PostgreSQL unreachable at {admin_url} with CI=true: {e}")
-            }
-            Err(e) => {
-                println!("postgres tests skipped: {admin_url} unreachable: {e}");
-                return None;
-            }
-        };
-        let name = format!("tc_cli_{}_{}", std::process::id(), fastrand_suffix());
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create a test database");
-        let url = with_database(&admin_url, &name);
-        Some(FreshDb { admin, name, url })
-    }
-
-    async fn drop_database(self) {
-        let _ = self
-            .admin
-            .batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .await;
-    }
-}
-
-fn fastrand_suffix() -> String {
-    format!(
-        "{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-            % 0xffff_ffff
-    )
-}
 
 #[tokio::test]
 async fn serve_on_postgres_keeps_data_across_a_restart_and_reconcile_uses_a_postgres_cell_db() {

@@ -45,7 +45,7 @@ pub mod baseline {
     };
 }
 
-pub use local::{ensure_local_schema, PostgresLocalLeaseStore, LOCAL_LEASES_DDL};
+pub use local::{ensure_local_schema, record_in, PostgresLocalLeaseStore, LOCAL_LEASES_DDL};
 pub use locks::ADVISORY_LOCKS_PER_TRANSACTION;
 pub use options::{redacted_url, PostgresOptions, DEFAULT_APPLICATION_NAME};
 pub use session::StoreStats;

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use topology_claims_harness::serve::{clean_command, ServeChild};
 
+pub mod pg;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_topology-claims");
 /// Guards against a hung child; never a speed assertion.
 pub const PATIENCE: Duration = Duration::from_secs(60);

@@ -10,11 +10,13 @@
 //! dropped: the pending update is dropped, an open local transaction rolls back) or pause there
 //! while an external fault is injected.
 //!
+//! Cells on PostgreSQL (`--pg-cells`) use the in-transaction order instead (`in_tx.rs`).
+//!
 //! Every call goes into the history. Owns the cell's local database and its bookkeeping; must
 //! not decide protocol questions (the client and the service do).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -26,9 +28,14 @@ use topology_claims::{CellId, ClaimsError, LeaseId, LocalLeaseStore, Timestamp};
 use topology_claims_sqlite::cell::transact;
 use topology_claims_sqlite::{ensure_local_schema, SqliteLocalLeaseStore};
 
+use crate::local::{CellLeases, LocalDbSpec, PgConnection};
+use crate::recovery::Recovery;
+
 use crate::faults::{FaultKind, Injector};
 use crate::history::{Answer, Call, ErrorKind, History, TxOp};
 use crate::model;
+
+mod in_tx;
 
 /// Where a client crash happens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +139,9 @@ pub struct CellContext {
     pub sabotage: Option<Sabotage>,
     /// Keys whose local record a cell changed outside the protocol (drift for the verifiers).
     pub drifted: Mutex<BTreeSet<(u16, u32)>>,
+    /// The leases of transactions that crashed before their local commit, and when each was
+    /// freed.
+    pub recovery: Arc<Recovery>,
 }
 
 /// A local change outside the protocol, as an application bug or a restore would make: what the
@@ -148,9 +158,9 @@ pub enum Drift {
 pub struct SimCell {
     pub index: u16,
     id: CellId,
-    path: PathBuf,
-    db: Connection,
-    leases: SqliteLocalLeaseStore,
+    spec: LocalDbSpec,
+    db: Db,
+    leases: CellLeases,
     client: ClaimsClient,
     ctx: Arc<CellContext>,
     rng: fastrand::Rng,
@@ -164,6 +174,12 @@ CREATE TABLE IF NOT EXISTS records (
     -- The claim's owner value when it is not the cell's id (only drift sets it).
     owner_value TEXT
 );";
+
+/// The application's connection to the cell's local database.
+enum Db {
+    Sqlite(Connection),
+    Postgres(PgConnection),
+}
 
 /// Opens (creating) a cell database with the application's table and the lease table.
 fn open_db(path: &Path) -> Result<Connection, String> {
@@ -179,19 +195,21 @@ fn open_db(path: &Path) -> Result<Connection, String> {
 impl SimCell {
     pub async fn open(
         index: u16,
-        path: PathBuf,
+        spec: LocalDbSpec,
         client: ClaimsClient,
         ctx: Arc<CellContext>,
         seed: u64,
     ) -> Result<SimCell, String> {
-        let db = open_db(&path)?;
-        let leases = SqliteLocalLeaseStore::open(&path)
-            .await
-            .map_err(|e| format!("opening the lease store of {}: {e}", path.display()))?;
+        let db = match (&spec, spec.app_url()) {
+            (LocalDbSpec::Sqlite(path), _) => Db::Sqlite(open_db(path)?),
+            (_, Some(url)) => Db::Postgres(PgConnection::open(&url?).await?),
+            (LocalDbSpec::Postgres { .. }, None) => unreachable!("a PostgreSQL cell has a URL"),
+        };
+        let leases = spec.leases().await?;
         Ok(SimCell {
             index,
             id: model::cell_id(index),
-            path,
+            spec,
             db,
             leases,
             client,
@@ -200,8 +218,13 @@ impl SimCell {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    pub fn spec(&self) -> &LocalDbSpec {
+        &self.spec
+    }
+
+    /// Whether the cell uses the in-transaction order (on PostgreSQL, naming its transaction).
+    pub fn in_transaction_order(&self) -> bool {
+        matches!(self.db, Db::Postgres(_))
     }
 
     pub fn rng(&mut self) -> &mut fastrand::Rng {
@@ -209,9 +232,12 @@ impl SimCell {
     }
 
     /// The keys of the committed local records.
-    pub fn records(&self) -> Result<BTreeSet<u32>, String> {
-        let mut select = self
-            .db
+    pub async fn records(&mut self) -> Result<BTreeSet<u32>, String> {
+        let db = match &mut self.db {
+            Db::Sqlite(db) => db,
+            Db::Postgres(db) => return db.records().await,
+        };
+        let mut select = db
             .prepare("SELECT key FROM records")
             .map_err(|e| format!("reading records: {e}"))?;
         let keys = select
@@ -221,13 +247,17 @@ impl SimCell {
         Ok(keys)
     }
 
-    /// Changes the local record of `key` (one the cell holds) outside the protocol.
+    /// Changes the local record of `key` (one the cell holds) outside the protocol. Cells on
+    /// PostgreSQL do not drift: they run no verifier in the campaign.
     pub fn drift(&mut self, drift: Drift, key: u32) -> Result<(), String> {
+        let Db::Sqlite(db) = &self.db else {
+            return Ok(());
+        };
         let changed = match drift {
-            Drift::Forget => self.db.execute("DELETE FROM records WHERE key = ?1", [key]),
+            Drift::Forget => db.execute("DELETE FROM records WHERE key = ?1", [key]),
             Drift::Reassign => {
                 let owner = format!("{}-moved-{}", self.id, self.rng.u8(..4));
-                self.db.execute(
+                db.execute(
                     "UPDATE records SET owner_value = ?2 WHERE key = ?1",
                     (key, owner),
                 )
@@ -287,7 +317,10 @@ impl SimCell {
             TxOp::Destroy => "transactions: destroy",
             TxOp::Update => "transactions: update",
         });
-        if crash.is_none() && pause.is_none() && self.ctx.sabotage.is_none() {
+        if self.in_transaction_order() {
+            // External faults pause SQLite cells only (the sweep picks them).
+            self.in_transaction(op, key, crash).await
+        } else if crash.is_none() && pause.is_none() && self.ctx.sabotage.is_none() {
             self.transact(op, key).await
         } else {
             self.phase_by_phase(op, key, crash, pause).await
@@ -303,10 +336,13 @@ impl SimCell {
         // When the local transaction's body ran: BeginUpdate had answered by then, and
         // CommitUpdate / RollbackUpdate had not been sent yet.
         let body_at = AtomicU64::new(0);
+        let (Db::Sqlite(db), CellLeases::Sqlite(leases)) = (&mut self.db, &self.leases) else {
+            unreachable!("the pre-flight order runs on SQLite cells")
+        };
         let result = transact(
             &self.client,
-            &mut self.db,
-            &self.leases,
+            db,
+            leases,
             request,
             self.ctx.update.clone(),
             |tx| {
@@ -320,6 +356,19 @@ impl SimCell {
             0 => ended,
             at => at,
         };
+        self.settle(result, (lease, op, key), (invoked, body, body, ended))
+    }
+
+    /// Records a whole transaction's calls in the history: BeginUpdate from `invoked`, answered
+    /// by `answered`, and the end (CommitUpdate or RollbackUpdate) from `ending` to `ended`.
+    /// Each interval holds the real call's.
+    fn settle<E: std::fmt::Display>(
+        &self,
+        result: Result<((), CommitOutcome), TransactionError<E>>,
+        (lease, op, key): (LeaseId, TxOp, u32),
+        (invoked, answered, ending, ended): (u64, u64, u64, u64),
+    ) -> Answer {
+        let (index, history) = (self.index, &self.ctx.history);
         let begin = Call::Begin { lease, op, key };
         let commit = Call::Commit { lease, key };
         let rollback = Call::Rollback { lease, key };
@@ -332,32 +381,32 @@ impl SimCell {
                 return answer;
             }
             Err(TransactionError::Local(error)) => {
-                history.push(index, begin, invoked, Some(body), Answer::Ok);
+                history.push(index, begin, invoked, Some(answered), Answer::Ok);
                 // `finish` rolls the lease back but does not say whether that succeeded.
-                history.push(index, rollback, body, Some(ended), Answer::Unknown);
+                history.push(index, rollback, ending, Some(ended), Answer::Unknown);
                 tracing::warn!(cell = index, %error, "local transaction failed");
                 tally.add("ended: local transaction failed");
             }
             Err(TransactionError::Stale { .. }) => {
-                history.push(index, begin, invoked, Some(body), Answer::Ok);
-                history.push(index, rollback, body, Some(ended), Answer::Unknown);
+                history.push(index, begin, invoked, Some(answered), Answer::Ok);
+                history.push(index, rollback, ending, Some(ended), Answer::Unknown);
                 tally.add("ended: stale, rolled back");
             }
             Err(TransactionError::Indeterminate { .. }) => {
                 // Whether the local COMMIT happened is unknown; the reconciler settles the lease.
-                history.push(index, begin, invoked, Some(body), Answer::Ok);
+                history.push(index, begin, invoked, Some(answered), Answer::Ok);
                 tally.add("ended: local commit indeterminate");
             }
             Err(TransactionError::LostClaims { .. }) => {
-                history.push(index, begin, invoked, Some(body), Answer::Ok);
+                history.push(index, begin, invoked, Some(answered), Answer::Ok);
                 let lost = Answer::Err(ErrorKind::LeaseRolledBack);
-                history.push(index, commit, body, Some(ended), lost);
+                history.push(index, commit, ending, Some(ended), lost);
                 tally.lost(index, lease);
             }
             Ok(((), outcome)) => {
-                history.push(index, begin, invoked, Some(body), Answer::Ok);
+                history.push(index, begin, invoked, Some(answered), Answer::Ok);
                 let answer = commit_answer(&outcome);
-                history.push(index, commit, body, Some(ended), answer);
+                history.push(index, commit, ending, Some(ended), answer);
                 tally.add(match answer {
                     Answer::Ok => "ended: committed",
                     _ => "ended: commit left to the reconciler",
@@ -414,13 +463,17 @@ impl SimCell {
         self.at(Boundary::AfterBegin, pause).await;
         if crash == Some(Crash::AfterBegin) {
             drop(pending);
+            self.ctx.recovery.crashed(index, lease, false);
             return self.crashed(Crash::AfterBegin);
         }
 
         let record_lease = self.ctx.sabotage != Some(Sabotage::SkipLeaseRecord);
+        let (Db::Sqlite(db), CellLeases::Sqlite(leases)) = (&mut self.db, &self.leases) else {
+            unreachable!("the pre-flight order runs on SQLite cells")
+        };
         let local = local_phase(
-            &mut self.db,
-            &self.leases,
+            db,
+            leases,
             &pending,
             (op, key, lease),
             record_lease,
@@ -430,6 +483,7 @@ impl SimCell {
         let end = match local {
             LocalPhase::Crashed => {
                 drop(pending);
+                self.ctx.recovery.crashed(index, lease, false);
                 return self.crashed(Crash::InLocalTx);
             }
             LocalPhase::Committed => None,
@@ -446,7 +500,19 @@ impl SimCell {
             self.ctx.tally.add(format!("ended: {why}, rolled back"));
             return Answer::Ok;
         }
+        self.after_local_commit(pending, (lease, key), crash, pause)
+            .await
+    }
 
+    /// Phase 3 of a transaction whose local commit happened, with a crash or pause as asked.
+    async fn after_local_commit(
+        &mut self,
+        pending: PendingUpdate,
+        (lease, key): (LeaseId, u32),
+        crash: Option<Crash>,
+        pause: Option<(Boundary, FaultKind)>,
+    ) -> Answer {
+        let (index, history) = (self.index, Arc::clone(&self.ctx.history));
         self.at(Boundary::AfterLocalCommit, pause).await;
         if crash == Some(Crash::AfterLocalCommit) {
             drop(pending);
@@ -484,7 +550,7 @@ impl SimCell {
         }
         let id = history.invoke(index, commit);
         match pending
-            .finish::<(), rusqlite::Error, _>(LocalEnd::Committed(()), &self.leases)
+            .finish::<(), String, _>(LocalEnd::Committed(()), &self.leases)
             .await
         {
             Ok(((), outcome)) => {

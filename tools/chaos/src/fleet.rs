@@ -210,6 +210,23 @@ impl Backing {
         Ok(n as u64)
     }
 
+    /// A schema of its own for PostgreSQL cell `index` on the campaign's cluster (created now),
+    /// beside the store's.
+    pub async fn cell_schema(&self, index: u16) -> Result<crate::local::LocalDbSpec, String> {
+        let Some((admin, store_schema)) = self.admin().await? else {
+            return Err("a PostgreSQL cell needs a PostgreSQL store".into());
+        };
+        let schema = format!("{store_schema}_c{index:02}");
+        pg::create_schema(&admin, &schema).await?;
+        let Backing::Postgres { admin_url, .. } = self else {
+            unreachable!("admin() answers for PostgreSQL stores only")
+        };
+        Ok(crate::local::LocalDbSpec::Postgres {
+            url: admin_url.clone(),
+            schema,
+        })
+    }
+
     /// Crashes the private PostgreSQL cluster (`pg_ctl stop -m immediate`). `None` for other
     /// stores, or while another restart is under way; else the guard to hand to
     /// [`Backing::start_postgres_after`].

@@ -8,11 +8,15 @@
 //! - no verifier freed a claim whose record its cell had committed before the correction began,
 //!   and every correction a verifier committed is explained by drift the campaign injected;
 //! - after healing, a verify pass of each cell finds nothing but the drift the campaign injected
-//!   (local changes outside the protocol), and the pass after it finds nothing at all.
+//!   (local changes outside the protocol), and the pass after it finds nothing at all;
+//! - in the deterministic sweep, the lease of a transaction that crashed inside its open local
+//!   transaction and named it (`local_transaction`) was freed sooner than the staleness
+//!   threshold: by the reconciler's early rollback of an aborted transaction, not the fallback.
 //!
 //! Owns these rules over plain data gathered by the campaign. Must not do I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use topology_claims::{ClaimState, LeaseId, LeaseOp};
 
@@ -37,8 +41,13 @@ pub struct FinalState {
     pub unexplained_corrections: Vec<(u16, u32, LeaseOp, LeaseId)>,
     /// What the first verify pass after healing corrected that no drift explains.
     pub unexplained_repairs: Vec<String>,
-    /// Per cell: the discrepancies its final verify pass found, or why the pass failed.
-    pub final_verify: Vec<Result<Vec<String>, String>>,
+    /// Per cell with a verifier: the discrepancies its final verify pass found, or why the
+    /// pass failed.
+    pub final_verify: Vec<(u16, Result<Vec<String>, String>)>,
+    /// Leases of the sweep's crashes inside a named local transaction that were not seen freed
+    /// within `recovery_bound`: (cell, lease, time to free if seen).
+    pub slow_recoveries: Vec<(u16, LeaseId, Option<Duration>)>,
+    pub recovery_bound: Duration,
 }
 
 /// One broken rule.
@@ -170,7 +179,7 @@ pub fn check(state: &FinalState) -> Vec<Violation> {
             detail: found.clone(),
         });
     }
-    for (cell, pass) in state.final_verify.iter().enumerate() {
+    for (cell, pass) in &state.final_verify {
         let detail = match pass {
             Ok(found) if found.is_empty() => continue,
             Ok(found) => format!(
@@ -184,6 +193,17 @@ pub fn check(state: &FinalState) -> Vec<Violation> {
             rule: "final verify pass not clean",
             key: None,
             detail,
+        });
+    }
+    for (cell, lease, freed) in &state.slow_recoveries {
+        let bound = state.recovery_bound;
+        violations.push(Violation {
+            rule: "aborted local transaction's lease not freed early",
+            key: None,
+            detail: match freed {
+                Some(t) => format!("cell c{cell:02}: lease {lease} freed after {t:?}, not within {bound:?}"),
+                None => format!("cell c{cell:02}: lease {lease} not freed before the final passes (bound {bound:?})"),
+            },
         });
     }
     violations
@@ -203,7 +223,9 @@ mod tests {
             verifier_freed_held: vec![],
             unexplained_corrections: vec![],
             unexplained_repairs: vec![],
-            final_verify: vec![Ok(vec![]), Ok(vec![])],
+            final_verify: vec![(0, Ok(vec![])), (1, Ok(vec![]))],
+            slow_recoveries: vec![],
+            recovery_bound: Duration::from_secs(2),
         }
     }
 
@@ -238,8 +260,11 @@ mod tests {
         leftovers
             .verifier_freed_held
             .push((0, 1, LeaseId::generate()));
-        leftovers.final_verify[1] = Ok(vec!["extra    k2".into()]);
-        leftovers.final_verify[0] = Err("store unavailable".into());
+        leftovers.final_verify[1].1 = Ok(vec!["extra    k2".into()]);
+        leftovers.final_verify[0].1 = Err("store unavailable".into());
+        leftovers
+            .slow_recoveries
+            .push((1, LeaseId::generate(), Some(Duration::from_secs(3))));
         leftovers.unexplained_repairs.push("c00: missing k3".into());
         leftovers
             .unexplained_corrections
@@ -254,7 +279,8 @@ mod tests {
                 "verifier correction no drift explains",
                 "discrepancy after healing that is not injected drift",
                 "final verify pass not clean",
-                "final verify pass not clean"
+                "final verify pass not clean",
+                "aborted local transaction's lease not freed early"
             ]
         );
     }

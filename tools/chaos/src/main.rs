@@ -22,8 +22,10 @@ mod fleet;
 mod history;
 mod invariants;
 mod linearizability;
+mod local;
 mod model;
 mod proxy;
+mod recovery;
 mod report;
 mod verify;
 
@@ -41,7 +43,6 @@ use topology_claims::cell::{
     Backoff, ClaimsClient, ClientConfig, ClientTls, Reconciler, ReconcilerConfig, UpdateConfig,
 };
 use topology_claims::LeasesQuery;
-use topology_claims_sqlite::SqliteLocalLeaseStore;
 
 use crate::cell::{Boundary, CellContext, Crash, Drift, Sabotage, SimCell, Tally};
 use crate::faults::{FaultKind, Injector};
@@ -49,7 +50,9 @@ use crate::fleet::{Backing, Fleet};
 use crate::history::{Answer, Call, ErrorKind, Event, History, TxOp};
 use crate::invariants::FinalState;
 use crate::linearizability::Verdict;
+use crate::local::{CellLeases, LocalDbSpec};
 use crate::proxy::Proxy;
+use crate::recovery::Recovery;
 use topology_claims::config::parse_nonzero_duration;
 use topology_claims_harness::pki::DevPki;
 
@@ -69,6 +72,14 @@ pub struct ChaosArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_CELLS", default_value_t = 8,
           value_parser = clap::value_parser!(u16).range(1..=100))]
     cells: u16,
+
+    /// Of --cells, how many keep their local database on the campaign's own PostgreSQL
+    /// cluster (a schema each; needs --store private-postgres:) and use the in-transaction
+    /// order, naming their transaction in `local_transaction`, so their crashes happen inside
+    /// open local transactions and their reconcilers roll those leases back at once. The
+    /// others use SQLite and the pre-flight order; only they drift and run verifiers.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_PG_CELLS", default_value_t = 0)]
+    pg_cells: u16,
 
     /// Claim transactions of the random phase (the deterministic sweep before it adds its
     /// own: about 230 with 8 cells). `--long` raises it to at least 10000.
@@ -259,6 +270,15 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         .map_err(|e| format!("creating {}: {e}", work_dir.display()))?;
 
     let backing = Arc::new(Backing::prepare(args.store.as_deref(), &work_dir).await?);
+    if args.pg_cells > 0 && !backing.is_private_postgres() {
+        return Err("--pg-cells needs --store private-postgres: (the cells' schemas live on the campaign's own cluster)".into());
+    }
+    if args.pg_cells >= cells_n {
+        return Err(format!(
+            "--pg-cells {} must leave at least one of the {cells_n} --cells on SQLite (the external faults pause SQLite cells)",
+            args.pg_cells
+        ));
+    }
     let mut notes = Vec::new();
     if !backing.survives_restarts() {
         if servers > 1 {
@@ -329,6 +349,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         update,
         sabotage: args.sabotage,
         drifted: Default::default(),
+        recovery: Arc::new(Recovery::default()),
     });
     // The proxy forwards raw TCP, so TLS runs end to end between a cell and a server; the
     // server's certificate has the proxy's address, 127.0.0.1, as an IP SAN.
@@ -343,18 +364,20 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     };
     let mut cells = Vec::new();
     for i in 0..cells_n {
-        let path = work_dir.join(format!("cell-{i:02}.db"));
+        let spec = if i >= cells_n - args.pg_cells {
+            backing.cell_schema(i).await?
+        } else {
+            LocalDbSpec::Sqlite(work_dir.join(format!("cell-{i:02}.db")))
+        };
         cells
-            .push(SimCell::open(i, path, client(i)?, Arc::clone(&ctx), seed ^ u64::from(i)).await?);
+            .push(SimCell::open(i, spec, client(i)?, Arc::clone(&ctx), seed ^ u64::from(i)).await?);
     }
 
     // The reconciler sidecars, running all along as they would in production.
     let (stop_reconcilers, reconcilers_stopped) = watch::channel(false);
     let mut sidecars = Vec::new();
     for cell in &cells {
-        let local = SqliteLocalLeaseStore::open(cell.path())
-            .await
-            .map_err(|e| format!("opening {}: {e}", cell.path().display()))?;
+        let local = cell.spec().leases().await?;
         let config = ReconcilerConfig {
             staleness: args.staleness,
             page_size: 50,
@@ -378,22 +401,33 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     let committed = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut verifiers = Vec::new();
     for cell in &cells {
+        let Some(path) = cell.spec().sqlite_path() else {
+            continue;
+        };
         let verifier = verify::verifier(
             cell.index,
-            cell.path(),
+            path,
             client(cell.index)?,
             Arc::clone(&history),
             Arc::clone(&verify_stats),
             Arc::clone(&committed),
         )?;
-        verifiers.push(tokio::spawn(verify::sidecar(
+        let sidecar = tokio::spawn(verify::sidecar(
             verifier,
             cell.index,
             Arc::clone(&verify_stats),
             seeded(seed, 2000 + u64::from(cell.index)),
             reconcilers_stopped.clone(),
-        )));
+        ));
+        verifiers.push((cell.index, sidecar));
     }
+
+    // How long the leases of crashed transactions stay outstanding (recovery.rs).
+    let recovery_watch = tokio::spawn(recovery::watch(
+        Arc::clone(&ctx.recovery),
+        (0..cells_n).map(&client).collect::<Result<Vec<_>, _>>()?,
+        reconcilers_stopped.clone(),
+    ));
 
     // 1. The deterministic sweep: every crash point on every cell, for a create and for a
     //    destroy; then every external fault at every phase boundary. Each case is retried
@@ -404,6 +438,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         .filter(|c| faults.contains(&c.fault()))
         .collect();
     let mut unswept = Vec::new();
+    ctx.recovery.set_sweeping(true);
     for cell in cells.iter_mut() {
         for &crash in &crashes {
             for op in [TxOp::Create, TxOp::Destroy] {
@@ -425,11 +460,14 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
             }
         }
     }
+    ctx.recovery.set_sweeping(false);
     let externals: Vec<FaultKind> = faults.iter().copied().filter(|k| !k.is_crash()).collect();
+    // The SQLite cells (the pre-flight order pauses at every boundary).
+    let paused = usize::from(cells_n - args.pg_cells);
     let mut turn = 0usize;
     for &kind in &externals {
         for boundary in Boundary::ALL {
-            let cell = &mut cells[turn % usize::from(cells_n)];
+            let cell = &mut cells[turn % paused];
             let op = if turn.is_multiple_of(2) {
                 TxOp::Create
             } else {
@@ -489,13 +527,15 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     injector.heal().await?;
     let _ = stop_reconcilers.send(true);
     let mut stopped_verifiers = Vec::new();
-    for verifier in verifiers {
-        stopped_verifiers.push(
+    for (index, verifier) in verifiers {
+        stopped_verifiers.push((
+            index,
             verifier
                 .await
                 .map_err(|e| format!("a verify sidecar failed: {e}"))?,
-        );
+        ));
     }
+    let _ = recovery_watch.await;
     let mut reconcilers = Vec::new();
     let mut background_passes = 0;
     for sidecar in sidecars {
@@ -544,7 +584,8 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         .clone();
     let mut unexplained = Vec::new();
     let mut final_verify = Vec::new();
-    for (index, verifier) in stopped_verifiers.iter().enumerate() {
+    for (index, verifier) in &stopped_verifiers {
+        let index = *index;
         let repair = verify::final_pass(verifier).await;
         if let Ok(report) = &repair {
             verify_stats.repaired_after_healing(report);
@@ -558,7 +599,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         if let Ok(report) = &last {
             verify_stats.final_pass(report);
         }
-        final_verify.push(repair.and(last));
+        final_verify.push((index, repair.and(last)));
     }
 
     // 4. Probes: each lease's final fate and each key's final claim, into the history.
@@ -644,8 +685,8 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     }
 
     // 5. The checkers.
-    for cell in &cells {
-        final_state.local_records.push(cell.records()?);
+    for cell in &mut cells {
+        final_state.local_records.push(cell.records().await?);
         final_state.local_lease_rows.push(cell.lease_rows().await?);
         let page = probes[usize::from(cell.index)]
             .list_outstanding_leases(&LeasesQuery::new(model::cell_id(cell.index), None, 1000))
@@ -672,15 +713,22 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     final_state.unexplained_repairs = unexplained;
     final_state.final_verify = final_verify
         .iter()
-        .map(|pass| match pass {
-            Ok(report) => Ok(report
-                .discrepancies
-                .iter()
-                .map(ToString::to_string)
-                .collect()),
-            Err(error) => Err(error.clone()),
+        .map(|(cell, pass)| {
+            let pass = match pass {
+                Ok(report) => Ok(report
+                    .discrepancies
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect()),
+                Err(error) => Err(error.clone()),
+            };
+            (*cell, pass)
         })
         .collect();
+    // In the sweep, nothing but the crash happens: a lease naming its aborted transaction must
+    // be rolled back by the reconciler's early rule, before the staleness rule could.
+    final_state.recovery_bound = args.staleness;
+    final_state.slow_recoveries = ctx.recovery.slow_in_sweep(args.staleness);
     let invariant_violations = invariants::check(&final_state);
     if let Some(path) = &args.history {
         report::write_history(path, seed, &events)?;
@@ -723,6 +771,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
             .into_iter()
             .map(|case| format!("sweep case never reached its fault: {case}")),
     );
+    let (named, unnamed) = ctx.recovery.distributions();
     let mut header = vec![
         ("seed", seed.to_string()),
         ("store", backing.describe()),
@@ -737,6 +786,15 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
             ),
         ),
         ("staleness", format!("{:?}", args.staleness)),
+        (
+            "cells on PostgreSQL",
+            format!(
+                "{} (in-transaction order, naming their local transaction)",
+                args.pg_cells
+            ),
+        ),
+        ("time to free, with local_transaction", named.describe()),
+        ("time to free, without", unnamed.describe()),
         (
             "server restarts",
             format!("{restarts} (+{start_retries} starts that failed and were retried)"),
@@ -813,7 +871,12 @@ async fn worker(
             let key = cell.rng().u32(..keys);
             cell.lookup(key).await;
         }
-        let held: Vec<u32> = cell.records().unwrap_or_default().into_iter().collect();
+        let held: Vec<u32> = cell
+            .records()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         if !held.is_empty() && cell.rng().f64() < drift {
             let key = held[cell.rng().usize(..held.len())];
             // More reassignments than deletions: a reassigned record is still the cell's, so
@@ -881,7 +944,12 @@ async fn sweep_case(
         };
         let key = if op == TxOp::Destroy {
             // Take a key first, to have something to destroy.
-            let held: Vec<u32> = cell.records().unwrap_or_default().into_iter().collect();
+            let held: Vec<u32> = cell
+                .records()
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
             match held.get(rng.usize(..held.len().max(1))).copied() {
                 Some(key) => key,
                 None => {
@@ -916,12 +984,12 @@ async fn free_key(cell: &mut SimCell, keys: u32, rng: &mut fastrand::Rng) -> Opt
 /// A cell's reconciler sidecar: a pass every 0.4–0.9 s until told to stop (the running pass
 /// finishes first). Returns the reconciler and how many passes it made.
 async fn sidecar(
-    reconciler: Reconciler<SqliteLocalLeaseStore>,
+    reconciler: Reconciler<CellLeases>,
     cell: u16,
     tally: Arc<Tally>,
     mut rng: fastrand::Rng,
     mut stop: watch::Receiver<bool>,
-) -> (Reconciler<SqliteLocalLeaseStore>, u64) {
+) -> (Reconciler<CellLeases>, u64) {
     let mut passes = 0;
     loop {
         tokio::select! {
