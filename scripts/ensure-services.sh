@@ -87,4 +87,33 @@ else
     [ "${CI:-}" = "true" ] && exit 1
   fi
 fi
+# --- Ruby gem (clients/ruby) -------------------------------------------------------------------
+# clients/ruby/run-specs.sh (called by scripts/test.sh) runs the gem's RSpec suite with Debian's
+# Ruby packages (no rubygems.org). Installs the missing ones; under CI=true a package still
+# missing afterwards fails this script.
+ruby_packages="ruby ruby-grpc ruby-grpc-tools ruby-google-protobuf ruby-googleapis-common-protos-types ruby-activerecord ruby-sqlite3 ruby-pg ruby-rspec"
+ruby_missing=""
+for package in ${ruby_packages}; do
+  dpkg-query -W -f='${Status}' "${package}" 2>/dev/null | grep -q "install ok installed" \
+    || ruby_missing="${ruby_missing} ${package}"
+done
+if [ -z "${ruby_missing}" ]; then
+  echo "ruby packages: installed"
+else
+  echo "ruby packages: missing${ruby_missing}; trying apt-get install"
+  (export DEBIAN_FRONTEND=noninteractive
+   apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=300 ${ruby_missing}) >/dev/null 2>&1 || true
+  ruby_still_missing=""
+  for package in ${ruby_missing}; do
+    dpkg-query -W -f='${Status}' "${package}" 2>/dev/null | grep -q "install ok installed" \
+      || ruby_still_missing="${ruby_still_missing} ${package}"
+  done
+  if [ -z "${ruby_still_missing}" ]; then
+    echo "ruby packages: installed"
+  else
+    echo "ruby packages: missing${ruby_still_missing} (apt-get install them)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+# --- end of the Ruby gem block -------------------------------------------------------------------
 exit 0
