@@ -330,10 +330,9 @@ module TopologyClaims
       end
     end
 
-    # Only the outermost transaction's rollback ends the lease (a savepoint's does not).
+    # A lease exists only between before_committed! and the end of that same transaction, so
+    # a rollback that finds one is that transaction's (a savepoint rolled back earlier finds none).
     def rolledback!(force_restore_state: false, should_run_callbacks: true)
-      return unless force_restore_state
-
       lease = @lease
       unconfirmed = @unconfirmed
       reset
