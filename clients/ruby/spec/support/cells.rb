@@ -93,6 +93,7 @@ module Cells
     else
       require "pg"
       admin = ::PG.connect(host: PG[:host], port: PG[:port], user: PG[:user], dbname: "postgres")
+      admin.exec("SET client_min_messages TO warning")
       admin.exec("DROP DATABASE IF EXISTS #{admin.quote_ident(database)} WITH (FORCE)")
       admin.exec("CREATE DATABASE #{admin.quote_ident(database)}")
       admin.close
