@@ -15,7 +15,7 @@ RSpec.describe "mutual TLS" do
     )
     cell = Cells.build(adapter: :sqlite, name: "tls", cell_id: cell_id, database: File.join(SpecSupport::TMP, "tls.sqlite3"),
                        address: server.url("https"),
-                       config: { tls: { ca: "#{dir}/ca.pem", cert: "#{dir}/#{cell_id}.pem", key: "#{dir}/#{cell_id}-key.pem" } })
+                       config: { tls: { ca: "#{dir}/ca.pem", cert: "#{dir}/cell-#{cell_id}.pem", key: "#{dir}/cell-#{cell_id}-key.pem" } })
     name = unique("secure")
     cell.user.create!(username: name)
     expect(lookup(cell, :username, name)).to eq([cell_id, "active"])
