@@ -8,7 +8,7 @@ RSpec.shared_examples "a cell of many processes" do |adapter|
 
   it "lets workers forked from a parent that loaded the models (and made no call) save" do
     name = unique("forked")
-    output, status = worker(cell, "fork", "TC_USERNAME" => name, "TC_WORKERS" => "2")
+    output, status = worker(cell, "fork", { "TC_USERNAME" => name, "TC_WORKERS" => "2" })
     expect(status).to be_success, output
     expect(output.lines.map(&:strip).sort).to eq(["worker 0: ok", "worker 1: ok"])
     expect(lookup(cell, :username, "#{name}-0")).to eq([cell.cell_id, "active"])
@@ -32,7 +32,7 @@ RSpec.shared_examples "a cell of many processes" do |adapter|
 
   it "has the claims of a process killed before its COMMIT freed by reconcile --once" do
     name = unique("killed-before")
-    _output, status = worker(cell, "kill_before_commit", "TC_USERNAME" => name)
+    _output, status = worker(cell, "kill_before_commit", { "TC_USERNAME" => name })
     expect(status.termsig).to eq(Signal.list["KILL"])
     expect(lookup(cell, :username, name)).to eq([cell.cell_id, "creating"])
     expect(cell.user.where(username: name)).to be_empty
@@ -55,7 +55,7 @@ RSpec.shared_examples "a cell of many processes" do |adapter|
 
   it "has the lease of a process killed after its COMMIT committed by reconcile --once" do
     name = unique("killed-after")
-    _output, status = worker(cell, "kill_after_commit", "TC_USERNAME" => name)
+    _output, status = worker(cell, "kill_after_commit", { "TC_USERNAME" => name })
     expect(status.termsig).to eq(Signal.list["KILL"])
     expect(cell.user.where(username: name).count).to eq(1)
     expect(cell.leases_outstanding).to eq(1)

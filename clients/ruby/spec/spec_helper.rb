@@ -25,20 +25,22 @@ module SpecSupport
 
   module_function
 
+  # State lives on the module (SpecSupport.server…), never in an example's instance variables.
   def server
-    @server ||= TopologyClaims::Testing::Server.start
+    SpecSupport.instance_eval { @server ||= TopologyClaims::Testing::Server.start }
   end
 
   def stop
-    @server&.stop
+    SpecSupport.instance_eval { @server }&.stop
     FileUtils.rm_rf(TMP)
   end
 
-  def run_id = @run_id ||= SecureRandom.hex(3)
+  def run_id = SpecSupport.instance_eval { @run_id ||= SecureRandom.hex(3) }
 
   # The cells of one adapter, built once per run: :a and :b.
   def cell(adapter, name)
-    (@cells ||= {})[[adapter, name]] ||= begin
+    cells = SpecSupport.instance_eval { @cells ||= {} }
+    cells[[adapter, name]] ||= begin
       database = adapter == :sqlite ? File.join(TMP, "cell-#{name}.sqlite3") : "tc_ruby_cell_#{name}"
       Cells.build(adapter: adapter, name: "#{adapter}-#{name}", cell_id: "rb-#{adapter}-#{name}-#{run_id}",
                   database: database, address: server.url)
@@ -71,7 +73,7 @@ module SpecSupport
 
   # `topology-claims SUBCOMMAND` for `cell`: [stdout, stderr, status].
   def sidecar(cell, subcommand, *args)
-    TopologyClaims::Testing.run(subcommand, "--server", server.url, "--cell-id", cell.cell_id,
+    TopologyClaims::Testing.run(subcommand, "--server", SpecSupport.server.url, "--cell-id", cell.cell_id,
                                 "--local-db", cell.local_db_url, *args)
   end
 

@@ -30,7 +30,6 @@ when "fork"
   workers = Integer(ENV.fetch("TC_WORKERS", "2"))
   pids = workers.times.map do |i|
     fork do
-      ActiveRecord::Base.connection_handler.connection_pool_list.each(&:discard!)
       puts "worker #{i}: #{save.call("#{username}-#{i}", nil)}"
       exit!(0)
     end
