@@ -142,6 +142,33 @@ RSpec.shared_examples "a claimable cell" do |adapter|
     expect(cell.leases_outstanding).to eq(0)
   end
 
+  it "logs and counts a CommitUpdate that fails after COMMIT, never raises it, and leaves the lease to reconcile" do
+    name = unique("uncommitted")
+    allow(cell.client).to receive(:commit_update).and_raise(TopologyClaims::Unavailable.new("CommitUpdate: down"))
+    before = TopologyClaims.metrics.get(:commit_failures)
+    expect(cell.user.create!(username: name)).to be_persisted
+    expect(TopologyClaims.metrics.get(:commit_failures)).to eq(before + 1)
+    expect(cell.leases_outstanding).to eq(1)
+    RSpec::Mocks.space.proxy_for(cell.client).reset
+
+    _stdout, stderr, status = sidecar(cell, "reconcile", "--once")
+    expect(status).to be_success, stderr
+    expect(lookup(cell, :username, name)).to eq([cell.cell_id, "active"])
+    expect(cell.leases_outstanding).to eq(0)
+  end
+
+  it "refuses the COMMIT past the staleness guard (staleness - safety_margin) and rolls the lease back" do
+    config = cell.config.dup_with(staleness: 0.000001, safety_margin: 0.0)
+    const = "StaleUser#{adapter.capitalize}"
+    SpecSupport.const_set(const, Class.new(cell.user) { claims_configuration config }) unless SpecSupport.const_defined?(const)
+    name = unique("stale")
+    expect { SpecSupport.const_get(const).create!(username: name) }
+      .to raise_error(TopologyClaims::StaleLease, /commit window/)
+    expect(cell.user.where(username: name)).to be_empty
+    expect(cell.leases_outstanding).to eq(0)
+    expect(lookup(cell, :username, name)).to be_nil
+  end
+
   it "saves without calls when TopologyClaims.disable! is set" do
     TopologyClaims.disable!
     made = calls { cell.user.create!(username: unique("disabled")) }

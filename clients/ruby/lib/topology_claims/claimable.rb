@@ -14,7 +14,7 @@ module TopologyClaims
   ar_version = "#{::ActiveRecord::VERSION::MAJOR}.#{::ActiveRecord::VERSION::MINOR}"
   unless TESTED_ACTIVERECORD.include?(ar_version) || configuration.allow_untested_activerecord
     raise Error,
-          "topology_claims has been tested with ActiveRecord #{TESTED_ACTIVERECORD.join(', ')}, not #{::ActiveRecord::VERSION::STRING}: " \
+          "topology_claims has been tested with ActiveRecord #{TESTED_ACTIVERECORD.join(', ')}, not #{ar_version}: " \
           "its Claimable concern relies on Rails transaction internals (see the gem's README, \"Rails internals\"). " \
           "Set TOPOLOGY_CLAIMS_ALLOW_UNTESTED_ACTIVERECORD=true to load it anyway"
   end
