@@ -29,6 +29,8 @@ module TopologyClaims
 
   autoload :Claimable, "topology_claims/claimable"
 
+  CLIENTS_LOCK = Mutex.new
+
   class << self
     # The process-wide default configuration (from the environment until configured).
     def configuration
@@ -49,7 +51,9 @@ module TopologyClaims
 
     # The client of `config` (default: the process-wide one); one per configuration object.
     def client(config = configuration)
-      (@clients ||= {}.compare_by_identity)[config] ||= Client.new(config)
+      CLIENTS_LOCK.synchronize do
+        (@clients ||= {}.compare_by_identity)[config] ||= Client.new(config)
+      end
     end
 
     # The kill switch: with claims disabled, claimable models save without calling the service

@@ -8,8 +8,9 @@ module TopologyClaims
   # - max_in_flight: calls of this process in flight at once (0: unlimited);
   # - max_claims_per_second: claims sent per second, a token bucket with one second of burst
   #   (0: unlimited);
-  # - breaker_failures consecutive Unavailable answers open the breaker for breaker_cooldown
-  #   seconds (0: never), then one call at a time probes.
+  # - breaker_failures consecutive calls that ended Unavailable (after their retries) open the
+  #   breaker for breaker_cooldown seconds (0: never); then calls go through again, and the
+  #   next one that ends Unavailable opens it again at once.
   class Breaker
     def initialize(config)
       @config = config

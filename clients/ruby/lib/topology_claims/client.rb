@@ -124,6 +124,7 @@ module TopologyClaims
             return response
           rescue GRPC::BadStatus => e
             error = Status.to_error(e, what)
+            details = e.details
           end
           finished(rpc, error.code, attempt, started, error)
           raise error unless error.is_a?(Unavailable)
@@ -136,7 +137,7 @@ module TopologyClaims
             spent = (monotonic - started).round(3)
             raise error.class.new(
               "#{what}: no answer after #{attempt} attempt(s) in #{spent}s" \
-              "#{deadline ? " (deadline #{deadline}s)" : ''}: #{error.code}: #{e.details}",
+              "#{deadline ? " (deadline #{deadline}s)" : ''}: #{error.code}: #{details}",
               reason: error.reason, code: error.code, metadata: error.metadata, retry_after: error.retry_after
             )
           end
