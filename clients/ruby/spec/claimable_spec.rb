@@ -120,6 +120,11 @@ RSpec.shared_examples "a claimable cell" do |adapter|
     expect(info.owner_value).to eq(second.id.to_s)
   end
 
+  it "makes no call for a save that changes no claimed attribute" do
+    user = cell.user.create!(username: unique("quiet"))
+    expect(calls { user.update!(updated_at: Time.now + 60) }).to be_empty
+  end
+
   it "frees the claims on destroy" do
     name = unique("leaving")
     user = cell.user.create!(username: name, email: "#{name}@example.com")

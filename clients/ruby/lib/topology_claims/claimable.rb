@@ -361,6 +361,8 @@ module TopologyClaims
         client.begin_update(creates: batch.creates.values, destroys: batch.destroys.values,
                             updates: batch.updates.values, lease_id: lease_id,
                             local_transaction: local_transaction.to_s, deadline: config.in_transaction_deadline)
+      rescue CircuitOpen
+        raise # not sent: nothing to clean up
       rescue Unavailable
         @unconfirmed = [client, lease_id]
         raise
