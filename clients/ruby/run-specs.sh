@@ -19,6 +19,7 @@ command -v rspec >/dev/null || missing "rspec (ruby-rspec)"
 for lib in grpc google/protobuf google/rpc/error_details_pb active_record sqlite3 pg; do
   ruby -e "require '${lib}'" 2>/dev/null || missing "the Ruby library ${lib}"
 done
+command -v "${TOPOLOGY_CLAIMS_PROTOC:-grpc_tools_ruby_protoc}" >/dev/null || missing "grpc_tools_ruby_protoc (ruby-grpc-tools; or set TOPOLOGY_CLAIMS_PROTOC)"
 [ -x "${TOPOLOGY_CLAIMS_BIN}" ] || { echo "ruby specs: TOPOLOGY_CLAIMS_BIN=${TOPOLOGY_CLAIMS_BIN} is not an executable" >&2; exit 1; }
 
 cd "${here}"
