@@ -39,6 +39,8 @@ module Cells
     configuration = TopologyClaims::Configuration.new({})
     configuration.address = address
     configuration.cell_id = cell_id
+    # A debug server on a busy 2-core machine can take longer than the 200 ms default.
+    configuration.in_transaction_deadline = Float(ENV.fetch("TC_RUBY_IN_TRANSACTION_DEADLINE", "2"))
     config.each { |k, v| configuration.public_send("#{k}=", v) }
 
     namespace = Module.new
