@@ -87,4 +87,33 @@ else
     [ "${CI:-}" = "true" ] && exit 1
   fi
 fi
+# --- Ruby gem (clients/ruby) -------------------------------------------------------------------
+# clients/ruby/run-specs.sh (called by scripts/test.sh) runs the gem's RSpec suite with Debian's
+# Ruby packages (no rubygems.org). Installs the missing ones; under CI=true a package still
+# missing afterwards fails this script.
+ruby_packages="ruby ruby-grpc ruby-grpc-tools ruby-google-protobuf ruby-googleapis-common-protos-types ruby-activerecord ruby-sqlite3 ruby-pg ruby-rspec"
+# The packages of "$@" that are not installed.
+ruby_not_installed() {
+  for package in "$@"; do
+    dpkg-query -W -f='${Status}' "${package}" 2>/dev/null | grep -q "install ok installed" \
+      || printf ' %s' "${package}"
+  done
+}
+# shellcheck disable=SC2086 # word splitting of the package lists is intended
+ruby_missing="$(ruby_not_installed ${ruby_packages})"
+if [ -z "${ruby_missing}" ]; then
+  echo "ruby packages: installed"
+else
+  echo "ruby packages: missing${ruby_missing}; trying apt-get install"
+  (export DEBIAN_FRONTEND=noninteractive
+   apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=300 ${ruby_missing}) >/dev/null 2>&1 || true
+  ruby_missing="$(ruby_not_installed ${ruby_missing})"
+  if [ -z "${ruby_missing}" ]; then
+    echo "ruby packages: installed"
+  else
+    echo "ruby packages: missing${ruby_missing} (apt-get install them)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+# --- end of the Ruby gem block -------------------------------------------------------------------
 exit 0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one command that runs every test: unit, conformance + model-based suites against every
 # backend (memory, SQLite, PostgreSQL, Spanner emulator), end-to-end tests through the real gRPC
-# server and binary, and the Prometheus alert-rule tests (promtool). Needs PostgreSQL on
+# server and binary, the Prometheus alert-rule tests (promtool), and the Ruby gem's specs
+# (clients/ruby/run-specs.sh). Needs PostgreSQL on
 # 127.0.0.1:5432 (scripts/ensure-services.sh starts it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +17,5 @@ else
   [ "${CI:-}" = "true" ] && exit 1
 fi
 cargo test --workspace --all-features --no-fail-fast "$@"
+# The Ruby gem's specs (clients/ruby), against the server binary cargo test just built.
+TOPOLOGY_CLAIMS_BIN=target/debug/topology-claims clients/ruby/run-specs.sh

@@ -1,0 +1,396 @@
+# frozen_string_literal: true
+
+require "active_record"
+require "active_support/concern"
+require "securerandom"
+
+module TopologyClaims
+  # The ActiveRecord versions (MAJOR.MINOR) the gem's specs have run against. The concern relies
+  # on Rails internals (named in README.md, "Rails internals"), so another version is refused
+  # unless TOPOLOGY_CLAIMS_ALLOW_UNTESTED_ACTIVERECORD=true (or
+  # `TopologyClaims.configuration.allow_untested_activerecord = true` before the models load).
+  TESTED_ACTIVERECORD = %w[6.1].freeze
+
+  ar_version = "#{::ActiveRecord::VERSION::MAJOR}.#{::ActiveRecord::VERSION::MINOR}"
+  unless TESTED_ACTIVERECORD.include?(ar_version) || configuration.allow_untested_activerecord
+    raise Error,
+          "topology_claims has been tested with ActiveRecord #{TESTED_ACTIVERECORD.join(', ')}, not #{ar_version}: " \
+          "its Claimable concern relies on Rails transaction internals (see the gem's README, \"Rails internals\"). " \
+          "Set TOPOLOGY_CLAIMS_ALLOW_UNTESTED_ACTIVERECORD=true to load it anyway"
+  end
+
+  ::I18n.load_path << File.expand_path("locale/en.yml", __dir__) if defined?(::I18n)
+
+  # Raised (as ActiveRecord::RecordInvalid) when the service refused a claim of `record`; the
+  # refusal is in record.errors (`:taken` for CLAIM_TAKEN, `:claim_leased` for CLAIM_LEASED).
+  # `cause_error` is the TopologyClaims::ClaimError.
+  class ClaimsInvalid < ::ActiveRecord::RecordInvalid
+    attr_reader :claims_error
+
+    def initialize(record, claims_error)
+      @claims_error = claims_error
+      super(record)
+    end
+  end
+
+  # Declarative claims for an ActiveRecord model:
+  #
+  #   class User < ApplicationRecord
+  #     include TopologyClaims::Claimable
+  #     claims_owner :user                  # owner type; owner_value is the record id (value: :attr)
+  #     claims_table :users                 # table_name; table_record_id is the record id
+  #     claim :username, type: :username
+  #     claim :email, type: :email, if: -> { email.present? }
+  #   end
+  #
+  # Every claimable record saved or destroyed in one outermost database transaction (savepoints
+  # included) goes into one BeginUpdate, sent from inside that transaction just before its
+  # COMMIT (the in-transaction order, docs/cell-integration.md 2b); CommitUpdate follows the
+  # COMMIT, RollbackUpdate a rollback. Refusals are validation errors (see ClaimsInvalid).
+  module Claimable
+    extend ActiveSupport::Concern
+
+    # One claim declaration.
+    Declaration = Struct.new(:attribute, :type, :condition, :verify_where, keyword_init: true)
+
+    # Every model that included the concern (for TopologyClaims.verify_toml).
+    def self.models
+      @models ||= []
+    end
+
+    included do
+      class_attribute :topology_claims_declarations, instance_writer: false, default: []
+      class_attribute :topology_claims_owner, instance_writer: false, default: nil
+      class_attribute :topology_claims_table, instance_writer: false, default: nil
+      class_attribute :topology_claims_config, instance_writer: false, default: nil
+
+      before_save :_topology_claims_snapshot
+      before_destroy :_topology_claims_snapshot
+      after_save :_topology_claims_enlist
+      after_destroy :_topology_claims_enlist
+      # A transactional callback keeps the record (strongly) in its transaction's records.
+      after_rollback :_topology_claims_rolled_back
+
+      prepend TransactionState
+      TopologyClaims::Claimable.models << self
+    end
+
+    class_methods do
+      # The owner type (:user, :group, :project); owner_value is `value` (default: the id).
+      def claims_owner(type, value: :id)
+        Names.owner(type)
+        self.topology_claims_owner = [type.to_sym, value.to_sym]
+      end
+
+      # The service's table_name of this model's claims (:users, :emails, :routes, :projects,
+      # :groups); table_record_id is the record id.
+      def claims_table(name)
+        Names.table_name(name)
+        self.topology_claims_table = name.to_sym
+      end
+
+      # Claims `attribute`'s value as a claim of `type` (:username, :email, :routes). Blank
+      # values are never claimed. `if:` a lambda (run on the record) or a method name.
+      # `verify_where:` the same condition in SQL, for TopologyClaims.verify_toml.
+      def claim(attribute, type:, if: nil, verify_where: nil)
+        Names.claim_type(type)
+        declaration = Declaration.new(attribute: attribute.to_sym, type: type.to_sym,
+                                      condition: binding.local_variable_get(:if), verify_where: verify_where)
+        self.topology_claims_declarations = topology_claims_declarations + [declaration]
+      end
+
+      # A configuration of this model's own (another cell, another server); default: the
+      # process-wide TopologyClaims.configuration.
+      def claims_configuration(config)
+        self.topology_claims_config = config
+      end
+
+      def topology_claims_configuration
+        topology_claims_config || TopologyClaims.configuration
+      end
+    end
+
+    # save returns false when the service refused a claim (the refusal is in errors), as a
+    # uniqueness validation would; save! and create! raise ActiveRecord::RecordInvalid.
+    def save(**options, &block)
+      super
+    rescue ClaimsInvalid => e
+      errors.add(:base, e.record.errors.full_messages.join(", ")) unless e.record.equal?(self)
+      false
+    end
+
+    def destroy
+      super
+    rescue ClaimsInvalid => e
+      errors.add(:base, e.record.errors.full_messages.join(", ")) unless e.record.equal?(self)
+      false
+    end
+
+    # [[attribute, claim fields]] this record implies now.
+    def topology_claims_current
+      topology_claims_of(self, id)
+    end
+
+    def _topology_claims_before = @_topology_claims_before
+    def _topology_claims_enlisted? = @_topology_claims_enlisted
+
+    private
+
+    def topology_claims_of(view, record_id)
+      owner_type, owner_attr = self.class.topology_claims_owner ||
+                               raise(ConfigurationError, "#{self.class.name}: claims_owner is not declared")
+      table = self.class.topology_claims_table ||
+              raise(ConfigurationError, "#{self.class.name}: claims_table is not declared")
+      self.class.topology_claims_declarations.filter_map do |d|
+        condition = d.condition
+        next if condition.is_a?(Symbol) && !view.public_send(condition)
+        next if condition.respond_to?(:call) && !view.instance_exec(&condition)
+
+        value = view.public_send(d.attribute)
+        next if value.nil? || value.to_s.empty?
+
+        [d.attribute, {
+          claim_type: Names.claim_type(d.type), claim_value: value.to_s,
+          owner: Names.owner(owner_type), owner_value: view.public_send(owner_attr).to_s,
+          table_name: Names.table_name(table), table_record_id: record_id.to_i
+        }]
+      end
+    end
+
+    # The claims the record implied when its transaction began (its values in the database).
+    def _topology_claims_snapshot
+      return if defined?(@_topology_claims_before) && @_topology_claims_before
+
+      @_topology_claims_before = new_record? ? [] : topology_claims_of(InDatabase.new(self), id_in_database)
+    end
+
+    def _topology_claims_enlist
+      @_topology_claims_enlisted = true
+      connection = self.class.connection
+      connection.add_transaction_record(Collector.for(connection))
+    end
+
+    def _topology_claims_rolled_back; end
+
+    def _topology_claims_reset
+      @_topology_claims_before = nil
+      @_topology_claims_enlisted = false
+    end
+
+    # Clears the per-transaction state when ActiveRecord clears its own: after the COMMIT, after a
+    # full rollback, or after the rollback of the savepoint the record was first saved in.
+    module TransactionState
+      def committed!(**options)
+        super
+      ensure
+        send(:_topology_claims_reset)
+      end
+
+      def rolledback!(force_restore_state: false, **options)
+        super
+      ensure
+        send(:_topology_claims_reset) if force_restore_state || @_start_transaction_state.nil?
+      end
+    end
+
+    # The record as it is in the database: attributes read as attribute_in_database, anything
+    # else from the record (for `if:` conditions and the owner value of the old claims).
+    class InDatabase
+      def initialize(record)
+        @record = record
+      end
+
+      def id = @record.id_in_database
+
+      def method_missing(name, *args, &block)
+        if args.empty? && block.nil? && @record.has_attribute?(name)
+          @record.attribute_in_database(name.to_s)
+        else
+          @record.public_send(name, *args, &block)
+        end
+      end
+
+      def respond_to_missing?(name, include_private = false)
+        @record.respond_to?(name, include_private)
+      end
+    end
+  end
+
+  # The claims of one transaction, as one BeginUpdate: per record, the difference between the
+  # claims it implied when the transaction began and those it implies at its end. A changed
+  # value is destroy(old) + create(new); a changed owner or record id with the same value is an
+  # update; a value that moves between two records of the transaction is an update too (never a
+  # destroy and a create of the same claim, which the service refuses as BATCH_CONFLICT).
+  class Batch
+    attr_reader :creates, :destroys, :updates
+
+    def initialize
+      @creates = {}
+      @destroys = {}
+      @updates = {}
+      @holders = {}
+    end
+
+    def add(record)
+      before = (record._topology_claims_before || []).to_h { |_attr, c| [key(c), c] }
+      after = record.new_record? || record.destroyed? ? [] : record.topology_claims_current
+      after.each do |attribute, claim|
+        k = key(claim)
+        @holders[k] = [record, attribute]
+        old = before.delete(k)
+        if old.nil? then @creates[k] = claim
+        elsif old != claim then @updates[k] = claim
+        end
+      end
+      before.each { |k, claim| @destroys[k] = claim }
+    end
+
+    def finish
+      (@creates.keys & @destroys.keys).each do |k|
+        @updates[k] = @creates.delete(k)
+        @destroys.delete(k)
+      end
+      self
+    end
+
+    def empty? = @creates.empty? && @destroys.empty? && @updates.empty?
+    def size = @creates.size + @destroys.size + @updates.size
+
+    # [record, attribute] that claims (type name, value), e.g. ("email", "a@b").
+    def holder(type_name, value)
+      @holders[[Names.claim_type(type_name), value]]
+    rescue ArgumentError
+      nil
+    end
+
+    private
+
+    def key(claim) = [claim[:claim_type], claim[:claim_value]]
+  end
+
+  # One per database connection, enlisted in the connection's transaction beside the claimable
+  # records (connection.add_transaction_record). ActiveRecord calls it as it calls a record:
+  # before_committed! just before the outermost transaction's COMMIT, then committed! or
+  # rolledback!.
+  class Collector
+    def self.for(connection)
+      connection.instance_variable_get(:@topology_claims_collector) ||
+        connection.instance_variable_set(:@topology_claims_collector, new(connection))
+    end
+
+    def initialize(connection)
+      @connection = connection
+      reset
+    end
+
+    def trigger_transactional_callbacks? = true
+
+    # Inside the transaction, after the application's writes, before COMMIT: BeginUpdate, the
+    # leases_outstanding row, the staleness guard. Raising here makes ActiveRecord roll back.
+    def before_committed!
+      reset
+      records = (@connection.current_transaction.records || []).uniq(&:__id__)
+      claimables = records.select { |r| r.is_a?(Claimable) && r._topology_claims_enlisted? }
+      return if claimables.empty?
+
+      config = claimables.first.class.topology_claims_configuration
+      return unless TopologyClaims.enabled?(config)
+
+      batch = Batch.new
+      claimables.each { |record| batch.add(record) }
+      batch.finish
+      return if batch.empty?
+
+      begin_lease(batch, config)
+    end
+
+    def committed!(should_run_callbacks: true)
+      client, lease_id = @lease
+      reset
+      return unless client
+
+      TopologyClaims.instrument("local_committed", lease_id: lease_id, cell_id: client.config.cell_id)
+      begin
+        client.commit_update(lease_id)
+      rescue LeaseRolledBack => e
+        TopologyClaims.metrics.increment(:lost_claims)
+        TopologyClaims.logger.error("topology_claims: lease #{lease_id} was rolled back after the local COMMIT; " \
+                                    "its claims are lost until the verifier repairs them: #{e.message}")
+        return
+      rescue Error => e
+        TopologyClaims.metrics.increment(:commit_failures)
+        TopologyClaims.logger.warn("topology_claims: #{e.message}; the reconciler will commit lease #{lease_id}")
+        return
+      end
+      begin
+        LocalTables.delete(@connection, lease_id)
+      rescue StandardError => e
+        TopologyClaims.logger.warn("topology_claims: deleting lease #{lease_id} from leases_outstanding failed " \
+                                   "(the reconciler removes it): #{e.message}")
+      end
+    end
+
+    # A lease exists only between before_committed! and the end of that same transaction, so
+    # a rollback that finds one is that transaction's (a savepoint rolled back earlier finds none).
+    def rolledback!(force_restore_state: false, should_run_callbacks: true)
+      lease = @lease
+      unconfirmed = @unconfirmed
+      reset
+      if lease
+        rollback(*lease, attempts: nil)
+      elsif unconfirmed
+        # No answer to BeginUpdate: one best-effort RollbackUpdate, after the local ROLLBACK, so
+        # a request still in flight can never take the claims later.
+        rollback(*unconfirmed, attempts: 1)
+      end
+    end
+
+    private
+
+    def reset
+      @lease = nil
+      @unconfirmed = nil
+    end
+
+    def begin_lease(batch, config)
+      client = TopologyClaims.client(config)
+      lease_id = SecureRandom.uuid
+      local_transaction = LocalTables.local_transaction(@connection)
+      sent = monotonic
+      begin
+        client.begin_update(creates: batch.creates.values, destroys: batch.destroys.values,
+                            updates: batch.updates.values, lease_id: lease_id,
+                            local_transaction: local_transaction.to_s, deadline: config.in_transaction_deadline)
+      rescue CircuitOpen
+        raise # not sent: nothing to clean up
+      rescue Unavailable
+        @unconfirmed = [client, lease_id]
+        raise
+      rescue ClaimTaken, ClaimLeased => e
+        record, attribute = batch.holder(e.claim_type, e.claim_value)
+        raise unless record
+
+        record.errors.add(attribute, e.is_a?(ClaimTaken) ? :taken : :claim_leased, value: e.claim_value)
+        raise ClaimsInvalid.new(record, e)
+      end
+      @lease = [client, lease_id]
+      TopologyClaims.instrument("lease_begun", lease_id: lease_id, cell_id: config.cell_id, claims: batch.size,
+                                               local_transaction: local_transaction)
+      LocalTables.record(@connection, lease_id)
+      elapsed = monotonic - sent
+      return if elapsed <= config.commit_window
+
+      raise StaleLease, "lease #{lease_id}: BeginUpdate was sent #{elapsed.round(1)}s ago, beyond the commit window " \
+                        "of #{config.commit_window}s (staleness - safety_margin); the transaction was rolled back"
+    end
+
+    def rollback(client, lease_id, attempts:)
+      client.rollback_update(lease_id, attempts: attempts)
+    rescue Error => e
+      TopologyClaims.metrics.increment(:rollback_failures)
+      TopologyClaims.logger.warn("topology_claims: #{e.message}; the reconciler will roll back lease #{lease_id}")
+    end
+
+    def monotonic = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  end
+end

@@ -1,0 +1,103 @@
+# frozen_string_literal: true
+
+module TopologyClaims
+  # Base of every error the gem raises.
+  class Error < StandardError; end
+
+  # A setting is missing or malformed; the message names it.
+  class ConfigurationError < Error; end
+
+  # The service refused or failed a call. `reason` is the google.rpc.ErrorInfo reason the
+  # server sent (nil when no ErrorInfo came, e.g. a transport failure), `code` the gRPC status
+  # code name, `metadata` the ErrorInfo metadata.
+  class CallError < Error
+    attr_reader :reason, :code, :metadata, :retry_after
+
+    def initialize(message = nil, reason: nil, code: nil, metadata: {}, retry_after: nil)
+      super(message)
+      @reason = reason
+      @code = code
+      @metadata = metadata
+      @retry_after = retry_after
+    end
+  end
+
+  # A refusal about one claim: `claim_type` (e.g. "email") and `claim_value` name it.
+  class ClaimError < CallError
+    def claim_type = metadata["claim_type"]
+    def claim_value = metadata["claim_value"]
+  end
+
+  # CLAIM_TAKEN: another cell (or another record of this cell) holds the claim.
+  class ClaimTaken < ClaimError; end
+  # CLAIM_LEASED: the claim is under another update in progress; try again (retry_after).
+  class ClaimLeased < ClaimError; end
+  # CLAIM_NOT_FOUND: a destroy or update of a claim the service does not have.
+  class ClaimNotFound < ClaimError; end
+  # NOT_CLAIM_OWNER: a destroy or update of another cell's claim.
+  class NotClaimOwner < ClaimError; end
+  # BATCH_CONFLICT: the same claim twice in one BeginUpdate.
+  class BatchConflict < ClaimError; end
+
+  # A refusal about one lease: `lease_id` names it.
+  class LeaseError < CallError
+    def lease_id = metadata["lease_id"]
+  end
+
+  # LEASE_ROLLED_BACK: the lease was rolled back (by this cell or its reconciler).
+  class LeaseRolledBack < LeaseError; end
+  class LeaseCommitted < LeaseError; end
+  class LeaseNotFound < LeaseError; end
+  class NotLeaseOwner < LeaseError; end
+  class LeaseIdConflict < LeaseError; end
+  class LeaseRenewed < LeaseError; end
+
+  # INVALID_REQUEST: `field` names the request field.
+  class InvalidRequest < CallError
+    def field = metadata["field"]
+  end
+
+  # The caller may not do this (PERMISSION_DENIED, UNAUTHENTICATED, CELL_DECOMMISSIONED…).
+  class PermissionDenied < CallError; end
+
+  # The service did not answer in time or could not be reached (after the retries), or a
+  # per-cell limit kept refusing. Nothing was changed by the gem; show "try again later".
+  class Unavailable < CallError; end
+
+  # The client-side circuit breaker refused the call without sending it; `limit` names which
+  # limit (max_in_flight, max_claims_per_second, breaker).
+  class CircuitOpen < Unavailable
+    attr_reader :limit
+
+    def initialize(message, limit:)
+      super(message, reason: "CIRCUIT_OPEN", code: "UNAVAILABLE")
+      @limit = limit
+    end
+  end
+
+  # Any other answer of the service (INTERNAL, MIGRATIONS_PENDING…).
+  class ServiceError < CallError; end
+
+  # This process was forked from one that had already made a call: Debian's grpc 1.51 has no
+  # fork support, so such a child cannot make calls at all (they would hang).
+  class ForkedAfterCall < Error; end
+
+  # The staleness guard refused the local COMMIT: BeginUpdate was sent longer ago than
+  # staleness - safety_margin, so the reconciler may already have rolled the lease back.
+  class StaleLease < Error; end
+
+  # ErrorInfo reason => error class.
+  REASONS = {
+    "CLAIM_TAKEN" => ClaimTaken, "CLAIM_LEASED" => ClaimLeased,
+    "CLAIM_NOT_FOUND" => ClaimNotFound, "NOT_CLAIM_OWNER" => NotClaimOwner,
+    "BATCH_CONFLICT" => BatchConflict,
+    "LEASE_ROLLED_BACK" => LeaseRolledBack, "LEASE_COMMITTED" => LeaseCommitted,
+    "LEASE_NOT_FOUND" => LeaseNotFound, "NOT_LEASE_OWNER" => NotLeaseOwner,
+    "LEASE_ID_CONFLICT" => LeaseIdConflict, "LEASE_RENEWED" => LeaseRenewed,
+    "INVALID_REQUEST" => InvalidRequest,
+    "STORE_UNAVAILABLE" => Unavailable, "AUDIT_UNAVAILABLE" => Unavailable,
+    "RATE_LIMITED" => Unavailable,
+    "UNAUTHENTICATED" => PermissionDenied, "CELL_DECOMMISSIONED" => PermissionDenied,
+    "CELL_ID_MISMATCH" => PermissionDenied, "ROLE_NOT_ALLOWED" => PermissionDenied
+  }.freeze
+end

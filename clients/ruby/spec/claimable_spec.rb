@@ -1,0 +1,194 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+
+RSpec.shared_examples "a claimable cell" do |adapter|
+  let(:cell) { SpecSupport.cell(adapter, "a") }
+  let(:other) { SpecSupport.cell(adapter, "b") }
+
+  it "makes a new user's username and email ACTIVE claims of the cell, with one BeginUpdate and nothing left outstanding" do
+    name = unique("alice")
+    mail = "#{name}@example.com"
+    made = calls { expect(cell.user.create!(username: name, email: mail)).to be_persisted }
+
+    expect(made.count("BeginUpdate")).to eq(1)
+    expect(made).to eq(%w[BeginUpdate CommitUpdate])
+    expect(lookup(cell, :username, name)).to eq([cell.cell_id, "active"])
+    expect(lookup(cell, :email, mail)).to eq([cell.cell_id, "active"])
+    expect(cell.leases_outstanding).to eq(0)
+    expect(cell.client.outstanding_leases).to be_empty
+  end
+
+  it "refuses the other cell's save of the same email: save is false with 'has already been taken', create! raises RecordInvalid" do
+    mail = "#{unique('taken')}@example.com"
+    cell.user.create!(username: unique("first"), email: mail)
+    users_before = other.user.count
+
+    late = other.user.new(username: unique("second"), email: mail)
+    expect(late.save).to be(false)
+    expect(late.errors[:email]).to include("has already been taken")
+    expect(late.errors.details[:email]).to include(a_hash_including(error: :taken))
+    expect(late).to be_new_record
+    expect { other.user.create!(username: unique("third"), email: mail) }
+      .to raise_error(ActiveRecord::RecordInvalid, /Email has already been taken/)
+
+    expect(other.user.count).to eq(users_before)
+    expect(other.leases_outstanding).to eq(0)
+    expect(other.client.outstanding_leases).to be_empty
+    expect(lookup(other, :email, mail)).to eq([cell.cell_id, "active"])
+  end
+
+  it "says 'is being changed, try again' for a claim under another cell's lease in progress" do
+    name = unique("leased")
+    claim = { claim_type: :CLAIM_TYPE_USERNAME, claim_value: name, owner: :OWNER_USER, owner_value: "1",
+              table_name: :TABLE_NAME_USERS, table_record_id: 1 }
+    lease = cell.client.begin_update(creates: [claim]).lease_payload.lease_id
+    user = other.user.new(username: name)
+    expect(user.save).to be(false)
+    expect(user.errors[:username]).to include("is being changed, try again")
+    expect(other.leases_outstanding).to eq(0)
+  ensure
+    cell.client.rollback_update(lease) if lease
+  end
+
+  it "makes exactly one BeginUpdate for two claimable models saved in one transaction" do
+    name = unique("two")
+    made = calls do
+      cell.base.transaction do
+        user = cell.user.create!(username: name, email: "#{name}@example.com")
+        cell.email.create!(user_id: user.id, email: "#{name}@second.example.com")
+      end
+    end
+    expect(made.count("BeginUpdate")).to eq(1)
+    expect(lookup(cell, :email, "#{name}@second.example.com")).to eq([cell.cell_id, "active"])
+    expect(lookup(cell, :username, name)).to eq([cell.cell_id, "active"])
+  end
+
+  it "makes exactly one BeginUpdate for a transaction with a requires_new savepoint, and leaves out a rolled-back savepoint's claims" do
+    name = unique("savepoint")
+    made = calls do
+      cell.base.transaction do
+        user = cell.user.create!(username: name)
+        cell.base.transaction(requires_new: true) do
+          cell.email.create!(user_id: user.id, email: "#{name}@kept.example.com")
+        end
+        cell.base.transaction(requires_new: true) do
+          cell.email.create!(user_id: user.id, email: "#{name}@dropped.example.com")
+          raise ActiveRecord::Rollback
+        end
+      end
+    end
+    expect(made.count("BeginUpdate")).to eq(1)
+    expect(lookup(cell, :username, name)).to eq([cell.cell_id, "active"])
+    expect(lookup(cell, :email, "#{name}@kept.example.com")).to eq([cell.cell_id, "active"])
+    expect(lookup(cell, :email, "#{name}@dropped.example.com")).to be_nil
+  end
+
+  it "frees the claims of a transaction ended by raise ActiveRecord::Rollback" do
+    name = unique("rolledback")
+    made = calls do
+      cell.base.transaction do
+        cell.user.create!(username: name, email: "#{name}@example.com")
+        raise ActiveRecord::Rollback
+      end
+    end
+    expect(made).to be_empty
+    expect(cell.user.where(username: name)).to be_empty
+    expect(lookup(cell, :username, name)).to be_nil
+    expect(other.user.create!(username: name, email: "#{name}@example.com")).to be_persisted
+    expect(lookup(other, :username, name)).to eq([other.cell_id, "active"])
+  end
+
+  it "frees the old email and claims the new one in one lease when the email changes" do
+    name = unique("mover")
+    user = cell.user.create!(username: name, email: "#{name}@old.example.com")
+    made = calls { user.update!(email: "#{name}@new.example.com") }
+    expect(made).to eq(%w[BeginUpdate CommitUpdate])
+    expect(lookup(cell, :email, "#{name}@old.example.com")).to be_nil
+    expect(lookup(cell, :email, "#{name}@new.example.com")).to eq([cell.cell_id, "active"])
+    expect(lookup(cell, :username, name)).to eq([cell.cell_id, "active"])
+  end
+
+  it "moves a claim to another record in place (updates_claims), never freeing it" do
+    name = unique("moved")
+    first = cell.user.create!(username: unique("owner1"))
+    second = cell.user.create!(username: unique("owner2"))
+    address = cell.email.create!(user_id: first.id, email: "#{name}@example.com")
+    made = calls { address.update!(user_id: second.id) }
+    expect(made).to eq(%w[BeginUpdate CommitUpdate])
+    info = cell.client.lookup_claim(:email, "#{name}@example.com").claim
+    expect(info.owner_value).to eq(second.id.to_s)
+  end
+
+  it "makes no call for a save that changes no claimed attribute" do
+    user = cell.user.create!(username: unique("quiet"))
+    expect(calls { user.update!(updated_at: Time.now + 60) }).to be_empty
+  end
+
+  it "frees the claims on destroy" do
+    name = unique("leaving")
+    user = cell.user.create!(username: name, email: "#{name}@example.com")
+    made = calls { user.destroy }
+    expect(made).to eq(%w[BeginUpdate CommitUpdate])
+    expect(lookup(cell, :username, name)).to be_nil
+    expect(lookup(cell, :email, "#{name}@example.com")).to be_nil
+  end
+
+  it "raises TopologyClaims::Unavailable and writes nothing when the service is unreachable" do
+    closed_port = TCPServer.open("127.0.0.1", 0).then { |s| s.addr[1].tap { s.close } }
+    config = cell.config.dup_with(address: "http://127.0.0.1:#{closed_port}", breaker_failures: 0)
+    model = Class.new(cell.user) { claims_configuration config }
+    SpecSupport.const_set("UnreachableUser#{adapter.capitalize}", model) unless SpecSupport.const_defined?("UnreachableUser#{adapter.capitalize}")
+    name = unique("unreachable")
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    expect { model.create!(username: name) }.to raise_error(TopologyClaims::Unavailable, /127\.0\.0\.1:#{closed_port}/)
+    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 5
+    expect(cell.user.where(username: name)).to be_empty
+    expect(cell.leases_outstanding).to eq(0)
+  end
+
+  it "logs and counts a CommitUpdate that fails after COMMIT, never raises it, and leaves the lease to reconcile" do
+    name = unique("uncommitted")
+    allow(cell.client).to receive(:commit_update).and_raise(TopologyClaims::Unavailable.new("CommitUpdate: down"))
+    before = TopologyClaims.metrics.get(:commit_failures)
+    expect(cell.user.create!(username: name)).to be_persisted
+    expect(TopologyClaims.metrics.get(:commit_failures)).to eq(before + 1)
+    expect(cell.leases_outstanding).to eq(1)
+    RSpec::Mocks.space.proxy_for(cell.client).reset
+
+    _stdout, stderr, status = sidecar(cell, "reconcile", "--once")
+    expect(status).to be_success, stderr
+    expect(lookup(cell, :username, name)).to eq([cell.cell_id, "active"])
+    expect(cell.leases_outstanding).to eq(0)
+  end
+
+  it "refuses the COMMIT past the staleness guard (staleness - safety_margin) and rolls the lease back" do
+    config = cell.config.dup_with(staleness: 0.000001, safety_margin: 0.0)
+    const = "StaleUser#{adapter.capitalize}"
+    SpecSupport.const_set(const, Class.new(cell.user) { claims_configuration config }) unless SpecSupport.const_defined?(const)
+    name = unique("stale")
+    expect { SpecSupport.const_get(const).create!(username: name) }
+      .to raise_error(TopologyClaims::StaleLease, /commit window/)
+    expect(cell.user.where(username: name)).to be_empty
+    expect(cell.leases_outstanding).to eq(0)
+    expect(lookup(cell, :username, name)).to be_nil
+  end
+
+  it "saves without calls when TopologyClaims.disable! is set" do
+    TopologyClaims.disable!
+    made = calls { cell.user.create!(username: unique("disabled")) }
+    expect(made).to be_empty
+  ensure
+    TopologyClaims.enable!
+  end
+end
+
+RSpec.describe TopologyClaims::Claimable do
+  context "on SQLite" do
+    it_behaves_like "a claimable cell", :sqlite
+  end
+
+  context "on PostgreSQL" do
+    it_behaves_like "a claimable cell", :postgresql
+  end
+end
