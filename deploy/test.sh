@@ -98,7 +98,14 @@ test_image() {
 
   local start run_id work container volume grpc_port metrics_port ref size_mb out
   start=$(date +%s)
-  TOPOLOGY_CLAIMS_IMAGE="${image}" deploy/container/build.sh >/dev/null
+  local build_log
+  build_log="$(mktemp /tmp/topology-claims-image-build.XXXXXX.log)"
+  if ! TOPOLOGY_CLAIMS_IMAGE="${image}" deploy/container/build.sh >/dev/null 2>"${build_log}"; then
+    tail -n 30 "${build_log}" >&2
+    echo "image: deploy/container/build.sh failed (whole log: ${build_log})" >&2
+    return 1
+  fi
+  rm -f "${build_log}"
   echo "image: built in $(( $(date +%s) - start ))s"
   ref="${image}:dev"
 

@@ -16,3 +16,4 @@ else
   [ "${CI:-}" = "true" ] && exit 1
 fi
 cargo test --workspace --all-features --no-fail-fast "$@"
+TOPOLOGY_CLAIMS_BIN="${TOPOLOGY_CLAIMS_BIN:-${CARGO_TARGET_DIR:-target}/debug/topology-claims}" deploy/test.sh  # deployment kit: image (release build), manifests, dashboard
