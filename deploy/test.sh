@@ -83,7 +83,11 @@ stop_with_sigterm() {
     podman logs "${container}" 2>&1 | tail -n 20 >&2
     return 1
   fi
-  podman logs "${container}" 2>&1 | grep -q 'drained; exiting' \
+  # Into a variable first: `grep -q` on a pipe may close it early, and pipefail would count
+  # the writer's SIGPIPE as a failure.
+  local log
+  log="$(podman logs "${container}" 2>&1)"
+  grep -q 'drained; exiting' <<<"${log}" \
     || { echo "the container ${container} exited 0 without logging 'drained; exiting'" >&2; return 1; }
 }
 
@@ -168,7 +172,9 @@ test_image() {
       || { echo "image: gRPC health \"${service}\" from the host: ${status}" >&2; return 1; }
   done
   echo "image: gRPC health \"\" and topology.claims.v1.ClaimsService SERVING from the host (mTLS)"
-  curl -sf "http://127.0.0.1:${metrics_port}/metrics" | grep -q '^topology_claims_build_info{' \
+  out="$(curl -sf "http://127.0.0.1:${metrics_port}/metrics")" \
+    || { echo "image: the metrics port answered no /metrics" >&2; return 1; }
+  grep -q '^topology_claims_build_info{' <<<"${out}" \
     || { echo "image: no topology_claims_build_info at the metrics port" >&2; return 1; }
 
   local pid uids

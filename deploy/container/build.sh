@@ -13,7 +13,7 @@
 #   --base IMAGE|auto    TOPOLOGY_CLAIMS_BASE_IMAGE     default auto: the registry base
 #                                                       (docker.io/library/debian:bookworm-slim) if it
 #                                                       can be pulled, else the local base below
-#   --local-base NAME    TOPOLOGY_CLAIMS_LOCAL_BASE     default localhost/debian-bookworm-minbase
+#   --local-base NAME    TOPOLOGY_CLAIMS_LOCAL_BASE     default localhost/topology-claims-build-base:bookworm
 #   --debian-mirror URL  TOPOLOGY_CLAIMS_DEBIAN_MIRROR  default: the first Debian URI of the host's
 #                                                       apt sources, else http://deb.debian.org/debian
 #   --engine podman|docker  TOPOLOGY_CLAIMS_CONTAINER_ENGINE  default podman
@@ -27,7 +27,7 @@ registry_base="docker.io/library/debian:bookworm-slim"
 binary="${TOPOLOGY_CLAIMS_BINARY:-}"
 image="${TOPOLOGY_CLAIMS_IMAGE:-localhost/topology-claims}"
 base="${TOPOLOGY_CLAIMS_BASE_IMAGE:-auto}"
-local_base="${TOPOLOGY_CLAIMS_LOCAL_BASE:-localhost/debian-bookworm-minbase}"
+local_base="${TOPOLOGY_CLAIMS_LOCAL_BASE:-localhost/topology-claims-build-base:bookworm}"
 mirror="${TOPOLOGY_CLAIMS_DEBIAN_MIRROR:-}"
 engine="${TOPOLOGY_CLAIMS_CONTAINER_ENGINE:-podman}"
 
@@ -76,7 +76,7 @@ debian_mirror() {
   echo "${found:-http://deb.debian.org/debian}"
 }
 
-# The local base: Debian bookworm minbase (+ CA certificates), imported once.
+# The local base: Debian bookworm minbase + CA certificates + binutils (strip), imported once.
 make_local_base() {
   if image_exists "${local_base}"; then
     echo "build.sh: local base ${local_base} already present" >&2
@@ -88,7 +88,7 @@ make_local_base() {
   dir="$(mktemp -d /tmp/topology-claims-base.XXXXXX)"
   url="$(debian_mirror)"
   echo "build.sh: debootstrap --variant=minbase bookworm from ${url} (about a minute)" >&2
-  if ! debootstrap --variant=minbase --include=ca-certificates bookworm "${dir}" "${url}" \
+  if ! debootstrap --variant=minbase --include=ca-certificates,binutils bookworm "${dir}" "${url}" \
        >"${dir}.log" 2>&1; then
     tail -n 20 "${dir}.log" >&2
     rm -rf "${dir}"
