@@ -94,7 +94,7 @@ stop_with_sigterm() {
 test_image() {
   if [ "$(id -u)" != 0 ]; then missing image "needs root (rootful podman)"; return 0; fi
   local tool
-  for tool in podman runc debootstrap; do
+  for tool in podman runc debootstrap curl; do
     command -v "${tool}" >/dev/null || { missing image "${tool} not found"; return 0; }
   done
   have_python_modules grpc grpc_tools grpc_health.v1 \
