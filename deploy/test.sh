@@ -21,6 +21,10 @@
 #                           (default target/debug/topology-claims)
 #   TOPOLOGY_CLAIMS_IMAGE   image name (default localhost/topology-claims)
 #   CONTAINERS_CONF         podman configuration (default deploy/container/containers.conf)
+#   TOPOLOGY_CLAIMS_KUBERNETES_VERSIONS  versions to validate against (default "1.27.0 1.37.0":
+#                           the oldest supported, gRPC probes GA, and the newest schema shipped)
+#   TOPOLOGY_CLAIMS_DEPLOY_WAIT_SECONDS  how long the dashboard test waits for a live process's
+#                           address or series (default 30)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -22,6 +22,9 @@ from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync, DataSourceRef, Threshold, ThresholdsMode, VariableRefresh)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import generated  # noqa: E402  (deploy/generated.py)
+
 OUTPUT = os.path.join(HERE, "topology-claims.json")
 # Where the runbooks are read: the repository's docs/operations.md on the default branch.
 # --docs-base-url / TOPOLOGY_CLAIMS_DOCS_BASE_URL points the links at a fork or a mirror.
@@ -273,24 +276,8 @@ def main():
                         help="URL of docs/operations.md the runbook links point to (env "
                              f"TOPOLOGY_CLAIMS_DOCS_BASE_URL; default {DEFAULT_DOCS_BASE})")
     args = parser.parse_args()
-    text = render(args.docs_base_url)
-    if args.check:
-        try:
-            with open(OUTPUT, encoding="utf-8") as f:
-                committed = f.read()
-        except FileNotFoundError:
-            committed = None
-        if committed != text:
-            print("deploy/grafana/topology-claims.json differs from what "
-                  "deploy/grafana/build_dashboard.py builds: run it", file=sys.stderr)
-            return 1
-        print("deploy/grafana/topology-claims.json: matches deploy/grafana/build_dashboard.py")
-        return 0
-    with open(OUTPUT, "w", encoding="utf-8") as f:
-        f.write(text)
-    print("wrote deploy/grafana/topology-claims.json")
-    return 0
-
+    return generated.write_or_check(OUTPUT, render(args.docs_base_url),
+                                    "deploy/grafana/build_dashboard.py", args.check)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,6 +14,9 @@ import sys
 import yaml
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "deploy"))
+import generated  # noqa: E402  (deploy/generated.py)
+
 ALERTS = os.path.join(REPO, "deploy", "prometheus", "alerts.yml")
 OUTPUT = os.path.join(REPO, "deploy", "kubernetes", "base", "prometheusrule.yaml")
 
@@ -63,25 +66,8 @@ def main():
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if the committed file is out of date")
     args = parser.parse_args()
-    text = render()
-    if args.check:
-        try:
-            with open(OUTPUT, encoding="utf-8") as f:
-                committed = f.read()
-        except FileNotFoundError:
-            committed = None
-        if committed != text:
-            print(f"{os.path.relpath(OUTPUT, REPO)} differs from what "
-                  f"deploy/prometheus/alerts.yml generates: run "
-                  f"deploy/kubernetes/generate-prometheusrule.py", file=sys.stderr)
-            return 1
-        print(f"{os.path.relpath(OUTPUT, REPO)}: matches deploy/prometheus/alerts.yml")
-        return 0
-    with open(OUTPUT, "w", encoding="utf-8") as f:
-        f.write(text)
-    print(f"wrote {os.path.relpath(OUTPUT, REPO)}")
-    return 0
-
+    return generated.write_or_check(OUTPUT, render(),
+                                    "deploy/kubernetes/generate-prometheusrule.py", args.check)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -40,6 +40,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "deploy", "grafana"))
 import build_dashboard  # noqa: E402
 import grpc_probe  # noqa: E402
+from report import check, fail, failures  # noqa: E402
 
 DASHBOARD = os.path.join(REPO, "deploy", "grafana", "topology-claims.json")
 OPERATIONS = os.path.join(REPO, "docs", "operations.md")
@@ -47,18 +48,6 @@ METRIC = re.compile(r"\btopology_claims_[a-z0-9_]+\b")
 # How long a live process gets to print its address or to bring a series into being.
 WAIT_SECONDS = float(os.environ.get("TOPOLOGY_CLAIMS_DEPLOY_WAIT_SECONDS", "30"))
 
-failures = []
-
-
-def fail(message):
-    failures.append(message)
-    print(f"FAIL {message}", file=sys.stderr)
-
-
-def check(condition, message):
-    if not condition:
-        fail(message)
-    return condition
 
 
 def round_trip(data):

@@ -23,6 +23,9 @@ import tempfile
 import jsonschema
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import check, fail, failures  # noqa: E402
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 K8S = os.path.join(REPO, "deploy", "kubernetes")
 # Oldest: gRPC probes are GA from 1.27. Newest: the newest schema kubernetes-validate ships.
@@ -33,19 +36,6 @@ READINESS_SERVICE = "topology.claims.v1.ClaimsService"
 GRPC_PORT = 50051
 SERVER_TLS_SECRET = "topology-claims-server-tls"
 TRUST_DOMAIN = "topology-claims"
-
-failures = []
-
-
-def fail(message):
-    failures.append(message)
-    print(f"FAIL {message}", file=sys.stderr)
-
-
-def check(condition, message):
-    if not condition:
-        fail(message)
-    return condition
 
 
 def render(kustomization):
