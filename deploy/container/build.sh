@@ -113,15 +113,24 @@ elif [ "${base}" = "${local_base}" ]; then
   make_local_base
 fi
 
+# The image this build replaces, removed afterwards if nothing else names it (no pile of
+# untagged images after many builds).
+previous="$("${engine}" image inspect --format '{{.Id}}' "${image}:dev" 2>/dev/null || true)"
+
 context="$(mktemp -d /tmp/topology-claims-image.XXXXXX)"
 trap 'rm -rf "${context}"' EXIT
 cp "${binary}" "${context}/topology-claims"
 echo "build.sh: building ${image}:dev and ${image}:${version} from ${binary} on ${base}" >&2
 pull_never=()
-[ "${engine}" = podman ] && pull_never=(--pull=never)
+# --layers=false: no intermediate images are kept (the root stage is a few seconds to redo).
+[ "${engine}" = podman ] && pull_never=(--pull=never --layers=false)
 "${engine}" build "${pull_never[@]}" -f "${here}/Containerfile" --build-arg "BASE_IMAGE=${base}" \
   -t "${image}:dev" -t "${image}:${version}" "${context}" >&2 \
   || die "${engine} build failed (Containerfile ${here}/Containerfile, base ${base})"
+current="$("${engine}" image inspect --format '{{.Id}}' "${image}:dev")"
+if [ -n "${previous}" ] && [ "${previous}" != "${current}" ]; then
+  "${engine}" rmi "${previous}" >/dev/null 2>&1 || true   # refused while another tag names it
+fi
 size="$("${engine}" image inspect --format '{{.Size}}' "${image}:dev")"
 echo "build.sh: ${image}:dev ${image}:${version} ($((size / 1000000)) MB)" >&2
 echo "${image}:dev"
