@@ -10,8 +10,10 @@ so they always match the server's contract. TLS: --ca, and --cert/--key for mutu
 """
 
 import argparse
+import atexit
 import importlib
 import os
+import shutil
 import sys
 import tempfile
 import uuid
@@ -26,6 +28,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 def claims_stubs():
     """Generates and imports topology/claims/v1/claims_pb2{,_grpc} from proto/."""
     out = tempfile.mkdtemp(prefix="topology-claims-stubs.")
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
     rc = protoc.main([
         "protoc", f"-I{os.path.join(REPO, 'proto')}", f"-I{include}",
