@@ -17,7 +17,7 @@
 #   --debian-mirror URL  TOPOLOGY_CLAIMS_DEBIAN_MIRROR  default: the first Debian URI of the host's
 #                                                       apt sources, else http://deb.debian.org/debian
 #   --engine podman|docker  TOPOLOGY_CLAIMS_CONTAINER_ENGINE  default podman
-# podman reads deploy/container/containers.conf (runc, nofile 16384) unless CONTAINERS_CONF is set.
+# podman reads deploy/container/containers.conf (runc, nofile and nproc 16384) unless CONTAINERS_CONF is set.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
