@@ -116,4 +116,42 @@ else
   fi
 fi
 # --- end of the Ruby gem block -------------------------------------------------------------------
+# --- deployment kit (deploy/test.sh): podman, runc, debootstrap, and the Python tools -------
+# deploy/test.sh builds the image with podman (runc, deploy/container/containers.conf) on a
+# Debian base made by debootstrap when no registry is reachable, talks gRPC to it from the host
+# (grpcio, grpcio-tools: stubs generated from proto/ at run time, grpcio-health-checking),
+# validates the manifests (kubernetes-validate; jsonschema and PyYAML come with it) and
+# round-trips the dashboard (grafana-foundation-sdk). kubectl (kustomize) must be installed.
+deploy_missing=()
+for tool in podman runc debootstrap; do
+  command -v "${tool}" >/dev/null || deploy_missing+=("${tool}")
+done
+if [ ${#deploy_missing[@]} -gt 0 ]; then
+  echo "deploy kit: ${deploy_missing[*]} not found; trying apt-get install podman runc debootstrap"
+  (export DEBIAN_FRONTEND=noninteractive
+   apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=300 podman runc debootstrap) \
+    >/dev/null 2>&1 || true
+fi
+for tool in podman runc debootstrap kubectl; do
+  if command -v "${tool}" >/dev/null; then
+    echo "deploy kit: ${tool}: $(command -v "${tool}")"
+  else
+    echo "deploy kit: ${tool} missing (install it; kubectl from the Kubernetes apt repository)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+done
+deploy_python_check='import grpc, grpc_tools, grpc_health.v1, kubernetes_validate, jsonschema, yaml, grafana_foundation_sdk'
+if ! python3 -c "${deploy_python_check}" 2>/dev/null; then
+  echo "deploy kit: installing the Python tools (pip)"
+  # Pinned: the versions the kit was tested with (grafana-foundation-sdk's version has an epoch).
+  python3 -m pip install -q grpcio==1.85.3 grpcio-tools==1.85.1 grpcio-health-checking==1.85.1 \
+    kubernetes-validate==1.37.0 'grafana-foundation-sdk==1769699998!10.1.0' >/dev/null 2>&1 || true
+fi
+if python3 -c "${deploy_python_check}" 2>/dev/null; then
+  echo "deploy kit: Python tools present"
+else
+  echo "deploy kit: Python tools missing (pip install grpcio grpcio-tools grpcio-health-checking kubernetes-validate grafana-foundation-sdk)" >&2
+  [ "${CI:-}" = "true" ] && exit 1
+fi
+# --- end of the deployment kit block ----------------------------------------------------------
 exit 0

@@ -19,3 +19,4 @@ fi
 cargo test --workspace --all-features --no-fail-fast "$@"
 # The Ruby gem's specs (clients/ruby), against the server binary cargo test just built.
 TOPOLOGY_CLAIMS_BIN=target/debug/topology-claims clients/ruby/run-specs.sh
+TOPOLOGY_CLAIMS_BIN="${TOPOLOGY_CLAIMS_BIN:-${CARGO_TARGET_DIR:-target}/debug/topology-claims}" deploy/test.sh  # deployment kit: image (release build), manifests, dashboard
