@@ -74,6 +74,23 @@ impl SimCell {
                     .add("ended: local write failed before BeginUpdate");
                 Answer::Unknown
             }
+            // The helper names the transaction after building the request: a local failure
+            // may come before BeginUpdate was sent (naming failed: the connection is gone) or
+            // after it was answered (the lease row, the COMMIT). Whether it took effect is
+            // unknown, as is the clean-up rollback.
+            sent if matches!(result, Err(TransactionError::Local(_))) => {
+                if let Err(error) = result {
+                    tracing::warn!(cell = index, %error, "local transaction failed");
+                }
+                let (begin, rollback) = (
+                    Call::Begin { lease, op, key },
+                    Call::Rollback { lease, key },
+                );
+                history.push(index, begin, sent, Some(ended), Answer::Unknown);
+                history.push(index, rollback, sent, Some(ended), Answer::Unknown);
+                self.ctx.tally.add("ended: local transaction failed");
+                Answer::Ok
+            }
             // BeginUpdate answered, and CommitUpdate or RollbackUpdate was sent, somewhere
             // between `sent` and `ended`.
             sent => self.settle(result, (lease, op, key), (sent, ended, sent, ended)),
