@@ -8,6 +8,7 @@
 //! benchmark, a fault campaign or a test needs (those are `tools/`).
 
 mod admin;
+mod backup;
 mod certs;
 mod client_tls;
 mod metrics_args;
@@ -72,6 +73,12 @@ enum Command {
     /// Administrative actions (admin role): list leases, force-rollback a downed cell's leases,
     /// decommission a cell. Exit status: 0 done, 1 not confirmed, 2 error.
     Admin(admin::AdminArgs),
+    /// Write a consistent backup of a SQLite store, also while `serve` runs on it. Exit status:
+    /// 0 written, 1 error (nothing is overwritten).
+    Backup(backup::BackupArgs),
+    /// Replace a SQLite store with a backup (stop `serve` first). Exit status: 0 restored, 1
+    /// error. Then follow docs/operations.md, "After a restore".
+    Restore(backup::RestoreArgs),
     /// Create a development PKI: a CA, server certificates and client certificates whose
     /// identity is spiffe://TRUST_DOMAIN/ROLE/NAME (see docs/security.md). Exit status: 0
     /// written, 1 error (nothing is overwritten without --force).
@@ -121,6 +128,8 @@ fn main() -> ExitCode {
             Command::Verify(args) => sidecar::verify(args).await,
             Command::Admin(args) => admin::run(args).await,
             Command::Certs(args) => certs::run(args),
+            Command::Backup(args) => backup::backup(args).await,
+            Command::Restore(args) => backup::restore(args).await,
         }
     })
 }

@@ -75,6 +75,7 @@
 //! ([`MigrationPolicy::Apply`](topology_claims::MigrationPolicy)) or refused with
 //! `ClaimsError::MigrationsPending` (`Refuse`); [`migrate`] applies them alone.
 
+pub mod backup;
 pub mod cell;
 mod connection;
 mod error;

@@ -1,0 +1,168 @@
+//! `topology-claims backup` and `restore` against the real binary: a consistent online backup of
+//! a SQLite store while `serve` keeps committing, a restore that `serve` opens with every claim
+//! committed before the backup, and the refusals that keep an operator from losing data.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::{run, text, Server};
+use topology_claims::cell::{ClaimsClient, ClientConfig};
+use topology_claims::testing::fixtures::{cell, creates, username};
+use topology_claims::ClaimState;
+
+/// Begin + commit of username `name` for cell-a.
+async fn claim(client: &ClaimsClient, name: &str) {
+    let lease = client
+        .begin_update(creates(&cell("cell-a"), &[username(name)]))
+        .await
+        .unwrap_or_else(|e| panic!("BeginUpdate {name}: {e}"))
+        .lease_id;
+    client
+        .commit_update(&cell("cell-a"), lease)
+        .await
+        .unwrap_or_else(|e| panic!("CommitUpdate {name}: {e}"));
+}
+
+fn serve(dir: &std::path::Path, store: &str) -> Server {
+    Server::start(dir, &["--listen", "127.0.0.1:0", "--store", store])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_online_backup_restores_every_claim_committed_before_it_and_nothing_is_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let store = format!("sqlite://{}", d.join("claims.db").display());
+    let server = tokio::task::spawn_blocking({
+        let (d, store) = (d.clone(), store.clone());
+        move || serve(&d, &store)
+    })
+    .await
+    .unwrap();
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    for i in 0..20 {
+        claim(&client, &format!("before-{i}")).await;
+    }
+
+    // Traffic goes on while the backup is taken.
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = tokio::spawn({
+        let (client, stop) = (client.clone(), Arc::clone(&stop));
+        async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                claim(&client, &format!("during-{n}")).await;
+                n += 1;
+            }
+            n
+        }
+    });
+    let backup = d.join("backup-1.db");
+    let args = [
+        "backup",
+        "--store",
+        &store,
+        "--to",
+        backup.to_str().unwrap(),
+    ];
+    let output = tokio::task::spawn_blocking({
+        let (d, args) = (d.clone(), args.map(String::from));
+        move || run(&d, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let during = traffic.await.unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let said = text(&output.stdout);
+    assert!(said.starts_with("backup written: "), "{said}");
+    assert!(said.contains("schema 0004_claim_updates"), "{said}");
+
+    // Never overwritten.
+    let again = run(&d, &args);
+    assert!(!again.status.success());
+    let err = text(&again.stderr);
+    assert!(
+        err.contains("exists") && err.contains("backup-1.db"),
+        "{err}"
+    );
+    drop(server);
+
+    // A restore into a new file, served: every claim committed before the backup is there.
+    let restored = d.join("restored.db");
+    let restored_store = format!("sqlite://{}", restored.display());
+    let restore = [
+        "restore",
+        "--from",
+        backup.to_str().unwrap(),
+        "--store",
+        &restored_store,
+    ];
+    let output = run(&d, &restore);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let said = text(&output.stdout);
+    assert!(
+        said.contains("restored: ") && said.contains("After a restore"),
+        "{said}"
+    );
+    // Restoring over an existing store needs --replace.
+    let over = run(&d, &restore);
+    assert!(!over.status.success());
+    assert!(
+        text(&over.stderr).contains("--replace"),
+        "{}",
+        text(&over.stderr)
+    );
+    let replaced = run(&d, &[&restore[..], &["--replace"]].concat());
+    assert!(replaced.status.success(), "{}", text(&replaced.stderr));
+
+    let server = tokio::task::spawn_blocking({
+        let (d, store) = (d.clone(), restored_store.clone());
+        move || serve(&d, &store)
+    })
+    .await
+    .unwrap();
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    for i in 0..20 {
+        let name = format!("before-{i}");
+        let view = client.lookup_claim(&username(&name).key).await.unwrap();
+        assert_eq!(
+            (view.cell_id, view.state),
+            (cell("cell-a"), ClaimState::Active),
+            "{name}"
+        );
+    }
+    println!("{during} claims were committed while the backup ran");
+    drop(server);
+
+    // What is not a store is refused, naming the file; so are the other backends' URLs.
+    let junk = d.join("junk.db");
+    std::fs::write(&junk, b"not a database").unwrap();
+    let output = run(
+        &d,
+        &[
+            "restore",
+            "--from",
+            junk.to_str().unwrap(),
+            "--store",
+            &format!("sqlite://{}", d.join("other.db").display()),
+        ],
+    );
+    assert!(!output.status.success());
+    let err = text(&output.stderr);
+    assert!(err.contains("junk.db"), "{err}");
+    assert!(!d.join("other.db").exists(), "nothing written");
+    let output = run(
+        &d,
+        &[
+            "backup",
+            "--store",
+            "postgres://postgres@127.0.0.1:5432/test",
+            "--to",
+            "x.db",
+        ],
+    );
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("pg_basebackup"));
+}
