@@ -21,14 +21,14 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use common::pg::FreshDb;
-use common::{command, Server};
+use common::command;
+use common::pg::PgCell;
 use topology_claims::cell::{ClaimsClient, ClientConfig, PendingUpdate, UpdateConfig};
 use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::{ClaimState, ClaimsError};
 use topology_claims_postgres::cell::local_transaction_of;
+use topology_claims_postgres::record_in;
 use topology_claims_postgres::tokio_postgres::{self, NoTls};
-use topology_claims_postgres::{ensure_local_schema, record_in};
 
 /// How the killed cell process leaves its work.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -116,14 +116,7 @@ async fn child(args: &[String]) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-struct Fixture {
-    db: FreshDb,
-    dir: tempfile::TempDir,
-    server: Server,
-    client: ClaimsClient,
-}
-
-impl Fixture {
+impl PgCell {
     /// Starts a cell process in `mode` leasing `name`, waits for its `ready`, checks the claim
     /// is leased, and SIGKILLs it. Returns when it was killed.
     async fn kill_cell_process(&self, name: &str, mode: Mode) -> Instant {
@@ -225,30 +218,14 @@ fn summary(times: &mut [Duration]) -> String {
 }
 
 async fn measure() {
-    let Some(db) = FreshDb::create().await else {
+    let Some(f) = PgCell::start().await else {
         return;
     };
-    let (cell_db, connection) = tokio_postgres::connect(&db.url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    ensure_local_schema(&cell_db).await.unwrap();
+    let cell_db = &f.local;
     cell_db
         .batch_execute("CREATE TABLE users (id bigserial PRIMARY KEY, name text UNIQUE NOT NULL)")
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let server = tokio::task::spawn_blocking({
-        let dir = dir.path().to_owned();
-        move || Server::start(&dir, &["--listen", "127.0.0.1:0", "--store", "memory:"])
-    })
-    .await
-    .unwrap();
-    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
-    let f = Fixture {
-        db,
-        dir,
-        server,
-        client,
-    };
 
     // After: the reconciler every second at the default staleness (10 minutes).
     let sidecar = f.reconciler(&[]);

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::pg::{base_url, with_database, FreshDb};
+use common::pg::{base_url, with_database, FreshDb, PgCell};
 use common::{command, run, text, Server};
 use topology_claims::cell::{ClaimsClient, ClientConfig};
 use topology_claims::testing::fixtures::{cell, creates, username};
@@ -364,38 +364,9 @@ fn verify_reports_a_postgres_query_with_too_few_columns_as_a_column_count() {
 
 /// A cell on PostgreSQL whose leases name their local transaction (`pg:<system_identifier>:<xid8>`),
 /// a `serve` on memory, and `reconcile --once` at the default staleness (10 minutes).
-struct LocalTransactionCell {
-    db: FreshDb,
-    dir: tempfile::TempDir,
-    server: Server,
-    client: ClaimsClient,
-}
+type LocalTransactionCell = PgCell;
 
-impl LocalTransactionCell {
-    async fn start() -> Option<Self> {
-        let db = FreshDb::create().await?;
-        let (cell_db, connection) = tokio_postgres::connect(&db.url, NoTls).await.unwrap();
-        tokio::spawn(connection);
-        topology_claims_postgres::ensure_local_schema(&cell_db)
-            .await
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let server = tokio::task::spawn_blocking({
-            let dir = dir.path().to_owned();
-            move || Server::start(&dir, &["--listen", "127.0.0.1:0", "--store", "memory:"])
-        })
-        .await
-        .unwrap();
-        let client =
-            ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
-        Some(Self {
-            db,
-            dir,
-            server,
-            client,
-        })
-    }
-
+impl PgCell {
     /// A connection of the cell's application, with its connection task (abort it to kill the
     /// client without a goodbye).
     async fn connect(&self) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {

@@ -2,7 +2,10 @@
 //! cell's local database): `TOPOLOGY_CLAIMS_TEST_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test` (scripts/ensure-services.sh starts it).
 
+use topology_claims::cell::{ClaimsClient, ClientConfig};
 use topology_claims_postgres::tokio_postgres::{self, NoTls};
+
+use super::Server;
 
 pub fn base_url() -> String {
     std::env::var("TOPOLOGY_CLAIMS_TEST_POSTGRES_URL")
@@ -74,4 +77,43 @@ fn fastrand_suffix() -> String {
             .as_nanos()
             % 0xffff_ffff
     )
+}
+
+/// A cell whose local database is a fresh PostgreSQL database (with `leases_outstanding`), and a
+/// `serve` on memory with a client of it. The tests add their own methods.
+pub struct PgCell {
+    pub db: FreshDb,
+    /// A connection to the cell's database.
+    pub local: tokio_postgres::Client,
+    pub dir: tempfile::TempDir,
+    pub server: Server,
+    pub client: ClaimsClient,
+}
+
+impl PgCell {
+    /// `None` (with a skip line) when PostgreSQL is unreachable outside CI.
+    pub async fn start() -> Option<PgCell> {
+        let db = FreshDb::create().await?;
+        let (local, connection) = tokio_postgres::connect(&db.url, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        topology_claims_postgres::ensure_local_schema(&local)
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let server = tokio::task::spawn_blocking({
+            let dir = dir.path().to_owned();
+            move || Server::start(&dir, &["--listen", "127.0.0.1:0", "--store", "memory:"])
+        })
+        .await
+        .unwrap();
+        let client =
+            ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+        Some(PgCell {
+            db,
+            local,
+            dir,
+            server,
+            client,
+        })
+    }
 }
