@@ -19,6 +19,8 @@
 
 mod config;
 mod error;
+mod group;
+mod outcomes;
 mod rows;
 mod schema;
 mod store;

@@ -22,8 +22,8 @@ use gcloud_spanner::transaction::{QueryOptions, ReadOptions, Transaction};
 use gcloud_spanner::value::TimestampBound;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, EndWrites,
-    GroupAnswer, GroupDecision, GroupOp, GroupReads, GroupResults, GroupSnapshot, LeaseOutcome,
-    LeaseRecord, LeaseSummary, SlotGrant, SlotHolder, SlotLimit,
+    GroupOp, GroupResults, LeaseOutcome, LeaseRecord, LeaseSummary, SlotGrant, SlotHolder,
+    SlotLimit,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -36,24 +36,23 @@ use crate::rows::{
     self, CLAIMS, CLAIM_COLUMNS, DECOMMISSIONED, LEASES, LEASE_COLUMNS, OUTCOMES, OUTCOME_COLUMNS,
     SLOTS,
 };
-use crate::schema::{self, OUTCOME_SHARDS};
+use crate::schema;
 use crate::transaction::{Attempts, WriteTx};
 
-/// Outcomes deleted per transaction by `collect_outcomes` (far below Spanner's mutation limit).
-const COLLECT_BATCH: usize = 1000;
 /// Most rows one group transaction writes. Spanner refuses a commit of more than 80,000
 /// mutations, counted per column written and per index entry changed: a claim row costs up to
 /// about 20 (11 columns, three indexes), so 3,000 rows keep a group well inside the limit. A
 /// bigger group is split in two, each half its own transaction, in order (a lone operation of
 /// `--max-batch` claims is far below it).
-const GROUP_MAX_ROWS: usize = 3000;
+pub(crate) const GROUP_MAX_ROWS: usize = 3000;
 /// Spanner's earliest TIMESTAMP, 0001-01-01T00:00:00Z: a cutoff at or before it selects nothing
 /// (and could not be sent as a parameter).
-const SPANNER_MIN_TIMESTAMP: Timestamp = Timestamp::from_unix_micros(-62_135_596_800_000_000);
+pub(crate) const SPANNER_MIN_TIMESTAMP: Timestamp =
+    Timestamp::from_unix_micros(-62_135_596_800_000_000);
 
 /// The service's store on Cloud Spanner (or its emulator).
 pub struct SpannerClaimStore {
-    client: Client,
+    pub(crate) client: Client,
     options: SpannerOptions,
     name: DatabaseName,
     /// Transactions re-run by [`Attempts`] (aborts, lost sessions), for `ClaimStore::retries`.
@@ -145,7 +144,7 @@ impl SpannerClaimStore {
     }
 
     /// The attempts of one write operation, counted in `retries`.
-    fn attempts(&self, what: &'static str) -> Attempts<'_> {
+    pub(crate) fn attempts(&self, what: &'static str) -> Attempts<'_> {
         Attempts::new(&self.options, what).counted(&self.retries)
     }
 
@@ -164,7 +163,7 @@ impl SpannerClaimStore {
     }
 
     /// A strong read-only snapshot and its read timestamp (the store's "now").
-    async fn snapshot(
+    pub(crate) async fn snapshot(
         &self,
         context: &str,
     ) -> Result<
@@ -192,7 +191,7 @@ impl SpannerClaimStore {
     }
 
     /// Runs a query and decodes every row it returns.
-    async fn query_all<T>(
+    pub(crate) async fn query_all<T>(
         &self,
         tx: &mut Transaction,
         stmt: Statement,
@@ -229,7 +228,7 @@ impl SpannerClaimStore {
     }
 
     /// The current rows of these claims (absent keys are simply missing from the map).
-    async fn claims(
+    pub(crate) async fn claims(
         &self,
         tx: &mut Transaction,
         keys: &BTreeSet<&ClaimKey>,
@@ -246,7 +245,7 @@ impl SpannerClaimStore {
 
     /// The rows of `table` at `keys`, in one Read (none without keys); inside a read-write
     /// transaction the read locks them, absent keys included.
-    async fn read_keys<T>(
+    pub(crate) async fn read_keys<T>(
         &self,
         tx: &mut Transaction,
         table: &str,
@@ -467,7 +466,7 @@ impl SpannerClaimStore {
 
     /// The store's clock inside a read-write transaction (`CURRENT_TIMESTAMP()`), read after
     /// the rows it is compared with were read (and so locked).
-    async fn clock_in(&self, tx: &mut WriteTx) -> Result<Timestamp, TxError> {
+    pub(crate) async fn clock_in(&self, tx: &mut WriteTx) -> Result<Timestamp, TxError> {
         let clock = self
             .query_in(
                 tx,
@@ -579,121 +578,6 @@ impl SpannerClaimStore {
         answer
     }
 
-    /// One attempt of a group (`ClaimStore::run_group`): read every row of
-    /// `GroupReads::of(ops)` in at most four Reads, decide the operations one by one
-    /// (`domain::decide_group`), buffer the net writes.
-    ///
-    /// 1. `leases_outstanding` at every lease id;
-    /// 2. `claims` at every key a BeginUpdate names and every key of a lease found in 1: a claim
-    ///    carries only an outstanding lease's id, and only for a key of that lease's request,
-    ///    so these are all the claims carrying one of the ids (what a lone CommitUpdate reads);
-    /// 3. `lease_outcomes` at the ids not found in 1;
-    /// 4. `decommissioned_cells` at every cell that begins.
-    ///
-    /// The group is decided at a stand-in clock later than every timestamp read; whatever
-    /// carries it is written as, and answered with, the commit timestamp (time is Spanner's, as
-    /// for a lone call). A group with a conditional rollback reads `CURRENT_TIMESTAMP()` after
-    /// its rows and decides at the later of the two, so the condition is judged by Spanner's
-    /// clock in this transaction.
-    async fn group_attempt(
-        &self,
-        tx: &mut WriteTx,
-        ops: &[GroupOp],
-    ) -> Result<GroupAttempt, TxError> {
-        let reads = GroupReads::of(ops);
-        let lease_keys = reads.lease_ids.iter().map(|id| rows::lease_key(*id));
-        let leases = self
-            .read_keys(
-                tx,
-                LEASES,
-                &LEASE_COLUMNS,
-                lease_keys.collect(),
-                rows::lease_from_row,
-            )
-            .await?;
-        let mut keys: BTreeSet<&ClaimKey> = reads.keys.iter().collect();
-        keys.extend(
-            leases
-                .iter()
-                .flat_map(|lease| lease.request.operations().map(|(_, r)| &r.key)),
-        );
-        let claims = self.claims(tx, &keys).await?;
-        let outstanding: BTreeSet<LeaseId> = leases.iter().map(|l| l.lease_id).collect();
-        let ended = reads
-            .lease_ids
-            .iter()
-            .filter(|id| !outstanding.contains(id))
-            .map(|id| rows::lease_key(*id))
-            .collect();
-        let outcomes = self
-            .read_keys(
-                tx,
-                OUTCOMES,
-                &OUTCOME_COLUMNS,
-                ended,
-                rows::outcome_from_row,
-            )
-            .await?;
-        let cells = reads.cells.iter().map(rows::decommissioned_key).collect();
-        let decommissioned = self
-            .read_keys(
-                tx,
-                DECOMMISSIONED,
-                &rows::DECOMMISSIONED_COLUMNS,
-                cells,
-                rows::decommissioned_from_row,
-            )
-            .await?;
-        let snapshot = GroupSnapshot {
-            claims: claims.into_values().collect(),
-            leases,
-            outcomes,
-            decommissioned,
-        };
-        let conditional = ops.iter().any(|op| {
-            matches!(
-                op,
-                GroupOp::Rollback {
-                    unrenewed_for: Some(_),
-                    ..
-                }
-            )
-        });
-        let mut stand_in = later_than_all(&snapshot);
-        if conditional {
-            stand_in = stand_in.max(self.clock_in(tx).await?);
-        }
-        let GroupDecision { results, writes } = domain::decide_group(snapshot, ops, stand_in);
-        if ops.len() > 1 && rows::rows_written(&writes) > GROUP_MAX_ROWS {
-            return Ok(GroupAttempt::TooLarge);
-        }
-        tx.buffer_write(rows::group_mutations(&writes, stand_in));
-        Ok(GroupAttempt::Decided { results, stand_in })
-    }
-
-    /// One group in one read-write transaction, retried whole (and decided afresh) on abort.
-    async fn run_one_group(&self, ops: &[GroupOp]) -> Result<Option<GroupResults>, ClaimsError> {
-        let mut attempts = self.attempts("group commit");
-        let (attempt, committed_at) = loop {
-            let Some(mut tx) = attempts.begin(&self.client).await? else {
-                continue;
-            };
-            let result = self.group_attempt(&mut tx, ops).await;
-            if let Some(done) = attempts.end(&mut tx, result).await? {
-                break done;
-            }
-        };
-        Ok(match attempt {
-            GroupAttempt::TooLarge => None,
-            GroupAttempt::Decided { results, stand_in } => Some(
-                results
-                    .into_iter()
-                    .map(|result| result.map(|answer| stamped(answer, stand_in, committed_at)))
-                    .collect(),
-            ),
-        })
-    }
-
     /// One attempt of RenewLease.
     async fn renew_attempt(
         &self,
@@ -709,65 +593,6 @@ impl SpannerClaimStore {
                 Ok(Ok(lease.clone()))
             }
         }
-    }
-
-    /// One attempt of deleting candidate outcomes: re-read them under lock and delete the ones
-    /// the domain says are past retention. Returns how many were deleted.
-    async fn collect_attempt(
-        &self,
-        tx: &mut WriteTx,
-        candidates: &[LeaseId],
-        now: Timestamp,
-        retention: Duration,
-    ) -> Result<u64, TxError> {
-        let keys: Vec<Key> = candidates.iter().map(|id| rows::lease_key(*id)).collect();
-        let outcomes = self
-            .read_keys(tx, OUTCOMES, &OUTCOME_COLUMNS, keys, rows::outcome_from_row)
-            .await?;
-        let mut expired = Vec::new();
-        for outcome in outcomes {
-            if domain::outcome_expired(outcome.decided_at, now, retention) {
-                expired.push(rows::lease_key(outcome.lease_id));
-            }
-        }
-        let count = expired.len() as u64;
-        if !expired.is_empty() {
-            tx.buffer_write(vec![rows::delete_outcomes(expired)]);
-        }
-        Ok(count)
-    }
-
-    /// Up to `COLLECT_BATCH` outcomes decided before `now - retention`, found through the
-    /// sharded `lease_outcomes_by_decided_at` index in a read-only snapshot (no locks).
-    async fn expired_outcomes(
-        &self,
-        retention: Duration,
-    ) -> Result<(Vec<LeaseId>, Timestamp), ClaimsError> {
-        let context = "finding expired lease outcomes";
-        let (mut tx, now) = self.snapshot(context).await?;
-        let cutoff = now.saturating_sub(retention);
-        if cutoff <= SPANNER_MIN_TIMESTAMP {
-            // Nothing was decided before the first representable timestamp.
-            return Ok((Vec::new(), now));
-        }
-        let mut stmt = Statement::new(
-            "SELECT lease_id, decided_at FROM lease_outcomes@{FORCE_INDEX=lease_outcomes_by_decided_at}
-             WHERE decided_shard IN UNNEST(@shards) AND decided_at < @cutoff
-             LIMIT @limit",
-        );
-        let shards: Vec<i64> = (0..OUTCOME_SHARDS).collect();
-        stmt.add_param("shards", &shards);
-        stmt.add_param("cutoff", &topology_claims::codec::timestamp_to_pb(cutoff));
-        stmt.add_param("limit", &(COLLECT_BATCH as i64));
-        let candidates = self
-            .query_all(&mut tx, stmt, context, |row| {
-                let id: String = row
-                    .column_by_name("lease_id")
-                    .map_err(|e| ClaimsError::internal(format!("{context}: {e}")))?;
-                LeaseId::parse(&id).map_err(|e| ClaimsError::internal(format!("{context}: {e}")))
-            })
-            .await?;
-        Ok((candidates, now))
     }
 
     /// The first `query.fetch_limit()` claims after the cursor, in ListClaims order: one range
@@ -923,30 +748,7 @@ impl ClaimStore for SpannerClaimStore {
     }
 
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
-        let mut total = 0;
-        loop {
-            let (candidates, now) = self.expired_outcomes(retention).await?;
-            if candidates.is_empty() {
-                return Ok(total);
-            }
-            let mut attempts = self.attempts("collecting lease outcomes");
-            let (deleted, _) = loop {
-                let Some(mut tx) = attempts.begin(&self.client).await? else {
-                    continue;
-                };
-                let result = self
-                    .collect_attempt(&mut tx, &candidates, now, retention)
-                    .await;
-                if let Some(done) = attempts.end(&mut tx, result).await? {
-                    break done;
-                }
-            };
-            total += deleted;
-            // A full batch of which nothing expired (a clock step on the store?) would repeat.
-            if candidates.len() < COLLECT_BATCH || deleted == 0 {
-                return Ok(total);
-            }
-        }
+        self.collect_expired_outcomes(retention).await
     }
 
     async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
@@ -1054,51 +856,5 @@ impl ClaimStore for SpannerClaimStore {
 
     fn retries(&self) -> u64 {
         self.retries.load(Ordering::Relaxed)
-    }
-}
-
-/// What one attempt of a group came to.
-enum GroupAttempt {
-    /// Decided (and its writes buffered) at the stand-in clock `stand_in`.
-    Decided {
-        results: GroupResults,
-        stand_in: Timestamp,
-    },
-    /// Writes more than `GROUP_MAX_ROWS` rows: nothing buffered, to be split.
-    TooLarge,
-}
-
-/// A clock later than every timestamp of `snapshot`: whatever a group decided at it carries it
-/// only because the group wrote it now.
-fn later_than_all(snapshot: &GroupSnapshot) -> Timestamp {
-    let claims = snapshot
-        .claims
-        .iter()
-        .flat_map(|c| [c.created_at, c.updated_at]);
-    let leases = snapshot
-        .leases
-        .iter()
-        .flat_map(|l| [l.created_at, l.last_renewed_at]);
-    let outcomes = snapshot.outcomes.iter().map(|o| o.decided_at);
-    let marks = snapshot.decommissioned.iter().map(|(_, at)| *at);
-    claims
-        .chain(leases)
-        .chain(outcomes)
-        .chain(marks)
-        .max()
-        .unwrap_or(SPANNER_MIN_TIMESTAMP)
-        .saturating_add(Duration::from_micros(1))
-}
-
-/// An answer decided at `stand_in`, with the commit timestamp in its place.
-fn stamped(answer: GroupAnswer, stand_in: Timestamp, committed_at: Timestamp) -> GroupAnswer {
-    let stamp = |at: Timestamp| if at == stand_in { committed_at } else { at };
-    match answer {
-        GroupAnswer::Begun(mut lease) => {
-            lease.created_at = stamp(lease.created_at);
-            lease.last_renewed_at = stamp(lease.last_renewed_at);
-            GroupAnswer::Begun(lease)
-        }
-        GroupAnswer::Ended => GroupAnswer::Ended,
     }
 }
