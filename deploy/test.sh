@@ -104,7 +104,7 @@ test_image() {
   have_python_modules grpc grpc_tools grpc_health.v1 \
     || { missing image "python modules grpcio, grpcio-tools, grpcio-health-checking"; return 0; }
 
-  local start run_id work container volume grpc_port metrics_port ref size_mb out
+  local start run_id work container volume grpc_port health_port metrics_port ref size_mb out
   start=$(date +%s)
   local build_log
   build_log="$(mktemp /tmp/topology-claims-image-build.XXXXXX.log)"
@@ -151,9 +151,11 @@ test_image() {
   certs client --role cell --name cell-1
 
   grpc_port="$(free_port)"
+  health_port="$(free_port)"
   metrics_port="$(free_port)"
   podman run -d --name "${container}" \
-    -p "127.0.0.1:${grpc_port}:50051" -p "127.0.0.1:${metrics_port}:9464" \
+    -p "127.0.0.1:${grpc_port}:50051" -p "127.0.0.1:${health_port}:50052" \
+    -p "127.0.0.1:${metrics_port}:9464" \
     -v "${volume}:/var/lib/topology-claims" -v "${work}/certs:/etc/topology-claims/tls:ro" \
     -e TOPOLOGY_CLAIMS_TLS_CERT=/etc/topology-claims/tls/server.pem \
     -e TOPOLOGY_CLAIMS_TLS_KEY=/etc/topology-claims/tls/server-key.pem \
@@ -176,6 +178,14 @@ test_image() {
       || { echo "image: gRPC health \"${service}\" from the host: ${status}" >&2; return 1; }
   done
   echo "image: gRPC health \"\" and topology.claims.v1.ClaimsService SERVING from the host (mTLS)"
+  # What the kubelet's gRPC probes see: plaintext, on --health-listen (the default CMD's 50052).
+  for service in "" topology.claims.v1.ClaimsService; do
+    status="$(python3 deploy/tests/grpc_probe.py --target "localhost:${health_port}" \
+              health --service "${service}" 2>&1)"
+    [ "${status}" = "SERVING" ] \
+      || { echo "image: plaintext health \"${service}\" on the health port: ${status}" >&2; return 1; }
+  done
+  echo "image: plaintext gRPC health SERVING on the health port (what Kubernetes probes use)"
   out="$(curl -sf "http://127.0.0.1:${metrics_port}/metrics")" \
     || { echo "image: the metrics port answered no /metrics" >&2; return 1; }
   grep -q '^topology_claims_build_info{' <<<"${out}" \

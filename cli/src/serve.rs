@@ -19,7 +19,7 @@ use topology_claims::grpc::audit::AuditLog;
 use topology_claims::grpc::cell_limits::{CellLimits, CellRate};
 use topology_claims::grpc::health::HealthConfig;
 use topology_claims::grpc::limits::ServerLimits;
-use topology_claims::grpc::server::{serve, ServerConfig};
+use topology_claims::grpc::server::{serve, HealthListener, ServerConfig};
 use topology_claims::grpc::tls::{ServerTls, TlsFiles};
 use topology_claims::metrics::{catch_up, render, ServerMetrics};
 use topology_claims::{ClaimStore, MigrationPolicy};
@@ -39,6 +39,13 @@ pub struct ServeArgs {
         default_value = "127.0.0.1:50051"
     )]
     listen: String,
+
+    /// A second address (HOST:PORT) serving only the gRPC health service, in plaintext, with the
+    /// same statuses as the main listener: for probes that cannot speak TLS, such as Kubernetes'
+    /// built-in gRPC probes (docs/deployment.md). It serves nothing else, so it is allowed off
+    /// loopback. Default: none (health on the main listener only). Prints `health on HOST:PORT`.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_HEALTH_LISTEN")]
+    health_listen: Option<String>,
 
     /// Store URL: memory: (lost on exit), sqlite://PATH (sqlite:///abs/path for an absolute
     /// path) or postgres://USER@HOST:PORT/DB.
@@ -469,6 +476,18 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let addr = listener
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
+    let health_listener = match &args.health_listen {
+        Some(health) => {
+            let bound = tokio::net::TcpListener::bind(health)
+                .await
+                .map_err(|e| format!("--health-listen {health}: cannot listen: {e}"))?;
+            let addr = bound.local_addr().map_err(|e| {
+                format!("--health-listen {health}: cannot read the bound address: {e}")
+            })?;
+            Some((HealthListener::new(bound), addr))
+        }
+        None => None,
+    };
     let mut metrics_addr = None;
     let metrics = match metrics {
         Some(metrics) => {
@@ -515,6 +534,9 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         max_concurrent_verifications: args.max_concurrent_verifications,
         max_verifications_per_cell: args.max_verifications_per_cell,
         verification_slot_ttl: args.verification_slot_ttl,
+        health_listener: health_listener
+            .as_ref()
+            .map(|(listener, _)| listener.clone()),
     };
     reload_on_sighup(tls, audit)?;
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,
@@ -526,6 +548,11 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     writeln!(stdout, "listening on {addr}")
         .and_then(|()| stdout.flush())
         .map_err(|e| format!("cannot write to stdout: {e}"))?;
+    if let Some((_, bound)) = &health_listener {
+        writeln!(stdout, "health on {bound}")
+            .and_then(|()| stdout.flush())
+            .map_err(|e| format!("cannot write to stdout: {e}"))?;
+    }
     drop(stdout);
     if let Some(bound) = metrics_addr {
         crate::metrics_args::announce(bound)?;

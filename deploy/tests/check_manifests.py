@@ -34,6 +34,8 @@ KUSTOMIZATIONS = ["overlays/postgres", "overlays/sqlite", "pki", "identities", "
                   "sidecars"]
 READINESS_SERVICE = "topology.claims.v1.ClaimsService"
 GRPC_PORT = 50051
+# --health-listen: the kubelet's gRPC probes speak plaintext only, the main port is mTLS-only.
+HEALTH_PORT = 50052
 SERVER_TLS_SECRET = "topology-claims-server-tls"
 TRUST_DOMAIN = "topology-claims"
 
@@ -173,14 +175,16 @@ def check_server(name, docs, workload_kind):
 
     # Probes: readiness follows the store, liveness the process, and a startup probe.
     ready = c.get("readinessProbe", {}).get("grpc", {})
-    check(ready.get("port") == GRPC_PORT and ready.get("service") == READINESS_SERVICE,
-          f"{name}: readinessProbe must be gRPC on {GRPC_PORT} service {READINESS_SERVICE}, is {ready}")
+    check(ready.get("port") == HEALTH_PORT and ready.get("service") == READINESS_SERVICE,
+          f"{name}: readinessProbe must be gRPC on {HEALTH_PORT} service {READINESS_SERVICE}, is {ready}")
     live = c.get("livenessProbe", {}).get("grpc")
-    check(live is not None and live.get("port") == GRPC_PORT and live.get("service", "") == "",
-          f"{name}: livenessProbe must be gRPC on {GRPC_PORT} service \"\", is {live}")
+    check(live is not None and live.get("port") == HEALTH_PORT and live.get("service", "") == "",
+          f"{name}: livenessProbe must be gRPC on {HEALTH_PORT} service \"\", is {live}")
     start = c.get("startupProbe", {}).get("grpc")
-    check(start is not None and start.get("service", "") == "",
-          f"{name}: startupProbe must be gRPC service \"\", is {start}")
+    check(start is not None and start.get("port") == HEALTH_PORT and start.get("service", "") == "",
+          f"{name}: startupProbe must be gRPC on {HEALTH_PORT} service \"\", is {start}")
+    check(f"--health-listen=0.0.0.0:{HEALTH_PORT}" in c.get("args", []),
+          f"{name}: the probes need --health-listen=0.0.0.0:{HEALTH_PORT}, args are {c.get('args')}")
 
     sc = c.get("securityContext", {})
     check(sc.get("allowPrivilegeEscalation") is False, f"{name}: allowPrivilegeEscalation must be false")
@@ -192,7 +196,8 @@ def check_server(name, docs, workload_kind):
           and resources.get("limits", {}).get("memory"),
           f"{name}: the server needs cpu/memory requests and a memory limit, has {resources}")
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-    check(ports == {"grpc": GRPC_PORT, "metrics": 9464}, f"{name}: container ports are {ports}")
+    check(ports == {"grpc": GRPC_PORT, "health": HEALTH_PORT, "metrics": 9464},
+          f"{name}: container ports are {ports}")
     grace = pod.get("terminationGracePeriodSeconds", 30)
     check(grace > 30, f"{name}: terminationGracePeriodSeconds ({grace}) must exceed the 30s drain")
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::Server;
+use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::ServingStatus;
 
 use crate::error::ClaimsError;
@@ -95,6 +96,25 @@ pub struct ServerConfig {
     pub max_verifications_per_cell: u32,
     /// Their time-to-live (`--verification-slot-ttl`); a request may only shorten it.
     pub verification_slot_ttl: Duration,
+    /// A second listener serving only `grpc.health.v1`, in plaintext, with the same statuses
+    /// (`--health-listen`): for probes that cannot speak TLS, such as Kubernetes' built-in gRPC
+    /// probes. `None`: health is served on the main listener only.
+    pub health_listener: Option<HealthListener>,
+}
+
+/// The bound `--health-listen` listener, carried in a [`ServerConfig`] (clones share it; the
+/// server takes it once).
+#[derive(Clone, Debug)]
+pub struct HealthListener(Arc<std::sync::Mutex<Option<TcpListener>>>);
+
+impl HealthListener {
+    pub fn new(listener: TcpListener) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(Some(listener))))
+    }
+
+    fn take(&self) -> Option<TcpListener> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
 }
 
 impl Default for ServerConfig {
@@ -115,6 +135,7 @@ impl Default for ServerConfig {
             max_concurrent_verifications: crate::domain::DEFAULT_MAX_CONCURRENT_VERIFICATIONS,
             max_verifications_per_cell: crate::domain::DEFAULT_MAX_VERIFICATIONS_PER_CELL,
             verification_slot_ttl: crate::domain::DEFAULT_VERIFICATION_SLOT_TTL,
+            health_listener: None,
         }
     }
 }
@@ -182,6 +203,7 @@ pub async fn serve(
 
     let (stop_tx, stop_rx) = watch::channel(());
     let (draining_tx, mut draining_rx) = watch::channel(false);
+    let health_draining = draining_rx.clone();
     let gc = tokio::spawn(collect_outcomes_periodically(
         Arc::clone(&store),
         config.outcome_retention,
@@ -224,6 +246,18 @@ pub async fn serve(
         }
     };
     let limits = &config.limits;
+    let health_only = config
+        .health_listener
+        .as_ref()
+        .and_then(HealthListener::take)
+        .map(|listener| {
+            tokio::spawn(serve_health_only(
+                listener,
+                health_service.clone(),
+                limits.clone(),
+                health_draining,
+            ))
+        });
     let stats = Arc::new(ServerStats::default());
     let incoming = listener::incoming(listener, limits, Arc::clone(&stats), config.tls.clone());
     let server = Server::builder()
@@ -258,6 +292,10 @@ pub async fn serve(
     };
     gc.abort();
     watcher.abort();
+    if let Some(health_only) = health_only {
+        health_only.abort();
+        let _ = health_only.await;
+    }
     let _ = gc.await;
     let _ = watcher.await;
     if let Some(refresher) = refresher {
@@ -265,6 +303,31 @@ pub async fn serve(
         let _ = refresher.await;
     }
     result.map_err(|e| ClaimsError::internal(format!("gRPC server failed: {e}")))
+}
+
+/// Serves `grpc.health.v1` alone on `listener`, in plaintext, under the main listener's
+/// connection limits, until the drain starts (its statuses are NOT_SERVING by then). It reads
+/// nothing but health requests: no claim, identity or store is reachable through it.
+async fn serve_health_only<H: Health>(
+    listener: TcpListener,
+    health: HealthServer<H>,
+    limits: ServerLimits,
+    mut draining: watch::Receiver<bool>,
+) {
+    let incoming = listener::incoming(listener, &limits, Arc::new(ServerStats::default()), None);
+    let stop = async move {
+        let _ = draining.wait_for(|draining| *draining).await;
+    };
+    let served = Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_max_header_list_size(limits.max_header_list_bytes)
+        .timeout(limits.request_timeout)
+        .add_service(health)
+        .serve_with_incoming_shutdown(incoming, stop)
+        .await;
+    if let Err(error) = served {
+        tracing::warn!(%error, "the health listener (--health-listen) failed");
+    }
 }
 
 /// Reads the store's lease summary every `interval` (first right away) into the lease gauges

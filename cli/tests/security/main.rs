@@ -674,3 +674,38 @@ async fn with_identity_from_cn_the_subject_cn_is_the_cell() {
         Some((Code::PermissionDenied, "CELL_ID_MISMATCH".to_owned()))
     );
 }
+
+/// `--health-listen`: a plaintext listener that serves the health service alone (for probes
+/// that cannot speak TLS, such as Kubernetes' gRPC probes), beside an mTLS-only main listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plaintext_health_listener_serves_health_and_nothing_else() {
+    let pki = Pki::new();
+    let server = pki.start_on("memory:", &["--health-listen", "127.0.0.1:0"]);
+    let line = server.child.next_line(common::PATIENCE).unwrap();
+    let addr = line
+        .strip_prefix("health on ")
+        .unwrap_or_else(|| panic!("expected `health on HOST:PORT`, got {line:?}"));
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("plaintext connects to the health listener");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    for service in ["", "topology.claims.v1.ClaimsService"] {
+        let answer = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("health of {service:?}: {e}"));
+        assert_eq!(answer.into_inner().status, 1, "{service:?} SERVING");
+    }
+    let refused = ClaimsServiceClient::new(channel)
+        .lookup_claim(pb::LookupClaimRequest {
+            claim_type: pb::claim_record::ClaimType::Username as i32,
+            claim_value: "alice".to_owned(),
+        })
+        .await
+        .expect_err("the claims service is not on the health listener");
+    assert_eq!(refused.code(), Code::Unimplemented, "{refused:?}");
+}
