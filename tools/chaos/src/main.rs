@@ -440,6 +440,9 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         .filter(|c| faults.contains(&c.fault()))
         .collect();
     let mut unswept = Vec::new();
+    // 20 retries of a case span twice the staleness (at least 4 s): a key an earlier crash
+    // left leased is free again by then.
+    let retry_after = (args.staleness / 10).max(Duration::from_millis(200));
     ctx.recovery.set_sweeping(true);
     for cell in cells.iter_mut() {
         for &crash in &crashes {
@@ -454,6 +457,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
                     Some(crash),
                     None,
                     &mut rng,
+                    retry_after,
                 )
                 .await
                 {
@@ -477,7 +481,19 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
             };
             turn += 1;
             let pause = Some((boundary, kind));
-            if !sweep_case(cell, keys, &injector, kind, op, None, pause, &mut rng).await {
+            if !sweep_case(
+                cell,
+                keys,
+                &injector,
+                kind,
+                op,
+                None,
+                pause,
+                &mut rng,
+                retry_after,
+            )
+            .await
+            {
                 unswept.push(format!("{} at {boundary:?}", kind.name()));
             }
             // Each case starts from a healthy service.

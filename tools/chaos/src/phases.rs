@@ -91,7 +91,8 @@ pub async fn worker(
 
 /// One case of the sweep: a `op` transaction on `cell` with `crash` or `pause`, retried (on
 /// a free key for a create, on a held key for a destroy) until the fault fired, at most 20
-/// times. Returns whether it fired.
+/// times, `retry_after` apart (long enough, in all, for an earlier crash's lease on the key to
+/// go stale and be rolled back). Returns whether it fired.
 #[allow(clippy::too_many_arguments)]
 pub async fn sweep_case(
     cell: &mut SimCell,
@@ -102,6 +103,7 @@ pub async fn sweep_case(
     crash: Option<Crash>,
     pause: Option<(Boundary, FaultKind)>,
     rng: &mut fastrand::Rng,
+    retry_after: Duration,
 ) -> bool {
     let fired = |injector: &Injector| injector.counts().get(&fault).copied().unwrap_or(0);
     let before = fired(injector);
@@ -132,7 +134,7 @@ pub async fn sweep_case(
             return true;
         }
         // Refused (the key is leased by an earlier crash, say): give the reconciler a moment.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(retry_after).await;
     }
     false
 }
