@@ -38,9 +38,9 @@ pub struct RateArgs {
     pub rate: Vec<f64>,
 
     /// Most pairs in flight at once in open-loop mode (--rate, --slo), each on a connection of
-    /// its own (opened when first needed, kept for the system's later segments). An arrival that
-    /// finds them all busy waits for one; it is counted as "waited" and the wait is in its
-    /// latency. Default 64.
+    /// its own: every system gets this many connections before its first open-loop segment and
+    /// keeps them. An arrival that finds them all busy waits for one; it is counted as "waited"
+    /// and the wait is in its latency. Default 64.
     #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_MAX_IN_FLIGHT", default_value_t = 64,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_in_flight: u32,
@@ -230,8 +230,8 @@ impl<C> Slot<C> {
             spec.batch,
             spec.prefix.clone(),
             client,
-            (spec.scenario == Scenario::Hot).then(|| Arc::clone(&spec.zipf)),
-            spec.seed.wrapping_add(client as u64),
+            &spec.zipf,
+            spec.seed,
         );
         Self {
             client,
@@ -243,10 +243,11 @@ impl<C> Slot<C> {
 }
 
 /// Runs one segment: arrivals at `spec.rate` for `warmup + duration`, on the connections of
-/// `pool` (connection `i` acts for client `i`) and new ones from `connect(i)` while fewer than
-/// `max_in_flight` exist. Pairs scheduled in the measured part go to `recorder`. Afterwards
-/// every connection is back in `pool`, in client order, and every claim a hot or churn pair
-/// created is destroyed again (unmeasured).
+/// `pool` (connection `i` acts for client `i`), first topped up to `max_in_flight` with
+/// `connect(i)` before the schedule starts, so no pair's latency holds a connection's setup.
+/// Pairs scheduled in the measured part go to `recorder`. Afterwards every connection is back in
+/// `pool`, in client order, and every claim a hot or churn pair created is destroyed again
+/// (unmeasured).
 pub async fn drive<C, F, Fut, R>(
     spec: &Spec,
     pool: &mut Vec<C>,
@@ -264,6 +265,13 @@ where
             "open-loop rate {} is not a positive number",
             spec.rate
         ));
+    }
+    if pool.len() < spec.max_in_flight {
+        let more =
+            futures::future::try_join_all((pool.len()..spec.max_in_flight).map(&mut connect))
+                .await
+                .map_err(|e| format!("opening {} connections: {e}", spec.max_in_flight))?;
+        pool.extend(more);
     }
     let (idle_tx, mut idle_rx) = mpsc::unbounded_channel::<Slot<C>>();
     let mut opened = 0;
@@ -297,13 +305,6 @@ where
         }
         let (slot, waited) = match idle_rx.try_recv() {
             Ok(slot) => (slot, false),
-            Err(_) if opened < spec.max_in_flight => {
-                let conn = connect(opened)
-                    .await
-                    .map_err(|e| format!("opening connection {}: {e}", opened + 1))?;
-                opened += 1;
-                (Slot::new(spec, opened - 1, conn), false)
-            }
             Err(_) => match tokio::time::timeout_at(give_up.into(), idle_rx.recv()).await {
                 Ok(Some(slot)) => (slot, true),
                 _ => {
@@ -603,7 +604,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn connections_open_as_needed_up_to_the_bound_and_come_back_in_client_order() {
+    async fn the_pool_opens_up_to_the_bound_before_the_schedule_and_comes_back_in_client_order() {
         let server = StallingServer {
             lock: Arc::new(tokio::sync::Mutex::new(0)),
             stall_at: 3,
@@ -611,7 +612,7 @@ mod tests {
             stalled: Arc::new(Mutex::new(None)),
         };
         // 200 pairs/s meet a 100 ms stall: the pairs queue up at the server, each on a
-        // connection of its own, until the bound of 4.
+        // connection of its own, until all 4 are busy; then arrivals wait for one.
         let spec = spec(200.0, 4, Duration::from_millis(300));
         let opened = Arc::new(Mutex::new(Vec::new()));
         let connect = |client: usize| {

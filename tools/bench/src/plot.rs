@@ -84,27 +84,10 @@ fn draw(
         .label_style(("sans-serif", 14))
         .draw()?;
     for (i, system) in systems.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
         let points = series(system, &|r: &Row| r.pairs_per_s());
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            .label(*system)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart.draw_series(
-            points
-                .into_iter()
-                .map(|p| Circle::new(p, 4, color.filled())),
-        )?;
+        draw_system(&mut chart, i, system, points)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()?;
+    draw_legend(&mut chart)?;
 
     let p99 = |r: &Row| r.tally.pair.ms(0.99).max(0.01);
     let (lo, hi) = rows
@@ -130,27 +113,10 @@ fn draw(
         .label_style(("sans-serif", 14))
         .draw()?;
     for (i, system) in systems.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
         let points = series(system, &p99);
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            .label(*system)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart.draw_series(
-            points
-                .into_iter()
-                .map(|p| Circle::new(p, 4, color.filled())),
-        )?;
+        draw_system(&mut chart, i, system, points)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()?;
+    draw_legend(&mut chart)?;
     root.present()?;
     Ok(())
 }
@@ -239,24 +205,48 @@ fn draw_rates(
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(1)));
     }
     for (i, system) in systems.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
         let series: Vec<(f64, f64)> = points
             .iter()
             .filter(|p| p.system == *system)
             .map(|p| (p.rate, p.p999_ms.max(0.01)))
             .collect();
-        chart
-            .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))?
-            .label(*system)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart.draw_series(
-            series
-                .into_iter()
-                .map(|p| Circle::new(p, 4, color.filled())),
-        )?;
+        draw_system(&mut chart, i, system, series)?;
     }
+    draw_legend(&mut chart)?;
+    root.present()?;
+    Ok(())
+}
+
+/// One system's line and dots, in its palette colour, named in the legend.
+fn draw_system<'a, X, Y>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, Cartesian2d<X, Y>>,
+    index: usize,
+    system: &str,
+    points: Vec<(X::ValueType, Y::ValueType)>,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    X: Ranged,
+    Y: Ranged,
+    X::ValueType: Clone + 'static,
+    Y::ValueType: Clone + 'static,
+{
+    let color = Palette99::pick(index).to_rgba();
+    chart
+        .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+        .label(system)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    chart.draw_series(
+        points
+            .into_iter()
+            .map(|p| Circle::new(p, 4, color.filled())),
+    )?;
+    Ok(())
+}
+
+/// The legend box, top left.
+fn draw_legend<'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, Cartesian2d<X, Y>>,
+) -> Result<(), Box<dyn std::error::Error>> {
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
@@ -264,7 +254,6 @@ fn draw_rates(
         .label_font(("sans-serif", 14))
         .position(SeriesLabelPosition::UpperLeft)
         .draw()?;
-    root.present()?;
     Ok(())
 }
 

@@ -196,9 +196,9 @@ fn rates_markdown(rows: &[OpenSegment]) -> String {
         let failures = t.tally.failures();
         let _ = writeln!(
             out,
-            "| {} | {:.0} | {} | {:.0} | {} | {} | {} | {} ({} / {}) | {} | {} / {} | {} |",
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {} ({} / {}) | {} | {} / {} | {} |",
             row.scenario,
-            row.rate,
+            super::slo::rate_label(row.rate),
             row.system,
             row.pairs_per_s(),
             tail(&t.tally.begin),

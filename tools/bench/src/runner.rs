@@ -63,8 +63,8 @@ pub async fn run(
                 spec.batch,
                 spec.prefix.clone(),
                 client,
-                (spec.scenario == Scenario::Hot).then(|| Arc::clone(&spec.zipf)),
-                spec.seed.wrapping_add(client as u64),
+                &spec.zipf,
+                spec.seed,
             );
             let recorded = Arc::clone(&recorded);
             tokio::spawn(client_loop(

@@ -285,7 +285,13 @@ pub fn markdown(results: &[SloResult]) -> String {
         let steps: Vec<String> = r
             .steps
             .iter()
-            .map(|s| format!("{:.0} {}", s.segment.rate, if s.passed { "✓" } else { "✗" }))
+            .map(|s| {
+                format!(
+                    "{} {}",
+                    rate_label(s.segment.rate),
+                    if s.passed { "✓" } else { "✗" }
+                )
+            })
             .chain(r.error.iter().map(|e| format!("error: {e}")))
             .collect();
         let _ = writeln!(
@@ -294,8 +300,8 @@ pub fn markdown(results: &[SloResult]) -> String {
             r.scenario,
             r.system,
             match r.search.rate_at_slo() {
-                Some(rate) if r.search.capped() => format!("≥ {rate:.0} (capped)"),
-                Some(rate) => format!("{rate:.0}"),
+                Some(rate) if r.search.capped() => format!("≥ {} (capped)", rate_label(rate)),
+                Some(rate) => rate_label(rate),
                 None => "none".to_owned(),
             },
             r.search
@@ -340,6 +346,17 @@ pub fn markdown(results: &[SloResult]) -> String {
         out.push_str(&ratios);
     }
     out
+}
+
+/// A rate in pairs/s as the tables show it: whole above 100, else to two decimals at most
+/// (the search's halvings and bisections give 12.5, 8.75…).
+pub fn rate_label(rate: f64) -> String {
+    if rate >= 100.0 {
+        format!("{rate:.0}")
+    } else {
+        let text = format!("{rate:.2}");
+        text.trim_end_matches('0').trim_end_matches('.').to_owned()
+    }
 }
 
 /// `p99.9` for 0.999, `p99.95` for 0.9995.
@@ -394,6 +411,14 @@ mod tests {
         assert_eq!(rates, [100.0, 200.0, 400.0, 800.0, 1000.0]);
         assert_eq!(search.rate_at_slo(), Some(1000.0));
         assert!(search.capped());
+    }
+
+    #[test]
+    fn rates_show_the_search_s_fractions_below_100() {
+        assert_eq!(rate_label(1250.4), "1250");
+        assert_eq!(rate_label(12.5), "12.5");
+        assert_eq!(rate_label(8.75), "8.75");
+        assert_eq!(rate_label(25.0), "25");
     }
 
     #[test]
