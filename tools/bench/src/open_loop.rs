@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use super::runner::timed_pair;
@@ -273,13 +273,19 @@ where
                 .map_err(|e| format!("opening {} connections: {e}", spec.max_in_flight))?;
         pool.extend(more);
     }
-    let (idle_tx, mut idle_rx) = mpsc::unbounded_channel::<Slot<C>>();
-    let mut opened = 0;
-    for conn in pool.drain(..) {
-        // Cannot fail: the receiver is ours.
-        let _ = idle_tx.send(Slot::new(spec, opened, conn));
-        opened += 1;
-    }
+    // The idle connections, a stack: the one that came back last goes out first, so at a low
+    // rate a few connections carry the load and a hot or churn pair's owed destroy follows its
+    // create promptly (first in, first out would hold each hot claim for a whole round of the
+    // pool).
+    let opened = pool.len();
+    let mut slots: Vec<Slot<C>> = pool
+        .drain(..)
+        .enumerate()
+        .map(|(client, conn)| Slot::new(spec, client, conn))
+        .collect();
+    slots.reverse();
+    let idle = Arc::new(Mutex::new(slots));
+    let returned = Arc::new(Notify::new());
     let in_flight = Arc::new(AtomicUsize::new(0));
     let mut peak_in_flight = 0;
     let mut tasks = JoinSet::new();
@@ -303,26 +309,35 @@ where
         while let Some(done) = tasks.try_join_next() {
             done.map_err(|e| format!("an open-loop pair failed: {e}"))?;
         }
-        let (slot, waited) = match idle_rx.try_recv() {
-            Ok(slot) => (slot, false),
-            Err(_) => match tokio::time::timeout_at(give_up.into(), idle_rx.recv()).await {
-                Ok(Some(slot)) => (slot, true),
-                _ => {
-                    not_sent = (i..)
-                        .map(at)
-                        .take_while(|t| *t < deadline)
-                        .filter(|t| *t >= record_from)
-                        .count() as u64;
-                    break;
-                }
-            },
+        let mut waited = false;
+        let slot = loop {
+            if let Some(slot) = lock(&idle).pop() {
+                break Some(slot);
+            }
+            waited = true;
+            // A connection returned since the pop above left a permit: no wake-up is lost.
+            if tokio::time::timeout_at(give_up.into(), returned.notified())
+                .await
+                .is_err()
+            {
+                break None;
+            }
+        };
+        let Some(slot) = slot else {
+            not_sent = (i..)
+                .map(at)
+                .take_while(|t| *t < deadline)
+                .filter(|t| *t >= record_from)
+                .count() as u64;
+            break;
         };
         let sent = Instant::now();
         peak_in_flight = peak_in_flight.max(in_flight.fetch_add(1, Ordering::Relaxed) + 1);
         let record = scheduled >= record_from;
-        let (recorder, idle_tx, in_flight) = (
+        let (recorder, idle, returned, in_flight) = (
             Arc::clone(recorder),
-            idle_tx.clone(),
+            Arc::clone(&idle),
+            Arc::clone(&returned),
             Arc::clone(&in_flight),
         );
         let destroys = spec.scenario.destroys();
@@ -337,7 +352,8 @@ where
                 slot.owed = Some(batch.destroying());
             }
             in_flight.fetch_sub(1, Ordering::Relaxed);
-            let _ = idle_tx.send(slot);
+            lock(&idle).push(slot);
+            returned.notify_one();
             if record {
                 let sample = Sample {
                     scheduled,
@@ -345,10 +361,7 @@ where
                     waited,
                     timing,
                 };
-                recorder
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .record(sample);
+                lock(&recorder).record(sample);
             }
         });
         i += 1;
@@ -356,11 +369,7 @@ where
     while let Some(done) = tasks.join_next().await {
         done.map_err(|e| format!("an open-loop pair failed: {e}"))?;
     }
-    drop(idle_tx);
-    let mut slots = Vec::with_capacity(opened);
-    while let Ok(slot) = idle_rx.try_recv() {
-        slots.push(slot);
-    }
+    let mut slots = std::mem::take(&mut *lock(&idle));
     futures::future::join_all(slots.iter_mut().map(|slot| async move {
         if let Some(owed) = slot.owed.take() {
             timed_pair(&mut slot.conn, &owed, Instant::now()).await;
@@ -374,6 +383,11 @@ where
         peak_in_flight,
         connections: opened,
     })
+}
+
+/// The data behind a mutex even if a holder panicked (the panic is reported by its task).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// One measured open-loop segment of one system (or its rounds, merged).
