@@ -12,15 +12,20 @@
 //! or at `--bin` / `TOPOLOGY_CLAIMS_BIN`). Owns the benchmark only: it must not be a dependency
 //! of the product binary or hold protocol rules.
 
+mod cli_values;
 mod etcd;
 mod group_sizes;
 mod noop;
+mod open_loop;
+mod pg;
 mod plot;
 mod procs;
+mod rates;
 mod raw_sql;
 mod report;
 mod runner;
 mod scale;
+mod slo;
 mod stats;
 mod systems;
 mod verify;
@@ -33,11 +38,15 @@ use std::time::Duration;
 
 use clap::Parser;
 use serde_json::json;
-use topology_claims_postgres::PostgresOptions;
 
+use cli_values::{parse_count, parse_count_or_zero, parse_drift, parse_variant, ServeVariant};
+use pg::{
+    drop_schema, fresh_schema, is_postgres, postgres_reachable, postgres_settings, vacuum_schema,
+    warn_about_postgres_connections,
+};
 use systems::{Baseline, PgSchema, System};
-use topology_claims::config::{parse_duration, StoreUrl};
-use topology_claims_harness::postgres::{quote_ident, url_with_search_path};
+use topology_claims::config::parse_duration;
+use topology_claims_harness::postgres::url_with_search_path;
 use workload::{Scenario, Zipf};
 
 /// Load generator: N concurrent gRPC clients doing BeginUpdate + CommitUpdate pairs against the
@@ -227,72 +236,12 @@ pub struct BenchArgs {
     /// Seed of the workload's random choices.
     #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_SEED", default_value_t = 1)]
     seed: u64,
-}
 
-/// `10k`, `1m`, `10m` or a plain number of claims.
-fn parse_count(text: &str) -> Result<u64, String> {
-    let text = text.trim().to_ascii_lowercase();
-    let (number, factor) = match text.strip_suffix('k') {
-        Some(n) => (n, 1_000),
-        None => match text.strip_suffix('m') {
-            Some(n) => (n, 1_000_000),
-            None => (text.as_str(), 1),
-        },
-    };
-    number
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(factor))
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("invalid claim count {text:?}: expected e.g. 10k, 1m, 10m or 5000"))
-}
+    #[command(flatten)]
+    open: open_loop::RateArgs,
 
-/// A fraction of each drift kind: three kinds of it must fit in the records.
-fn parse_drift(text: &str) -> Result<f64, String> {
-    text.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|f| (0.0..=0.3).contains(f))
-        .ok_or_else(|| format!("invalid drift {text:?}: a fraction from 0 to 0.3, e.g. 0.01"))
-}
-
-/// One `--serve-variant`: a name for the label and the extra `serve` arguments.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServeVariant {
-    name: String,
-    args: Vec<String>,
-}
-
-/// `NAME=ARGS`: NAME of `[A-Za-z0-9._-]`, ARGS split on whitespace.
-fn parse_variant(text: &str) -> Result<ServeVariant, String> {
-    let (name, args) = text.split_once('=').ok_or_else(|| {
-        format!("invalid serve variant {text:?}: expected NAME=ARGS, e.g. off=--group-commit=off")
-    })?;
-    let name = name.trim();
-    // A name never starts with '-': `--serve-variant --group-commit=off` lacks its NAME=.
-    if name.is_empty()
-        || name.starts_with('-')
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-    {
-        return Err(format!(
-            "invalid serve variant name {name:?}: 1 or more of A-Z a-z 0-9 . _ -, not starting \
-             with -; expected NAME=ARGS, e.g. off=--group-commit=off"
-        ));
-    }
-    Ok(ServeVariant {
-        name: name.to_owned(),
-        args: args.split_whitespace().map(str::to_owned).collect(),
-    })
-}
-
-fn parse_count_or_zero(text: &str) -> Result<u64, String> {
-    if text.trim() == "0" {
-        Ok(0)
-    } else {
-        parse_count(text)
-    }
+    #[command(flatten)]
+    slo: slo::SloArgs,
 }
 
 fn main() -> ExitCode {
@@ -355,177 +304,6 @@ impl Cleanup {
             }
         }
     }
-}
-
-async fn drop_schema(pg: &PgSchema) -> Result<(), String> {
-    let client = topology_claims_harness::postgres::connect(&pg.url).await?;
-    topology_claims_harness::postgres::drop_schema(&client, &pg.schema).await
-}
-
-/// `VACUUM ANALYZE` of the adapter's tables in a bench schema (one statement per call: VACUUM
-/// cannot run inside the implicit transaction of a multi-statement query).
-async fn vacuum_schema(pg: &PgSchema) -> Result<(), String> {
-    let config = topology_claims_postgres::tokio_postgres::Config::from_str_url(&pg.url)?;
-    let client = raw_sql::connect(&config).await?;
-    let schema = quote_ident(&pg.schema);
-    for table in ["claims", "leases", "lease_outcomes"] {
-        client
-            .batch_execute(&format!("VACUUM ANALYZE {schema}.{table}"))
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-/// The PostgreSQL settings that decide its numbers (durability, maintenance, memory).
-async fn postgres_settings(url: &str) -> serde_json::Value {
-    let read = async {
-        let config = topology_claims_postgres::tokio_postgres::Config::from_str_url(url)?;
-        let client = raw_sql::connect(&config).await?;
-        let rows = client
-            .query(
-                "SELECT name, setting FROM pg_settings WHERE name = ANY($1)",
-                &[&vec![
-                    "server_version",
-                    "fsync",
-                    "synchronous_commit",
-                    "autovacuum",
-                    "shared_buffers",
-                    "max_connections",
-                    "wal_level",
-                ]],
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>(
-            rows.iter()
-                .filter_map(|row| {
-                    Some((
-                        row.try_get::<_, String>(0).ok()?,
-                        json!(row.try_get::<_, String>(1).ok()?),
-                    ))
-                })
-                .collect::<serde_json::Map<_, _>>(),
-        )
-    };
-    read.await
-        .map(serde_json::Value::Object)
-        .unwrap_or_else(|e| json!({ "error": e }))
-}
-
-/// The `--pg-pool-size` of a `serve` command line (its last one), else the product's default.
-fn pg_pool_size(args: &[String]) -> u64 {
-    let mut size = PostgresOptions::default().pool_size as u64;
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        let value = match arg.strip_prefix("--pg-pool-size") {
-            Some("") => args.next().map(String::as_str),
-            Some(rest) => rest.strip_prefix('='),
-            None => None,
-        };
-        if let Some(n) = value.and_then(|v| v.parse().ok()) {
-            size = n;
-        }
-    }
-    size
-}
-
-/// Warns when the run's PostgreSQL sessions at their peak (every PostgreSQL server's full pool,
-/// which it keeps for the whole run, plus a raw-SQL baseline's connection per client, plus the
-/// bench's own) do not fit in `max_connections` beside the sessions already open: a segment
-/// would then fail with "too many clients" part-way through a long run.
-async fn warn_about_postgres_connections(args: &BenchArgs, url: &str) {
-    let base: Vec<String> = args.serve_args.clone();
-    let variants: Vec<Vec<String>> = if args.serve_variants.is_empty() {
-        vec![base.clone()]
-    } else {
-        args.serve_variants
-            .iter()
-            .map(|v| base.iter().chain(&v.args).cloned().collect())
-            .collect()
-    };
-    let tls_copies = if args.tls == TlsMode::Both { 2 } else { 1 };
-    let pools: u64 = args.store.iter().filter(|u| is_postgres(u)).count() as u64
-        * tls_copies
-        * variants.iter().map(|a| pg_pool_size(a)).sum::<u64>();
-    let raw_sql = if args.baselines.iter().any(|b| b.sql_mode().is_some()) {
-        args.clients.iter().copied().max().unwrap_or(0) as u64
-    } else {
-        0
-    };
-    // The CPU reader's session and the one that vacuums between groups.
-    let needed = pools + raw_sql + 2;
-    let read = async {
-        let config = topology_claims_postgres::tokio_postgres::Config::from_str_url(url)?;
-        let client = raw_sql::connect(&config).await?;
-        let row = client
-            .query_one(
-                "SELECT current_setting('max_connections')::bigint, \
-                        (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
-                &[],
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        // Less this session, which closes before the servers start.
-        Ok::<_, String>((row.get::<_, i64>(0), row.get::<_, i64>(1) - 1))
-    };
-    match read.await {
-        Ok((max, open)) if needed as i64 + open > max => eprintln!(
-            "warning: this run needs up to {needed} PostgreSQL sessions ({pools} in the servers' \
-             pools, {raw_sql} for a raw-SQL baseline, 2 of the bench's), {open} are open already \
-             and max_connections is {max}: segments may fail with \"too many clients\""
-        ),
-        Ok(_) => {}
-        Err(e) => eprintln!("warning: cannot count PostgreSQL sessions: {e}"),
-    }
-}
-
-/// `from_str` with the error as a message that never echoes the URL (it may hold a password).
-trait FromStrUrl: Sized {
-    fn from_str_url(url: &str) -> Result<Self, String>;
-}
-
-impl FromStrUrl for topology_claims_postgres::tokio_postgres::Config {
-    fn from_str_url(url: &str) -> Result<Self, String> {
-        url.parse().map_err(|e| {
-            format!(
-                "invalid PostgreSQL URL {}: {e}",
-                topology_claims_postgres::redacted_url(url)
-            )
-        })
-    }
-}
-
-fn is_postgres(url: &str) -> bool {
-    matches!(url.parse(), Ok(StoreUrl::Postgres(_)))
-}
-
-/// A schema of the bench's own with the adapter's tables.
-async fn fresh_schema(url: &str, name: String) -> Result<PgSchema, String> {
-    let options = PostgresOptions {
-        schema: Some(name.clone()),
-        ..Default::default()
-    };
-    topology_claims_postgres::migrate_with(url, &options)
-        .await
-        .map_err(|e| format!("preparing PostgreSQL schema {name}: {e}"))?;
-    Ok(PgSchema {
-        url: url.to_owned(),
-        schema: name,
-    })
-}
-
-/// Whether PostgreSQL answers at `url` (for the smoke run's choice).
-async fn postgres_reachable(url: &str) -> Result<(), String> {
-    let config = topology_claims_postgres::tokio_postgres::Config::from_str_url(url)?;
-    let client = tokio::time::timeout(Duration::from_secs(5), raw_sql::connect(&config))
-        .await
-        .map_err(|_| "no answer within 5s".to_owned())??;
-    client
-        .simple_query("SELECT 1")
-        .await
-        .map(drop)
-        .map_err(|e| e.to_string())
 }
 
 /// `sqlite:` (also `sqlite://` or `sqlite`): the embedded default store, a fresh file per server.
@@ -593,9 +371,14 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
         args.rounds = 1;
         args.clients = vec![1, 4];
         args.scenario = vec![Scenario::Unique, Scenario::Hot];
-        args.scale = vec![1000];
+        args.scale = if args.open.any(args.slo.slo) {
+            Vec::new()
+        } else {
+            vec![1000]
+        };
         args.preload = args.preload.min(500);
         args.scale_samples = args.scale_samples.min(20);
+        args.slo.slo_segment = args.slo.slo_segment.min(Duration::from_millis(300));
         if args.store.is_empty() && args.server.is_none() {
             args.store.push("memory:".into());
             let url = topology_claims_harness::postgres::test_url();
@@ -841,61 +624,56 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
         );
     }
     let zipf = Arc::new(Zipf::new(args.hot_keys, args.zipf));
-    let rounds = args.rounds as usize;
-    let mut segments = Vec::new();
-    let mut failed = Vec::new();
-    let mut segment_id = 0usize;
-    for scenario in &args.scenario {
-        for &clients in &args.clients {
-            // What autovacuum would do between the groups (dead row versions of the previous
-            // group, fresh statistics), so no group pays for the one before it.
-            for pg in &cleanup.schemas {
-                if let Err(e) = vacuum_schema(pg).await {
-                    eprintln!("warning: VACUUM ANALYZE of {} failed: {e}", pg.schema);
-                }
-            }
-            for round in 0..rounds {
-                for system in cleanup.systems.iter_mut() {
-                    segment_id += 1;
-                    let spec = runner::Spec {
-                        scenario: *scenario,
-                        clients,
-                        batch: args.batch as usize,
-                        warmup: args.warmup,
-                        duration: args.duration,
-                        round,
-                        rounds,
-                        prefix: format!("b{tag}s{segment_id}"),
-                        zipf: Arc::clone(&zipf),
-                        seed: args
-                            .seed
-                            .wrapping_mul(1_000_003)
-                            .wrapping_add(segment_id as u64),
-                    };
-                    // One failed segment (say, PostgreSQL out of connections because another
-                    // suite shares it) must not throw away a long run: report it, go on, and
-                    // fail at the end.
-                    match runner::run(system, &spec, pg_processes.as_ref()).await {
-                        Ok(segment) => segments.push(segment),
-                        Err(error) => {
-                            let label = system.label();
-                            eprintln!(
-                                "bench: {label} {scenario} {clients}c round {}: {error}",
-                                round + 1
-                            );
-                            failed.push(json!({
-                                "system": label,
-                                "scenario": scenario.name(),
-                                "clients": clients,
-                                "round": round + 1,
-                                "error": error,
-                            }));
-                        }
-                    }
-                }
+    let open = if args.open.any(args.slo.slo) {
+        if !args.scale.is_empty() {
+            return Err(
+                "--scale runs after the closed-loop rounds: give it without --rate/--slo".into(),
+            );
+        }
+        // What autovacuum would do: the preload's statistics, as the closed loop has them.
+        for pg in &cleanup.schemas {
+            if let Err(e) = vacuum_schema(pg).await {
+                eprintln!("warning: VACUUM ANALYZE of {} failed: {e}", pg.schema);
             }
         }
-    }
+        let mut plan = open_loop::Plan {
+            batch: args.batch as usize,
+            max_in_flight: args.open.max_in_flight as usize,
+            warmup: args.warmup,
+            zipf: Arc::clone(&zipf),
+            seed: args.seed,
+            tag: tag.clone(),
+            segments: 0,
+        };
+        Some(
+            rates::run(
+                &mut cleanup.systems,
+                &args.scenario,
+                &args.open.rate,
+                args.rounds as usize,
+                args.duration,
+                &args.slo,
+                &mut plan,
+            )
+            .await,
+        )
+    } else {
+        None
+    };
+    let (segments, failed) = match &open {
+        Some(open) => (Vec::new(), open.failed.clone()),
+        None => {
+            runner::rounds(
+                &args,
+                &mut cleanup.systems,
+                &cleanup.schemas,
+                &tag,
+                &zipf,
+                pg_processes.as_ref(),
+            )
+            .await
+        }
+    };
 
     let mut scale = Vec::new();
     if !args.scale.is_empty() {
@@ -927,7 +705,10 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
         .collect();
     let rows = report::rows(&segments, &baselines, &on_postgres);
     let ratios = report::ratios(&rows);
-    println!("{}", report::markdown(&rows, &ratios, &scale));
+    match &open {
+        Some(open) => println!("{}", open.markdown()),
+        None => println!("{}", report::markdown(&rows, &ratios, &scale)),
+    }
 
     let config = json!({
         "stores": args.store.iter().map(|u| if is_postgres(u) { topology_claims_postgres::redacted_url(u) } else { u.clone() }).collect::<Vec<_>>(),
@@ -950,9 +731,20 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
         "tls": format!("{:?}", args.tls).to_lowercase(),
         "smoke": args.smoke,
         "seed": args.seed,
+        "rates": args.open.rate,
+        "max_in_flight": args.open.max_in_flight,
+        "slo_ms": args.slo.slo.map(|d| d.as_secs_f64() * 1000.0),
+        "slo_quantile": args.slo.slo_quantile,
+        "slo_segment_s": args.slo.slo_segment.as_secs_f64(),
+        "slo_start_rate": args.slo.slo_start_rate,
+        "slo_max_rate": args.slo.slo_max_rate,
+        "slo_steps": args.slo.slo_steps,
     });
     if let Some(path) = &args.json {
-        let document = report::document(config, &skipped, &failed, &rows, &ratios, &scale);
+        let mut document = report::document(config, &skipped, &failed, &rows, &ratios, &scale);
+        if let Some(open) = &open {
+            open.add_to(&mut document);
+        }
         let text = serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
         std::fs::write(path, text + "\n")
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -960,7 +752,10 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
     }
     if let Some(path) = &args.plot {
         let first = args.scenario.first().map(|s| s.name()).unwrap_or("unique");
-        plot::write(path, first, &rows)?;
+        match &open {
+            Some(open) => plot::write_rates(path, first, &open.points(), open.threshold_ms())?,
+            None => plot::write(path, first, &rows)?,
+        }
         eprintln!("bench: wrote {}", path.display());
     }
     if failed.is_empty() {
@@ -1069,48 +864,5 @@ async fn run_verify(
         Ok(())
     } else {
         Err(problems.join("\n"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn serve_variants_are_a_name_and_space_separated_arguments() {
-        assert_eq!(
-            parse_variant("on=--group-commit=on --group-max=16"),
-            Ok(ServeVariant {
-                name: "on".into(),
-                args: vec!["--group-commit=on".into(), "--group-max=16".into()],
-            })
-        );
-        assert_eq!(parse_variant("default=").map(|v| v.args.len()), Ok(0));
-        assert!(parse_variant("--group-commit=off").is_err());
-        assert!(parse_variant("a/b=--x").is_err());
-        assert!(parse_variant("no-equals-sign").is_err());
-    }
-
-    #[test]
-    fn the_pool_size_is_the_last_one_given_else_the_default() {
-        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let default = PostgresOptions::default().pool_size as u64;
-        assert_eq!(pg_pool_size(&[]), default);
-        assert_eq!(pg_pool_size(&args(&["--pg-pool-size=8"])), 8);
-        assert_eq!(
-            pg_pool_size(&args(&["--pg-pool-size", "8", "--pg-pool-size=32"])),
-            32
-        );
-        assert_eq!(pg_pool_size(&args(&["--group-max=4"])), default);
-    }
-
-    #[test]
-    fn claim_counts_take_k_and_m_suffixes() {
-        assert_eq!(parse_count("10k"), Ok(10_000));
-        assert_eq!(parse_count("1m"), Ok(1_000_000));
-        assert_eq!(parse_count("10M"), Ok(10_000_000));
-        assert_eq!(parse_count("2500"), Ok(2500));
-        assert!(parse_count("0").is_err());
-        assert!(parse_count("lots").is_err());
     }
 }

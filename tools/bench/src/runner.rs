@@ -11,14 +11,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
+use serde_json::json;
 use tokio::sync::Notify;
 use topology_claims::LeaseId;
 
 use super::group_sizes::{self, GroupSizes};
 use super::procs;
 use super::raw_sql::PgProcesses;
-use super::stats::{Cpu, Segment, Tally};
-use super::systems::{Conn, System};
+use super::stats::{Cpu, PairTiming, Segment, Tally};
+use super::systems::{Conn, PairConn, System};
 use super::workload::{Batch, Generator, Scenario, Zipf};
 
 /// What to run in one segment.
@@ -62,8 +63,8 @@ pub async fn run(
                 spec.batch,
                 spec.prefix.clone(),
                 client,
-                (spec.scenario == Scenario::Hot).then(|| Arc::clone(&spec.zipf)),
-                spec.seed.wrapping_add(client as u64),
+                &spec.zipf,
+                spec.seed,
             );
             let recorded = Arc::clone(&recorded);
             tokio::spawn(client_loop(
@@ -128,6 +129,75 @@ pub async fn run(
     })
 }
 
+/// The closed loop of a run: for every scenario and client count, `--rounds` rounds in which
+/// every system runs a segment in turn. A segment that fails is reported (stderr, and in the
+/// second list) and the run goes on.
+pub async fn rounds(
+    args: &super::BenchArgs,
+    systems: &mut [System],
+    schemas: &[super::systems::PgSchema],
+    tag: &str,
+    zipf: &Arc<Zipf>,
+    pg_processes: Option<&PgProcesses>,
+) -> (Vec<Segment>, Vec<serde_json::Value>) {
+    let rounds = args.rounds as usize;
+    let mut segments = Vec::new();
+    let mut failed = Vec::new();
+    let mut segment_id = 0usize;
+    for scenario in &args.scenario {
+        for &clients in &args.clients {
+            // What autovacuum would do between the groups (dead row versions of the previous
+            // group, fresh statistics), so no group pays for the one before it.
+            for pg in schemas {
+                if let Err(e) = super::pg::vacuum_schema(pg).await {
+                    eprintln!("warning: VACUUM ANALYZE of {} failed: {e}", pg.schema);
+                }
+            }
+            for round in 0..rounds {
+                for system in systems.iter_mut() {
+                    segment_id += 1;
+                    let spec = Spec {
+                        scenario: *scenario,
+                        clients,
+                        batch: args.batch as usize,
+                        warmup: args.warmup,
+                        duration: args.duration,
+                        round,
+                        rounds,
+                        prefix: format!("b{tag}s{segment_id}"),
+                        zipf: Arc::clone(zipf),
+                        seed: args
+                            .seed
+                            .wrapping_mul(1_000_003)
+                            .wrapping_add(segment_id as u64),
+                    };
+                    // One failed segment (say, PostgreSQL out of connections because another
+                    // suite shares it) must not throw away a long run: report it, go on, and
+                    // fail at the end.
+                    match run(system, &spec, pg_processes).await {
+                        Ok(segment) => segments.push(segment),
+                        Err(error) => {
+                            let label = system.label();
+                            eprintln!(
+                                "bench: {label} {scenario} {clients}c round {}: {error}",
+                                round + 1
+                            );
+                            failed.push(json!({
+                                "system": label,
+                                "scenario": scenario.name(),
+                                "clients": clients,
+                                "round": round + 1,
+                                "error": error,
+                            }));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (segments, failed)
+}
+
 /// The combiner's histogram now, if the system exports it; a failed scrape is a warning (the
 /// segment's throughput is still good), and the row then shows no batch sizes.
 async fn scrape_groups(system: &System) -> Option<GroupSizes> {
@@ -170,8 +240,8 @@ async fn client_loop(
     (tally, conn)
 }
 
-/// BeginUpdate + CommitUpdate of one batch. Latencies are recorded for successful calls only;
-/// every outcome is counted. Returns whether both succeeded.
+/// BeginUpdate + CommitUpdate of one batch, sent now and recorded when it started after
+/// `record_from`. Returns whether both succeeded.
 async fn pair(
     conn: &mut Conn,
     batch: &Batch,
@@ -179,35 +249,37 @@ async fn pair(
     record_from: Instant,
     recorded: &AtomicU64,
 ) -> bool {
-    let lease = LeaseId::generate();
     let start = Instant::now();
-    let record = start >= record_from;
+    let timing = timed_pair(conn, batch, start).await;
+    if start >= record_from {
+        tally.add(&timing);
+        if timing.succeeded() {
+            recorded.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    timing.succeeded()
+}
+
+/// BeginUpdate + CommitUpdate of one batch under a fresh lease, the begin timed from `start`
+/// (which may lie before now: the open loop's schedule) and the commit, sent as soon as the
+/// begin succeeded, from the begin's answer.
+pub async fn timed_pair<C: PairConn>(conn: &mut C, batch: &Batch, start: Instant) -> PairTiming {
+    let lease = LeaseId::generate();
     let begun = conn.begin(batch, lease).await;
     let begun_at = Instant::now();
-    if let Err(reason) = begun {
-        if record {
-            tally.outcome("begin", &reason);
+    let commit = match &begun {
+        Ok(()) => {
+            let committed = conn.commit(batch, lease).await;
+            Some((begun_at.elapsed(), committed))
         }
-        return false;
+        Err(_) => None,
+    };
+    PairTiming {
+        begin: begun_at.saturating_duration_since(start),
+        begun,
+        commit,
+        claims: batch.records.len() as u64,
     }
-    let committed = conn.commit(batch, lease).await;
-    let end = Instant::now();
-    if record {
-        tally.outcome("begin", "OK");
-        tally.begin.record(begun_at - start);
-        match &committed {
-            Ok(()) => {
-                tally.outcome("commit", "OK");
-                tally.commit.record(end - begun_at);
-                tally.pair.record(end - start);
-                tally.pairs += 1;
-                tally.claims += batch.records.len() as u64;
-                recorded.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(reason) => tally.outcome("commit", reason),
-        }
-    }
-    committed.is_ok()
 }
 
 /// CPU seconds so far of the bench, the system's server process, PostgreSQL (the run's

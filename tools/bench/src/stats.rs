@@ -64,6 +64,53 @@ impl Latency {
             "mean_ms": if self.0.is_empty() { 0.0 } else { self.0.mean() / 1000.0 },
         })
     }
+
+    /// The tail an open-loop segment is judged by: p50, p99, p99.9, p99.95 and max.
+    pub fn tail_json(&self) -> Value {
+        json!({
+            "count": self.count(),
+            "p50_ms": self.ms(0.50),
+            "p99_ms": self.ms(0.99),
+            "p99_9_ms": self.ms(0.999),
+            "p99_95_ms": self.ms(0.9995),
+            "max_ms": if self.0.is_empty() { 0.0 } else { self.0.max() as f64 / 1000.0 },
+        })
+    }
+
+    /// The latency at `quantile` in milliseconds when `failed` further calls count as slower
+    /// than any measured one; `None` when the quantile falls among those failures.
+    pub fn ms_with_failures(&self, quantile: f64, failed: u64) -> Option<f64> {
+        let total = self.count() + failed;
+        if total == 0 {
+            return Some(0.0);
+        }
+        // The rank of the quantile among all calls, as hdrhistogram counts it.
+        // (Less a hair: 0.999 × 1000 must be rank 999, not 1000 by rounding.)
+        let rank = ((quantile * total as f64 - 1e-9).ceil() as u64).max(1);
+        if rank > self.count() {
+            return None;
+        }
+        // Half a call below the rank, so rounding cannot push the ceiling to the next call.
+        Some(self.ms((rank as f64 - 0.5) / self.count() as f64))
+    }
+}
+
+/// What one BeginUpdate + CommitUpdate did, timed from its start (the closed loop: when it was
+/// sent; the open loop: when it was scheduled). The commit is sent as soon as the begin answers.
+pub struct PairTiming {
+    /// From the start until the begin's answer.
+    pub begin: Duration,
+    pub begun: Result<(), String>,
+    /// From the begin's answer until the commit's; `None` when the begin failed.
+    pub commit: Option<(Duration, Result<(), String>)>,
+    pub claims: u64,
+}
+
+impl PairTiming {
+    /// Whether both calls succeeded.
+    pub fn succeeded(&self) -> bool {
+        self.begun.is_ok() && matches!(self.commit, Some((_, Ok(()))))
+    }
 }
 
 /// What one client (or a whole segment, once merged) measured.
@@ -93,6 +140,27 @@ impl Tally {
         }
         self.pairs += other.pairs;
         self.claims += other.claims;
+    }
+
+    /// Counts one pair: every outcome, and the latencies of the calls that succeeded.
+    pub fn add(&mut self, pair: &PairTiming) {
+        if let Err(reason) = &pair.begun {
+            self.outcome("begin", reason);
+            return;
+        }
+        self.outcome("begin", "OK");
+        self.begin.record(pair.begin);
+        match &pair.commit {
+            Some((commit, Ok(()))) => {
+                self.outcome("commit", "OK");
+                self.commit.record(*commit);
+                self.pair.record(pair.begin + *commit);
+                self.pairs += 1;
+                self.claims += pair.claims;
+            }
+            Some((_, Err(reason))) => self.outcome("commit", reason),
+            None => {}
+        }
     }
 
     /// Outcomes other than OK, e.g. `begin:CLAIM_LEASED=12`.
@@ -238,6 +306,20 @@ mod tests {
         assert_eq!(a.outcomes["begin:OK"], 2);
         assert_eq!(a.failures(), vec!["begin:CLAIM_TAKEN=1".to_owned()]);
         assert!((a.begin.ms(1.0) - 4.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn failures_count_as_slower_than_every_measured_call() {
+        let mut latency = Latency::default();
+        for ms in 1..=99 {
+            latency.record(Duration::from_millis(ms));
+        }
+        assert!((latency.ms_with_failures(0.5, 0).unwrap() - 50.0).abs() < 0.1);
+        // One failure in 100 calls: p99 is the 99th call, still measured; p99.9 is the failure.
+        assert!((latency.ms_with_failures(0.99, 1).unwrap() - 99.0).abs() < 0.1);
+        assert_eq!(latency.ms_with_failures(0.999, 1), None);
+        assert_eq!(Latency::default().ms_with_failures(0.999, 0), Some(0.0));
+        assert_eq!(Latency::default().ms_with_failures(0.5, 3), None);
     }
 
     #[test]

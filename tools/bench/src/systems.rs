@@ -169,6 +169,34 @@ impl Drop for BenchTls {
     }
 }
 
+/// What the load loops drive: BeginUpdate and CommitUpdate of a batch on one connection, one
+/// pair at a time. [`Conn`] is every real system; the open loop's tests use a fake one.
+pub trait PairConn: Send + 'static {
+    /// BeginUpdate of `batch` under the client-chosen `lease`.
+    fn begin(
+        &mut self,
+        batch: &Batch,
+        lease: LeaseId,
+    ) -> impl std::future::Future<Output = Result<(), Reason>> + Send;
+
+    /// CommitUpdate of the lease the last successful `begin` took.
+    fn commit(
+        &mut self,
+        batch: &Batch,
+        lease: LeaseId,
+    ) -> impl std::future::Future<Output = Result<(), Reason>> + Send;
+}
+
+impl PairConn for Conn {
+    async fn begin(&mut self, batch: &Batch, lease: LeaseId) -> Result<(), Reason> {
+        Conn::begin(self, batch, lease).await
+    }
+
+    async fn commit(&mut self, batch: &Batch, lease: LeaseId) -> Result<(), Reason> {
+        Conn::commit(self, batch, lease).await
+    }
+}
+
 /// One client's connection to a system.
 pub enum Conn {
     Grpc(GrpcConn),

@@ -314,7 +314,7 @@ async fn vacuum(system: &System) {
         postgres: Some(pg), ..
     } = system
     {
-        if let Err(e) = super::vacuum_schema(pg).await {
+        if let Err(e) = super::pg::vacuum_schema(pg).await {
             eprintln!("warning: VACUUM ANALYZE of {} failed: {e}", pg.schema);
         }
     }

@@ -129,12 +129,14 @@ pub struct Generator {
 }
 
 impl Generator {
+    /// The batches of client `client`: its own cell, its own random stream (`seed` offset by
+    /// the client), and `zipf` when the scenario is hot.
     pub fn new(
         scenario: Scenario,
         batch: usize,
         prefix: String,
         client: usize,
-        zipf: Option<std::sync::Arc<Zipf>>,
+        zipf: &std::sync::Arc<Zipf>,
         seed: u64,
     ) -> Self {
         let cell = client_cell(client);
@@ -145,8 +147,8 @@ impl Generator {
             prefix,
             client: client as u64,
             seq: 0,
-            zipf,
-            rng: fastrand::Rng::with_seed(seed),
+            zipf: (scenario == Scenario::Hot).then(|| std::sync::Arc::clone(zipf)),
+            rng: fastrand::Rng::with_seed(seed.wrapping_add(client as u64)),
         }
     }
 
@@ -267,8 +269,9 @@ mod tests {
 
     #[test]
     fn unique_batches_of_different_clients_never_share_a_key() {
-        let mut a = Generator::new(Scenario::Unique, 4, "r1s1".into(), 1, None, 1);
-        let mut b = Generator::new(Scenario::Unique, 4, "r1s1".into(), 11, None, 1);
+        let zipf = std::sync::Arc::new(Zipf::new(10, 1.0));
+        let mut a = Generator::new(Scenario::Unique, 4, "r1s1".into(), 1, &zipf, 1);
+        let mut b = Generator::new(Scenario::Unique, 4, "r1s1".into(), 11, &zipf, 1);
         let mut seen = std::collections::HashSet::new();
         for _ in 0..100 {
             for record in a.next().records.into_iter().chain(b.next().records) {

@@ -5,7 +5,8 @@
 //! The verify mode (`--verify 2000`) runs both read paths and must repair exactly the drift it
 //! injected, with a clean second run. The A/B mode (`--serve-variant`) starts one server per
 //! store and variant, `sqlite:` in a fresh file that is gone afterwards, the noop baseline beside
-//! them, and reports the combiner's batch sizes.
+//! them, and reports the combiner's batch sizes. The open-loop mode (`--rate`, `--slo`) sends
+//! pairs on schedule and searches the rate within a latency objective, per system.
 #![cfg(unix)]
 
 use std::process::Command;
@@ -139,6 +140,116 @@ fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
                 .any(|r| r["system"] == "postgres" && r["baseline"] == "raw-sql"),
             "{ratios:#?}"
         );
+    }
+
+    let png = std::fs::read(&plot_path).expect("the plot is written");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+}
+
+#[test]
+fn open_loop_rates_and_a_tiny_slo_search_report_every_system_on_schedule() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json_path = dir.path().join("open.json");
+    let plot_path = dir.path().join("open.png");
+    let mut command = bench(&[]);
+    command
+        .args([
+            "--store",
+            "memory:",
+            "--baselines",
+            "noop",
+            "--scenario",
+            "unique",
+        ])
+        .args(["--rate", "50,200", "--max-in-flight", "8"])
+        .args(["--duration", "300ms", "--warmup", "50ms", "--rounds", "1"])
+        .args([
+            "--slo",
+            "50ms",
+            "--slo-quantile",
+            "0.99",
+            "--slo-segment",
+            "200ms",
+        ])
+        .args([
+            "--slo-start-rate",
+            "100",
+            "--slo-max-rate",
+            "400",
+            "--slo-steps",
+            "1",
+        ])
+        .args(["--preload", "0", "--json"])
+        .arg(&json_path)
+        .arg("--plot")
+        .arg(&plot_path);
+    let stdout = succeed(command, "--rate/--slo");
+    assert!(
+        stdout.contains("| scenario | offered pairs/s | system |"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("| rate at SLO (pairs/s) |"), "{stdout}");
+
+    let text = std::fs::read_to_string(&json_path).expect("the JSON report is written");
+    let report: Value = serde_json::from_str(&text).expect("the JSON report parses");
+    assert_eq!(measured(&report), ["memory", "noop"], "{report:#}");
+    assert_eq!(report["config"]["rates"], serde_json::json!([50.0, 200.0]));
+    let rows = report["open_loop"].as_array().expect("open_loop is a list");
+    assert_eq!(rows.len(), 4, "{rows:#?}");
+    for row in rows {
+        // The schedule alone decides the arrivals: rate × measured time.
+        let rate = row["rate"].as_f64().expect("rate");
+        let arrivals = row["arrivals"].as_u64().expect("arrivals");
+        assert!(
+            (arrivals as f64 - rate * 0.3).abs() <= 1.0,
+            "{arrivals} arrivals at {rate}/s in 300 ms: {row:#}"
+        );
+        assert!(row["pairs"].as_u64().unwrap_or(0) > 0, "{row:#}");
+        assert!(
+            row["peak_in_flight"].as_u64().expect("peak") <= 8,
+            "{row:#}"
+        );
+        for key in ["missed", "late", "not_sent", "waited_for_connection"] {
+            assert!(row[key].as_u64().is_some(), "missing {key:?} in {row:#}");
+        }
+        for rpc in ["begin", "commit", "pair"] {
+            for quantile in ["p50_ms", "p99_ms", "p99_9_ms", "p99_95_ms"] {
+                assert!(
+                    row["latency"][rpc][quantile].as_f64().is_some(),
+                    "missing latency.{rpc}.{quantile} in {row:#}"
+                );
+            }
+        }
+    }
+
+    let searches = report["slo"].as_array().expect("slo is a list");
+    let systems: Vec<&str> = searches
+        .iter()
+        .filter_map(|s| s["system"].as_str())
+        .collect();
+    assert_eq!(systems, ["memory", "noop"], "{searches:#?}");
+    for search in searches {
+        assert_eq!(search["scenario"], "unique", "{search:#}");
+        assert_eq!(search["quantile"], 0.99, "{search:#}");
+        assert_eq!(search["threshold_ms"], 50.0, "{search:#}");
+        let segments = search["segments"].as_array().expect("segments");
+        assert_eq!(
+            segments[0]["rate"], 100.0,
+            "the search starts at --slo-start-rate"
+        );
+        let passed = segments
+            .iter()
+            .filter(|s| s["passed"].as_bool().expect("passed"))
+            .filter_map(|s| s["rate"].as_f64())
+            .fold(None, |best: Option<f64>, r| {
+                Some(best.map_or(r, |b| b.max(r)))
+            });
+        // The rate at SLO is the highest rate measured within the objective, or none.
+        assert_eq!(search["rate_at_slo"].as_f64(), passed, "{search:#}");
+        for segment in segments {
+            let rate = segment["rate"].as_f64().expect("rate");
+            assert!((1.0..=400.0).contains(&rate), "{segment:#}");
+        }
     }
 
     let png = std::fs::read(&plot_path).expect("the plot is written");
