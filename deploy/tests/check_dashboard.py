@@ -240,6 +240,8 @@ def main():
         help="the topology-claims binary to run (env TOPOLOGY_CLAIMS_BIN; default "
              "target/debug/topology-claims)")
     args = parser.parse_args()
+    # Absolute: the processes run in a temporary directory of their own.
+    args.binary = os.path.abspath(args.binary)
     with open(DASHBOARD, encoding="utf-8") as f:
         data = json.load(f)
     check_static(data)
