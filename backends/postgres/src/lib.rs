@@ -18,6 +18,7 @@
 //!
 //! Schema, indexes, migrations, pool sizing and timeouts: `docs/backends/postgres.md`.
 
+mod admin;
 pub mod cell;
 mod error;
 mod local;

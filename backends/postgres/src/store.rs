@@ -126,9 +126,8 @@ use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
-    self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, GroupDecision,
-    GroupOp, GroupReads, GroupResults, GroupSnapshot, LeaseRecord, LeaseSummary, SlotGrant,
-    SlotHolder, SlotLimit, SlotRow,
+    self, BeginPlan, DecommissionStep, EndPlan, GroupDecision, GroupOp, GroupReads, GroupResults,
+    GroupSnapshot, LeaseRecord, LeaseSummary, SlotGrant, SlotHolder, SlotLimit,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -152,7 +151,7 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// Cheap to clone: clones share the pool.
 #[derive(Clone)]
 pub struct PostgresClaimStore {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for PostgresClaimStore {
@@ -654,149 +653,6 @@ impl PostgresClaimStore {
         Ok(rows::lease_summary(&summary_rows)?)
     }
 
-    /// One decommission step (the twin of `Tables::decommission_step`).
-    async fn decommission_attempt(
-        &self,
-        cell_id: &CellId,
-        batch: usize,
-        dry_run: bool,
-    ) -> Result<DecommissionStep, Failure> {
-        let mut session = self.shared.session().await?;
-        let [lock, count_leases, decommissioned, count_claims, mark_cell, delete_claims] = session
-            .prepare([
-                sql::LOCK_ADVISORY,
-                sql::COUNT_LEASES_OF_CELL,
-                sql::CELL_DECOMMISSIONED,
-                sql::COUNT_CLAIMS_OF_CELL,
-                sql::MARK_DECOMMISSIONED,
-                sql::DELETE_CLAIMS_OF_CELL,
-            ])
-            .await?;
-        let cell = cell_id.as_str();
-        let locks = AdvisoryLocks::of([], [], [cell_id], CellMode::Exclusive);
-        let begin = session.begin_transaction();
-        let client = session.client()?;
-        // Flight 1: the exclusive cell lock before the lease count (see "why a cell lock").
-        let (_, _, leases_row, decommissioned_row) = tokio::try_join!(
-            biased;
-            client.batch_execute(begin),
-            async { client.execute(&lock, &locks.params()).await },
-            async { client.query_one(&count_leases, &[&cell]).await },
-            async { client.query_one(&decommissioned, &[&cell]).await },
-        )?;
-        session.round_trip();
-        let state = DecommissionState {
-            outstanding_leases: rows::count(&leases_row)?,
-            decommissioned: decommissioned_row.try_get(0).map_err(internal)?,
-        };
-        let plan = domain::decide_decommission(cell_id, state, dry_run, batch)?;
-        // Flight 2: what the plan says, and COMMIT.
-        let claims = match plan {
-            DecommissionPlan::Count => {
-                let (count_row, _) = tokio::try_join!(
-                    biased;
-                    async { client.query_one(&count_claims, &[&cell]).await },
-                    client.batch_execute(sql::COMMIT),
-                )?;
-                rows::count(&count_row)?
-            }
-            DecommissionPlan::Delete { mark, limit } => {
-                let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-                let (_, deleted, _) = tokio::try_join!(
-                    biased;
-                    async {
-                        if !mark {
-                            return Ok(0);
-                        }
-                        client.execute(&mark_cell, &[&cell]).await
-                    },
-                    async { client.execute(&delete_claims, &[&cell, &limit]).await },
-                    client.batch_execute(sql::COMMIT),
-                )?;
-                deleted
-            }
-        };
-        session.round_trip();
-        session.committed();
-        Ok(DecommissionStep::after(cell_id, state, plan, claims))
-    }
-
-    /// One slot acquire (the twin of `Tables::acquire_verification_slot`).
-    async fn acquire_slot_attempt(
-        &self,
-        holder: &SlotHolder,
-        limit: SlotLimit,
-    ) -> Result<SlotGrant, Failure> {
-        let mut session = self.shared.session().await?;
-        let [lock, select, delete, upsert] = session
-            .prepare([
-                sql::LOCK_SLOTS,
-                sql::SELECT_SLOTS,
-                sql::DELETE_SLOTS,
-                sql::UPSERT_SLOT,
-            ])
-            .await?;
-        let begin = session.begin_transaction();
-        let client = session.client()?;
-        // Flight 1: the slot lock, then the clock and every row (see "why a slot lock").
-        let (_, _, slot_rows) = tokio::try_join!(
-            biased;
-            client.batch_execute(begin),
-            async { client.execute(&lock, &[&sql::SLOT_LOCK_CLASS]).await },
-            async { client.query(&select, &[]).await },
-        )?;
-        session.round_trip();
-        let (now, rows) = rows::slots(&slot_rows)?;
-        let plan = domain::decide_acquire(&rows, holder, limit, now)?;
-        let cells: Vec<&str> = plan.expired.iter().map(|h| h.cell_id.as_str()).collect();
-        let names: Vec<&str> = plan.expired.iter().map(|h| h.holder.as_str()).collect();
-        let expires_at = rows::system_time(plan.grant.expires_at);
-        // Flight 2: what the plan says, and COMMIT.
-        tokio::try_join!(
-            biased;
-            async {
-                if cells.is_empty() {
-                    return Ok(0);
-                }
-                client.execute(&delete, &[&cells, &names]).await
-            },
-            async {
-                client
-                    .execute(
-                        &upsert,
-                        &[&holder.cell_id.as_str(), &holder.holder.as_str(), &expires_at],
-                    )
-                    .await
-            },
-            client.batch_execute(sql::COMMIT),
-        )?;
-        session.round_trip();
-        session.committed();
-        Ok(plan.grant)
-    }
-
-    async fn release_slot_attempt(&self, holder: &SlotHolder) -> Result<bool, Failure> {
-        let session = self.shared.session().await?;
-        let [release] = session.prepare([sql::RELEASE_SLOT]).await?;
-        let client = session.client()?;
-        let deleted = client
-            .query_opt(
-                &release,
-                &[&holder.cell_id.as_str(), &holder.holder.as_str()],
-            )
-            .await?;
-        session.round_trip();
-        let row = match deleted {
-            Some(row) => Some(SlotRow {
-                holder: holder.clone(),
-                expires_at: rows::timestamp(row.try_get(0).map_err(internal)?),
-            }),
-            None => None,
-        };
-        // The key is the holder: the row deleted (if any) is the holder's own.
-        Ok(domain::decide_release(row.as_ref(), holder))
-    }
-
     async fn collect_attempt(&self, retention_micros: i64) -> Result<u64, Failure> {
         let session = self.shared.session().await?;
         let [collect] = session.prepare([sql::COLLECT_OUTCOMES]).await?;
@@ -815,7 +671,7 @@ impl PostgresClaimStore {
     }
 }
 
-fn internal(error: tokio_postgres::Error) -> Failure {
+pub(crate) fn internal(error: tokio_postgres::Error) -> Failure {
     Failure::Final(ClaimsError::internal(format!(
         "unexpected PostgreSQL answer: {error}"
     )))
