@@ -9,9 +9,9 @@
 //!
 //! | role | allowed |
 //! |---|---|
-//! | cell | every ClaimsService RPC for its own `cell_id` (an empty one means its own; another is PERMISSION_DENIED `CELL_ID_MISMATCH`), the verification slots included; LookupClaim of any claim |
+//! | cell | every ClaimsService RPC for its own `cell_id` (an empty one means its own; another is PERMISSION_DENIED `CELL_ID_MISMATCH`), the verification slots and pass reports included; LookupClaim of any claim |
 //! | router | LookupClaim only |
-//! | admin | ListOutstandingLeases, ListClaims, StreamClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell) |
+//! | admin | ListOutstandingLeases, ListClaims, StreamClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell, MarkRestored, LiftQuarantine, GetRestoreStatus) |
 //!
 //! Anything else is PERMISSION_DENIED `ROLE_NOT_ALLOWED`. A plaintext server's anonymous callers
 //! may call the AdminService only from loopback. Under TLS, a connection without a
@@ -170,10 +170,14 @@ pub enum Method {
     LookupClaim,
     AcquireVerificationSlot,
     ReleaseVerificationSlot,
+    ReportVerificationPass,
     /// `topology.claims.admin.v1.AdminService`.
     ListLeases,
     ForceRollback,
     DecommissionCell,
+    MarkRestored,
+    LiftQuarantine,
+    GetRestoreStatus,
     /// `grpc.health.v1`.
     Health,
     /// Server reflection.
@@ -205,6 +209,14 @@ impl Method {
             ("topology.claims.v1.ClaimsService", "ReleaseVerificationSlot") => {
                 Method::ReleaseVerificationSlot
             }
+            ("topology.claims.v1.ClaimsService", "ReportVerificationPass") => {
+                Method::ReportVerificationPass
+            }
+            ("topology.claims.admin.v1.AdminService", "MarkRestored") => Method::MarkRestored,
+            ("topology.claims.admin.v1.AdminService", "LiftQuarantine") => Method::LiftQuarantine,
+            ("topology.claims.admin.v1.AdminService", "GetRestoreStatus") => {
+                Method::GetRestoreStatus
+            }
             ("topology.claims.admin.v1.AdminService", "ListLeases") => Method::ListLeases,
             ("topology.claims.admin.v1.AdminService", "ForceRollback") => Method::ForceRollback,
             ("topology.claims.admin.v1.AdminService", "DecommissionCell") => {
@@ -226,6 +238,9 @@ impl Method {
                 | Self::RenewLease
                 | Self::ForceRollback
                 | Self::DecommissionCell
+                | Self::ReportVerificationPass
+                | Self::MarkRestored
+                | Self::LiftQuarantine
         )
     }
 
@@ -234,7 +249,12 @@ impl Method {
     pub const fn is_admin(self) -> bool {
         matches!(
             self,
-            Self::ListLeases | Self::ForceRollback | Self::DecommissionCell
+            Self::ListLeases
+                | Self::ForceRollback
+                | Self::DecommissionCell
+                | Self::MarkRestored
+                | Self::LiftQuarantine
+                | Self::GetRestoreStatus
         )
     }
 
@@ -251,6 +271,10 @@ impl Method {
             Self::LookupClaim => "LookupClaim",
             Self::AcquireVerificationSlot => "AcquireVerificationSlot",
             Self::ReleaseVerificationSlot => "ReleaseVerificationSlot",
+            Self::ReportVerificationPass => "ReportVerificationPass",
+            Self::MarkRestored => "MarkRestored",
+            Self::LiftQuarantine => "LiftQuarantine",
+            Self::GetRestoreStatus => "GetRestoreStatus",
             Self::ListLeases => "ListLeases",
             Self::ForceRollback => "ForceRollback",
             Self::DecommissionCell => "DecommissionCell",
@@ -273,6 +297,7 @@ impl Method {
                 | Self::StreamClaims
                 | Self::AcquireVerificationSlot
                 | Self::ReleaseVerificationSlot
+                | Self::ReportVerificationPass
         )
     }
 }
@@ -377,7 +402,7 @@ mod tests {
         })
     }
 
-    const CLAIMS_METHODS: [Method; 10] = [
+    const CLAIMS_METHODS: [Method; 11] = [
         Method::BeginUpdate,
         Method::CommitUpdate,
         Method::RollbackUpdate,
@@ -388,12 +413,16 @@ mod tests {
         Method::LookupClaim,
         Method::AcquireVerificationSlot,
         Method::ReleaseVerificationSlot,
+        Method::ReportVerificationPass,
     ];
 
-    const ADMIN_METHODS: [Method; 3] = [
+    const ADMIN_METHODS: [Method; 6] = [
         Method::ListLeases,
         Method::ForceRollback,
         Method::DecommissionCell,
+        Method::MarkRestored,
+        Method::LiftQuarantine,
+        Method::GetRestoreStatus,
     ];
 
     fn allowed(d: &Decision) -> bool {

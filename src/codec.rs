@@ -105,6 +105,7 @@ pub fn begin_update_to_pb(request: &BeginUpdate) -> pb::BeginUpdateRequest {
             .as_ref()
             .map(|t| t.as_str().to_owned())
             .unwrap_or_default(),
+        restore_correction: false,
     }
 }
 

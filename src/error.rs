@@ -69,6 +69,19 @@ pub enum ClaimsError {
     /// BeginUpdate of a cell an administrator decommissioned (PERMISSION_DENIED).
     #[error("cell {cell_id} is decommissioned; it may begin no updates")]
     CellDecommissioned { cell_id: CellId },
+    /// A create of a claim that does not exist while the store's latest restore is quarantined
+    /// (`domain::restore`): the name may be a claim the restore lost, which its owner's verifier
+    /// is about to re-create (FAILED_PRECONDITION with a RetryInfo of `retry_after`).
+    #[error("claim {claim} may not be created yet: the claims store was restored from a backup (restore epoch {epoch}) and the cells have not all re-verified their claims; retry after {retry_after:?}")]
+    RestoreQuarantine {
+        claim: ClaimKey,
+        epoch: u64,
+        retry_after: std::time::Duration,
+    },
+    /// A verification pass report or a lift that names another restore epoch than the store's
+    /// latest (`current`, 0 when the store was never marked restored): FAILED_PRECONDITION.
+    #[error("restore epoch {sent} is not the store's latest ({current}); read it again")]
+    RestoreEpochMismatch { sent: u64, current: u64 },
     /// DecommissionCell of a cell that still has outstanding leases (FAILED_PRECONDITION):
     /// they must end first (the cell's commit or rollback, or ForceRollback).
     #[error("cell {cell_id} has {outstanding} outstanding lease(s); end them first (admin force-rollback)")]
@@ -141,6 +154,8 @@ impl ClaimsError {
             },
             Self::CellDecommissioned { .. } => "CELL_DECOMMISSIONED",
             Self::CellHasOutstandingLeases { .. } => "CELL_HAS_OUTSTANDING_LEASES",
+            Self::RestoreQuarantine { .. } => "RESTORE_QUARANTINE",
+            Self::RestoreEpochMismatch { .. } => "RESTORE_EPOCH_MISMATCH",
             Self::RateLimited { .. } => "RATE_LIMITED",
             Self::VerificationSlotsBusy { .. } => "VERIFICATION_SLOTS_BUSY",
             Self::VerificationSlotLost { .. } => "VERIFICATION_SLOT_LOST",
@@ -159,7 +174,8 @@ impl ClaimsError {
             | Self::ClaimTaken { claim }
             | Self::ClaimLeased { claim }
             | Self::ClaimNotFound { claim }
-            | Self::NotClaimOwner { claim } => Some(claim),
+            | Self::NotClaimOwner { claim }
+            | Self::RestoreQuarantine { claim, .. } => Some(claim),
             _ => None,
         }
     }

@@ -401,6 +401,33 @@ impl ClaimStore for GroupCommit {
             .await
     }
 
+    async fn restore_state(&self) -> Result<Option<crate::domain::RestoreEpoch>, ClaimsError> {
+        self.shared.store.restore_state().await
+    }
+    async fn mark_restored(
+        &self,
+        request: &crate::domain::MarkRestored,
+    ) -> Result<crate::domain::RestoreEpoch, ClaimsError> {
+        self.shared.store.mark_restored(request).await
+    }
+    async fn report_verification_pass(
+        &self,
+        cell_id: &CellId,
+        epoch: u64,
+    ) -> Result<crate::domain::RestoreEpoch, ClaimsError> {
+        self.shared
+            .store
+            .report_verification_pass(cell_id, epoch)
+            .await
+    }
+    async fn lift_quarantine(
+        &self,
+        epoch: u64,
+        reason: &str,
+    ) -> Result<crate::domain::RestoreEpoch, ClaimsError> {
+        self.shared.store.lift_quarantine(epoch, reason).await
+    }
+
     async fn acquire_verification_slot(
         &self,
         holder: &SlotHolder,

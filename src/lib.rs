@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod migrations;
 pub mod pb;
 pub mod ports;
+pub mod restore;
 #[cfg(feature = "testing")]
 pub mod testing;
 

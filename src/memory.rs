@@ -9,8 +9,8 @@ use async_trait::async_trait;
 
 use crate::domain::{
     group, BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep,
-    GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, SlotGrant,
-    SlotHolder, SlotLimit, Tables, Timestamp,
+    GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, MarkRestored,
+    RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, Tables, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::{ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, SystemClock};
@@ -115,6 +115,29 @@ impl ClaimStore for MemoryClaimStore {
     ) -> Result<DecommissionStep, ClaimsError> {
         let now = self.clock.now();
         self.lock().decommission_step(cell_id, batch, dry_run, now)
+    }
+
+    async fn restore_state(&self) -> Result<Option<RestoreEpoch>, ClaimsError> {
+        Ok(self.lock().restore.clone())
+    }
+
+    async fn mark_restored(&self, request: &MarkRestored) -> Result<RestoreEpoch, ClaimsError> {
+        let now = self.clock.now();
+        self.lock().mark_restored(request, now)
+    }
+
+    async fn report_verification_pass(
+        &self,
+        cell_id: &CellId,
+        epoch: u64,
+    ) -> Result<RestoreEpoch, ClaimsError> {
+        let now = self.clock.now();
+        self.lock().report_verification_pass(cell_id, epoch, now)
+    }
+
+    async fn lift_quarantine(&self, epoch: u64, reason: &str) -> Result<RestoreEpoch, ClaimsError> {
+        let now = self.clock.now();
+        self.lock().lift_quarantine(epoch, reason, now)
     }
 
     async fn acquire_verification_slot(

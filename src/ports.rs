@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, GroupAnswer,
     GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, LocalTransaction,
-    LocalTxStatus, SlotGrant, SlotHolder, SlotLimit, Timestamp,
+    LocalTxStatus, MarkRestored, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, Timestamp,
 };
 use crate::error::ClaimsError;
 
@@ -92,6 +92,28 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Releases `holder`'s slot (`domain::decide_release`); `false` when it had none (expired
     /// and taken, or never acquired). Another holder's slot is never touched.
     async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError>;
+
+    /// The latest restore epoch (`domain::restore`), or `None` if the store was never marked
+    /// restored. Read by `serve` at start and every `--restore-refresh`, and by the admin service.
+    async fn restore_state(&self) -> Result<Option<RestoreEpoch>, ClaimsError>;
+
+    /// `admin mark-restored`, in one store transaction: read the latest epoch and every cell that
+    /// has claims or outstanding leases, ask `domain::decide_mark_restored` at the store's clock,
+    /// and insert the new epoch (earlier ones stay as history where the store keeps them).
+    async fn mark_restored(&self, request: &MarkRestored) -> Result<RestoreEpoch, ClaimsError>;
+
+    /// A cell's report of a whole verification pass begun in `epoch`, in one store transaction:
+    /// read the latest epoch with its reports, ask `domain::decide_report`, record the report and,
+    /// when the last expected cell reports, the lift. Returns the epoch as written.
+    async fn report_verification_pass(
+        &self,
+        cell_id: &CellId,
+        epoch: u64,
+    ) -> Result<RestoreEpoch, ClaimsError>;
+
+    /// `admin lift-quarantine` of `epoch`, in one store transaction (`domain::decide_lift`);
+    /// lifting a lifted epoch changes nothing. Returns the epoch as written.
+    async fn lift_quarantine(&self, epoch: u64, reason: &str) -> Result<RestoreEpoch, ClaimsError>;
 
     /// Group commit (`crate::group`): runs `ops` in **one** store transaction. Lock and read
     /// every row of `domain::GroupReads::of(ops)` in one go, decide them with

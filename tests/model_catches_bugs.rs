@@ -64,6 +64,32 @@ impl ClaimStore for ForgivingCommits {
     ) -> Result<DecommissionStep, ClaimsError> {
         self.0.decommission_step(cell_id, batch, dry_run).await
     }
+    async fn restore_state(
+        &self,
+    ) -> Result<Option<topology_claims::domain::RestoreEpoch>, topology_claims::ClaimsError> {
+        self.0.restore_state().await
+    }
+    async fn mark_restored(
+        &self,
+        request: &topology_claims::domain::MarkRestored,
+    ) -> Result<topology_claims::domain::RestoreEpoch, topology_claims::ClaimsError> {
+        self.0.mark_restored(request).await
+    }
+    async fn report_verification_pass(
+        &self,
+        cell_id: &topology_claims::CellId,
+        epoch: u64,
+    ) -> Result<topology_claims::domain::RestoreEpoch, topology_claims::ClaimsError> {
+        self.0.report_verification_pass(cell_id, epoch).await
+    }
+    async fn lift_quarantine(
+        &self,
+        epoch: u64,
+        reason: &str,
+    ) -> Result<topology_claims::domain::RestoreEpoch, topology_claims::ClaimsError> {
+        self.0.lift_quarantine(epoch, reason).await
+    }
+
     async fn acquire_verification_slot(
         &self,
         holder: &topology_claims::domain::SlotHolder,

@@ -1,5 +1,5 @@
 //! The pure lease state machine: types, validation and the decisions of begin / commit /
-//! rollback / renew, the administrative decisions (force rollback, decommission), the paging rules of the list calls, the reconciler's decision for a lease missing locally, the fleet-wide verification slots, plus [`Tables`], the reference
+//! rollback / renew, the administrative decisions (force rollback, decommission), the paging rules of the list calls, the reconciler's decision for a lease missing locally, the fleet-wide verification slots, the restore epochs and their quarantine, plus [`Tables`], the reference
 //! semantics over in-memory tables.
 //!
 //! Owns every protocol rule. Must not do I/O, be async, or read a clock: time is an input.
@@ -9,6 +9,7 @@ pub mod decide;
 pub mod group;
 pub mod pages;
 pub mod reconcile;
+pub mod restore;
 pub mod slots;
 mod tables;
 mod types;
@@ -36,6 +37,11 @@ pub use pages::{
 pub use reconcile::{
     decide_absent_lease, local_transaction_to_ask, AbsentLeaseAction, LocalTxStatus,
     EARLY_ROLLBACK_UNRENEWED_FOR,
+};
+pub use restore::{
+    check_quarantine, decide_lift, decide_mark_restored, decide_report, decide_restored_lease,
+    lease_predates_restore, quarantine_active, MarkRestored, ReportPlan, RestoreEpoch, RestoreView,
+    RestoredLeaseAction, RESTORE_PASS_RECENT, RESTORE_QUARANTINE_RETRY_AFTER,
 };
 pub use slots::{
     decide_acquire, decide_release, slot_ttl, AcquirePlan, SlotCap, SlotGrant, SlotHolder,

@@ -117,6 +117,7 @@ pub fn leases_page(
         leases,
         next_cursor,
         server_time,
+        restore: None,
     }
 }
 
@@ -186,6 +187,7 @@ impl<'q> LeasesPageBuilder<'q> {
             },
             leases,
             server_time,
+            restore: None,
         }
     }
 }

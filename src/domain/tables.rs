@@ -12,6 +12,7 @@ use crate::domain::admin::{
 use crate::domain::decide::{self, BeginPlan, EndPlan, EndWrites};
 use crate::domain::group::GroupWrites;
 use crate::domain::pages;
+use crate::domain::restore::{self, MarkRestored, RestoreEpoch};
 use crate::domain::slots::{self, SlotGrant, SlotHolder, SlotLimit, SlotRow};
 use crate::domain::types::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsPage,
@@ -32,6 +33,9 @@ pub struct Tables {
     pub decommissioned: BTreeMap<CellId, Timestamp>,
     /// Verification slots by holder (`verification_slots`).
     pub slots: BTreeMap<SlotHolder, Timestamp>,
+    /// The latest restore epoch (`restore_epochs` and `restore_reports`; earlier epochs are
+    /// history, which only the SQL stores keep).
+    pub restore: Option<RestoreEpoch>,
     /// `(cell, table, record id, key)` of every claim: ListClaims reads one page of it instead
     /// of scanning every claim (the design's claims-by-(cell, table, record id) index). A
     /// committed update changes table name and record id: `replace_claim` moves its entry.
@@ -235,6 +239,62 @@ impl Tables {
             }
         };
         Ok(DecommissionStep::after(cell_id, state, plan, claims))
+    }
+
+    /// `admin mark-restored` (see `ClaimStore::mark_restored`).
+    pub fn mark_restored(
+        &mut self,
+        request: &MarkRestored,
+        now: Timestamp,
+    ) -> Result<RestoreEpoch, ClaimsError> {
+        let mut holding: BTreeSet<CellId> = self
+            .by_record
+            .iter()
+            .map(|(cell, ..)| cell.clone())
+            .collect();
+        holding.extend(self.leases.values().map(|l| l.cell_id.clone()));
+        let epoch = restore::decide_mark_restored(self.restore.as_ref(), request, holding, now)?;
+        self.restore = Some(epoch.clone());
+        Ok(epoch)
+    }
+
+    /// A verification pass report (see `ClaimStore::report_verification_pass`).
+    pub fn report_verification_pass(
+        &mut self,
+        cell_id: &CellId,
+        epoch: u64,
+        now: Timestamp,
+    ) -> Result<RestoreEpoch, ClaimsError> {
+        let plan = restore::decide_report(self.restore.as_ref(), cell_id, epoch)?;
+        let state = self
+            .restore
+            .as_mut()
+            .expect("decide_report checked the epoch");
+        if plan.record {
+            state.reported.insert(cell_id.clone(), now);
+        }
+        if let Some(reason) = plan.lift {
+            state.lifted = Some((now, reason));
+        }
+        Ok(state.clone())
+    }
+
+    /// `admin lift-quarantine` (see `ClaimStore::lift_quarantine`).
+    pub fn lift_quarantine(
+        &mut self,
+        epoch: u64,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<RestoreEpoch, ClaimsError> {
+        let lift = restore::decide_lift(self.restore.as_ref(), epoch, reason)?;
+        let state = self
+            .restore
+            .as_mut()
+            .expect("decide_lift checked the epoch");
+        if lift {
+            state.lifted = Some((now, reason.to_owned()));
+        }
+        Ok(state.clone())
     }
 
     pub fn commit_update(

@@ -549,6 +549,9 @@ pub struct LeasesPage {
     pub next_cursor: Option<LeaseId>,
     /// The store's clock when the page was read: judge staleness against this, never a local clock.
     pub server_time: Timestamp,
+    /// The store's latest restore as the page's cell sees it: set by the front end (stores leave
+    /// it `None`), read by the reconciler and the verifier (`domain::restore`).
+    pub restore: Option<crate::domain::RestoreView>,
 }
 
 /// Where a ListClaims page starts: at record id `record_id`, or, with `after_key`, after that

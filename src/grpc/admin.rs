@@ -15,8 +15,8 @@ use tonic::{Request, Response, Status};
 
 use crate::codec::timestamp_to_pb;
 use crate::domain::{
-    self, CellId, Lease, LeaseId, LeasesQuery, Timestamp, LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT,
-    LEASES_READ_CHUNK,
+    self, CellId, Lease, LeaseId, LeasesQuery, RestoreEpoch, Timestamp, LEASES_DEFAULT_LIMIT,
+    LEASES_MAX_LIMIT, LEASES_READ_CHUNK,
 };
 use crate::error::ClaimsError;
 use crate::grpc::convert;
@@ -25,6 +25,7 @@ use crate::grpc::pb::admin as apb;
 use crate::grpc::pb::admin::admin_service_server::AdminService;
 use crate::grpc::status::to_status;
 use crate::ports::ClaimStore;
+use crate::restore::RestoreGate;
 
 /// Most leases one ForceRollback call ends (its `limit`).
 pub const FORCE_ROLLBACK_MAX_LIMIT: usize = 1000;
@@ -34,14 +35,30 @@ pub const FORCE_ROLLBACK_MAX_LIMIT: usize = 1000;
 pub struct AdminServiceImpl {
     store: Arc<dyn ClaimStore>,
     max_response_bytes: usize,
+    /// The server's restore gate: a mark or a lift made here applies to this server at once.
+    restore: Arc<RestoreGate>,
 }
 
 impl AdminServiceImpl {
     pub fn new(store: Arc<dyn ClaimStore>, max_response_bytes: usize) -> Self {
+        let restore = Arc::new(RestoreGate::new(Arc::clone(&store), true));
         Self {
             store,
             max_response_bytes,
+            restore,
         }
+    }
+
+    /// Shares `gate` with the ClaimsService.
+    pub fn with_restore(mut self, gate: Arc<RestoreGate>) -> Self {
+        self.restore = gate;
+        self
+    }
+
+    /// Keeps `state` in the gate and answers it.
+    fn restore_status(&self, state: RestoreEpoch) -> apb::RestoreStatus {
+        self.restore.set(Some(state.clone()));
+        convert::restore_status_to_pb(Some(&state), self.restore.enforce())
     }
 
     /// Every outstanding lease of `cell_id` after `after`, in lease-id order, read in chunks;
@@ -256,6 +273,64 @@ impl AdminService for AdminServiceImpl {
         request: Request<apb::DecommissionCellRequest>,
     ) -> Result<Response<apb::DecommissionCellResponse>, Status> {
         respond(AdminServiceImpl::decommission_cell(self, request.get_ref()).await)
+    }
+
+    async fn mark_restored(
+        &self,
+        request: Request<apb::MarkRestoredRequest>,
+    ) -> Result<Response<apb::RestoreStatus>, Status> {
+        respond(
+            async {
+                let mark = convert::mark_restored_from_pb(request.get_ref())?;
+                let state = self.store.mark_restored(&mark).await?;
+                tracing::warn!(
+                    epoch = state.epoch,
+                    expected_cells = state.expected_cells.len(),
+                    quarantine_enforced =
+                        domain::quarantine_active(Some(&state), self.restore.enforce()),
+                    "store marked restored from a backup"
+                );
+                Ok(self.restore_status(state))
+            }
+            .await,
+        )
+    }
+
+    async fn lift_quarantine(
+        &self,
+        request: Request<apb::LiftQuarantineRequest>,
+    ) -> Result<Response<apb::RestoreStatus>, Status> {
+        respond(
+            async {
+                let request = request.get_ref();
+                let state = self
+                    .store
+                    .lift_quarantine(request.epoch, &request.reason)
+                    .await?;
+                tracing::warn!(
+                    epoch = state.epoch,
+                    pending_cells = state.pending_cells().count(),
+                    "restore quarantine lifted by an operator"
+                );
+                Ok(self.restore_status(state))
+            }
+            .await,
+        )
+    }
+
+    async fn get_restore_status(
+        &self,
+        _request: Request<apb::GetRestoreStatusRequest>,
+    ) -> Result<Response<apb::RestoreStatus>, Status> {
+        respond(
+            async {
+                Ok(match self.store.restore_state().await? {
+                    Some(state) => self.restore_status(state),
+                    None => convert::restore_status_to_pb(None, self.restore.enforce()),
+                })
+            }
+            .await,
+        )
     }
 }
 

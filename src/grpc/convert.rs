@@ -4,6 +4,7 @@
 //! The claim record, BeginUpdate and timestamp encodings are shared with the stored lease
 //! payload, so they live in [`crate::codec`] and are re-exported here.
 
+use crate::domain::{self, MarkRestored, RestoreEpoch, RestoreView};
 use crate::domain::{
     check_record_id, check_value, page_limit, CellId, Claim, ClaimKey, ClaimState, ClaimType,
     ClaimsCursor, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, SlotGrant,
@@ -11,6 +12,7 @@ use crate::domain::{
     LEASES_MAX_LIMIT,
 };
 use crate::error::ClaimsError;
+use crate::grpc::pb::admin as apb;
 use crate::grpc::{page_token, pb};
 
 pub use crate::codec::{
@@ -200,7 +202,114 @@ pub fn leases_page_to_pb(page: &LeasesPage) -> pb::ListOutstandingLeasesResponse
             .map(|id| id.to_string())
             .unwrap_or_default(),
         server_time: Some(timestamp_to_pb(page.server_time)),
+        restore: page.restore.as_ref().map(restore_view_to_pb),
     }
+}
+
+/// A cell's view of the latest restore (ListOutstandingLeases, ReportVerificationPass).
+pub fn restore_view_to_pb(view: &RestoreView) -> pb::RestoreInfo {
+    pb::RestoreInfo {
+        epoch: view.epoch,
+        backup_time: Some(timestamp_to_pb(view.backup_time)),
+        marked_at: Some(timestamp_to_pb(view.marked_at)),
+        quarantined: view.quarantined,
+        reported: view.reported,
+    }
+}
+
+/// The admin RestoreStatus of the latest epoch (`None`: never restored); `enforce` is
+/// `--restore-quarantine`.
+pub fn restore_status_to_pb(state: Option<&RestoreEpoch>, enforce: bool) -> apb::RestoreStatus {
+    let Some(state) = state else {
+        return apb::RestoreStatus::default();
+    };
+    apb::RestoreStatus {
+        restored: true,
+        epoch: state.epoch,
+        backup_time: Some(timestamp_to_pb(state.backup_time)),
+        marked_at: Some(timestamp_to_pb(state.marked_at)),
+        reason: state.reason.clone(),
+        expected_cells: state.expected_cells.iter().map(|c| c.to_string()).collect(),
+        reported: state
+            .reported
+            .iter()
+            .map(|(cell, at)| apb::CellReport {
+                cell_id: cell.to_string(),
+                reported_at: Some(timestamp_to_pb(*at)),
+            })
+            .collect(),
+        pending_cells: state.pending_cells().map(|c| c.to_string()).collect(),
+        lifted_at: state.lifted.as_ref().map(|(at, _)| timestamp_to_pb(*at)),
+        lift_reason: state
+            .lifted
+            .as_ref()
+            .map(|(_, why)| why.clone())
+            .unwrap_or_default(),
+        quarantine_enforced: domain::quarantine_active(Some(state), enforce),
+    }
+}
+
+/// A RestoreStatus read back (clients and the conformance suite over gRPC).
+pub fn restore_status_from_pb(
+    status: &apb::RestoreStatus,
+) -> Result<Option<RestoreEpoch>, ClaimsError> {
+    if !status.restored {
+        return Ok(None);
+    }
+    let time = |t: Option<&prost_types::Timestamp>, field: &str| {
+        t.map(crate::codec::timestamp_from_pb)
+            .ok_or_else(|| ClaimsError::internal(format!("RestoreStatus without {field}")))
+    };
+    let cell = |c: &str| {
+        CellId::parse(c).map_err(|e| ClaimsError::internal(format!("RestoreStatus: {e}")))
+    };
+    Ok(Some(RestoreEpoch {
+        epoch: status.epoch,
+        backup_time: time(status.backup_time.as_ref(), "backup_time")?,
+        marked_at: time(status.marked_at.as_ref(), "marked_at")?,
+        reason: status.reason.clone(),
+        expected_cells: status
+            .expected_cells
+            .iter()
+            .map(|c| cell(c))
+            .collect::<Result<_, _>>()?,
+        reported: status
+            .reported
+            .iter()
+            .map(|r| {
+                Ok((
+                    cell(&r.cell_id)?,
+                    time(r.reported_at.as_ref(), "reported_at")?,
+                ))
+            })
+            .collect::<Result<_, ClaimsError>>()?,
+        lifted: status.lifted_at.as_ref().map(|at| {
+            (
+                crate::codec::timestamp_from_pb(at),
+                status.lift_reason.clone(),
+            )
+        }),
+    }))
+}
+
+/// A MarkRestored request, validated (the reason and the time are the domain's to judge).
+pub fn mark_restored_from_pb(
+    request: &apb::MarkRestoredRequest,
+) -> Result<MarkRestored, ClaimsError> {
+    let backup_time = request
+        .backup_time
+        .as_ref()
+        .ok_or_else(|| ClaimsError::invalid("backup_time", "required (RFC 3339)"))?;
+    Ok(MarkRestored {
+        backup_time: crate::codec::timestamp_from_pb(backup_time),
+        reason: request.reason.clone(),
+        expect_cells: request
+            .expect_cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| CellId::parse_field(c, &format!("expect_cells[{i}]")))
+            .collect::<Result<_, _>>()?,
+    })
 }
 
 /// A page of `query`'s listing; `next_page_token` is bound to the query's cell and table.
@@ -395,6 +504,7 @@ mod tests {
             leases: vec![lease.clone()],
             next_cursor: None,
             server_time: Timestamp::from_unix_micros(0),
+            restore: None,
         };
         let empty = LeasesPage {
             leases: Vec::new(),

@@ -7,7 +7,7 @@ use tonic::transport::Channel;
 
 use crate::domain::{
     CellId, ClaimState, ClaimView, ClaimViewsPage, ClaimsCursor, ClaimsQuery, Lease, LeaseId,
-    LeasesPage, LeasesQuery, SlotGrant, SlotHolder, Timestamp,
+    LeasesPage, LeasesQuery, RestoreView, SlotGrant, SlotHolder, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::grpc::convert::{
@@ -128,6 +128,22 @@ pub fn leases_page_from_pb(
         leases,
         next_cursor,
         server_time: required_time(response.server_time.as_ref(), "server_time")?,
+        restore: response
+            .restore
+            .as_ref()
+            .map(restore_view_from_pb)
+            .transpose()?,
+    })
+}
+
+/// A leases page's `restore`.
+pub fn restore_view_from_pb(info: &pb::RestoreInfo) -> Result<RestoreView, ClaimsError> {
+    Ok(RestoreView {
+        epoch: info.epoch,
+        backup_time: required_time(info.backup_time.as_ref(), "restore.backup_time")?,
+        marked_at: required_time(info.marked_at.as_ref(), "restore.marked_at")?,
+        quarantined: info.quarantined,
+        reported: info.reported,
     })
 }
 

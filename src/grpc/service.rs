@@ -22,6 +22,7 @@ use crate::grpc::pb;
 use crate::grpc::pb::claims_service_server::ClaimsService;
 use crate::grpc::status::{self, to_status};
 use crate::ports::ClaimStore;
+use crate::restore::RestoreGate;
 
 /// The front end's policy knobs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,11 +64,26 @@ impl Default for ServiceConfig {
 pub struct ClaimsServiceImpl {
     pub store: Arc<dyn ClaimStore>,
     pub config: ServiceConfig,
+    /// The store's latest restore epoch and the quarantine (`crate::restore`).
+    pub restore: Arc<RestoreGate>,
 }
 
 impl ClaimsServiceImpl {
+    /// A service whose restore gate is read by the caller (`with_restore`), or never: a gate
+    /// never loaded knows no restore and refuses nothing.
     pub fn new(store: Arc<dyn ClaimStore>, config: ServiceConfig) -> Self {
-        Self { store, config }
+        let restore = Arc::new(RestoreGate::new(Arc::clone(&store), true));
+        Self {
+            store,
+            config,
+            restore,
+        }
+    }
+
+    /// Shares `gate` (the server's one, which the AdminService also updates).
+    pub fn with_restore(mut self, gate: Arc<RestoreGate>) -> Self {
+        self.restore = gate;
+        self
     }
 
     /// When the claim of a `ClaimLeased` refusal was leased (its row's `updated_at`), read once
@@ -132,8 +148,10 @@ impl ClaimsService for ClaimsServiceImpl {
         request: Request<pb::BeginUpdateRequest>,
     ) -> Result<Response<pb::BeginUpdateResponse>, Status> {
         let result = async {
+            let correction = request.get_ref().restore_correction;
             let request = convert::begin_update_from_pb(request.get_ref())?;
             domain::check_batch(&request, self.config.max_batch)?;
+            self.restore.check_begin(&request, correction).await?;
             let lease = self.store.begin_update(request).await?;
             Ok(pb::BeginUpdateResponse {
                 lease_payload: Some(convert::lease_payload_to_pb(&lease)),
@@ -218,6 +236,10 @@ impl ClaimsService for ClaimsServiceImpl {
                     if let Some(page) = builder.take(read) {
                         break page;
                     }
+                };
+                let page = domain::LeasesPage {
+                    restore: self.restore.view_for(&query.cell_id),
+                    ..page
                 };
                 Ok(convert::leases_page_to_pb(&page))
             }
@@ -312,6 +334,30 @@ impl ClaimsService for ClaimsServiceImpl {
                 let holder = convert::slot_holder_from_pb(&request.cell_id, &request.holder)?;
                 let released = self.store.release_verification_slot(&holder).await?;
                 Ok(pb::ReleaseVerificationSlotResponse { released })
+            }
+            .await,
+        )
+    }
+
+    async fn report_verification_pass(
+        &self,
+        request: Request<pb::ReportVerificationPassRequest>,
+    ) -> Result<Response<pb::ReportVerificationPassResponse>, Status> {
+        respond(
+            async {
+                let request = request.get_ref();
+                let cell_id = domain::CellId::parse(&request.cell_id)?;
+                let state = self
+                    .store
+                    .report_verification_pass(&cell_id, request.epoch)
+                    .await?;
+                let pending = state.pending_cells().count();
+                let view = state.view_for(&cell_id);
+                self.restore.set(Some(state));
+                Ok(pb::ReportVerificationPassResponse {
+                    restore: Some(convert::restore_view_to_pb(&view)),
+                    cells_pending: u32::try_from(pending).unwrap_or(u32::MAX),
+                })
             }
             .await,
         )

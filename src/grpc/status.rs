@@ -36,6 +36,10 @@ pub const META_MAX: &str = "max";
 pub const META_LEASED_SINCE: &str = "leased_since";
 pub const META_TABLE_NAME: &str = "table_name";
 pub const META_TABLE_RECORD_ID: &str = "table_record_id";
+/// RESTORE_QUARANTINE and RESTORE_EPOCH_MISMATCH: the store's restore epoch.
+pub const META_EPOCH: &str = "epoch";
+/// RESTORE_EPOCH_MISMATCH: the epoch the request named.
+pub const META_SENT_EPOCH: &str = "sent_epoch";
 
 /// The status code of each error (the status table of the API, docs/api.md).
 pub fn code_of(error: &ClaimsError) -> Code {
@@ -53,7 +57,9 @@ pub fn code_of(error: &ClaimsError) -> Code {
         | ClaimsError::NotLeaseOwner { .. }
         | ClaimsError::PermissionDenied { .. } => Code::PermissionDenied,
         ClaimsError::CellDecommissioned { .. } => Code::PermissionDenied,
-        ClaimsError::CellHasOutstandingLeases { .. } => Code::FailedPrecondition,
+        ClaimsError::CellHasOutstandingLeases { .. }
+        | ClaimsError::RestoreQuarantine { .. }
+        | ClaimsError::RestoreEpochMismatch { .. } => Code::FailedPrecondition,
         ClaimsError::RecordExceedsPage { .. } => Code::FailedPrecondition,
         ClaimsError::RateLimited { .. } | ClaimsError::VerificationSlotsBusy { .. } => {
             Code::ResourceExhausted
@@ -172,6 +178,16 @@ fn to_status_with(error: &ClaimsError, leased_since: Option<Timestamp>) -> Statu
             if let Some(since) = leased_since {
                 metadata.insert(META_LEASED_SINCE.to_owned(), rfc3339_micros(since));
             }
+        }
+        ClaimsError::RestoreQuarantine {
+            epoch, retry_after, ..
+        } => {
+            metadata.insert(META_EPOCH.to_owned(), epoch.to_string());
+            details.set_retry_info(Some(*retry_after));
+        }
+        ClaimsError::RestoreEpochMismatch { sent, current } => {
+            metadata.insert(META_EPOCH.to_owned(), current.to_string());
+            metadata.insert(META_SENT_EPOCH.to_owned(), sent.to_string());
         }
         ClaimsError::RateLimited {
             limit,
@@ -292,6 +308,22 @@ pub fn from_status(status: &Status) -> ClaimsError {
                 record_id,
             })
             .unwrap_or_else(malformed),
+        "RESTORE_QUARANTINE" => claim()
+            .zip(meta(META_EPOCH).and_then(|n| n.parse().ok()))
+            .map(|(claim, epoch)| ClaimsError::RestoreQuarantine {
+                claim,
+                epoch,
+                retry_after: details
+                    .retry_info()
+                    .and_then(|r| r.retry_delay)
+                    .unwrap_or_default(),
+            })
+            .unwrap_or_else(malformed),
+        "RESTORE_EPOCH_MISMATCH" => meta(META_SENT_EPOCH)
+            .and_then(|n| n.parse().ok())
+            .zip(meta(META_EPOCH).and_then(|n| n.parse().ok()))
+            .map(|(sent, current)| ClaimsError::RestoreEpochMismatch { sent, current })
+            .unwrap_or_else(malformed),
         "AUDIT_UNAVAILABLE" => ClaimsError::AuditUnavailable {
             message: message
                 .strip_prefix("audit log unavailable: ")
@@ -337,7 +369,7 @@ pub fn from_status(status: &Status) -> ClaimsError {
 }
 
 /// The google.rpc.RetryInfo delay a status carries, if any (RATE_LIMITED,
-/// VERIFICATION_SLOTS_BUSY, CLAIM_LEASED).
+/// VERIFICATION_SLOTS_BUSY, CLAIM_LEASED, RESTORE_QUARANTINE).
 pub fn retry_delay(status: &Status) -> Option<std::time::Duration> {
     status.get_error_details().retry_info()?.retry_delay
 }
@@ -398,6 +430,15 @@ mod tests {
             },
             ClaimsError::AuditUnavailable {
                 message: "disk full".into(),
+            },
+            ClaimsError::RestoreQuarantine {
+                claim: ClaimKey::new(ClaimType::Username, "lost"),
+                epoch: 2,
+                retry_after: std::time::Duration::from_secs(30),
+            },
+            ClaimsError::RestoreEpochMismatch {
+                sent: 1,
+                current: 2,
             },
             ClaimsError::RecordExceedsPage {
                 table_name: TableName::Emails,

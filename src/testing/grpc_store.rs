@@ -32,7 +32,8 @@ use crate::domain::DEFAULT_VERIFICATION_SLOT_TTL;
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimState, ClaimView, ClaimsPage,
     ClaimsQuery, DecommissionStep, Lease, LeaseId, LeaseOp, LeaseSummary, LeasesPage, LeasesQuery,
-    SlotGrant, SlotHolder, SlotLimit, Timestamp, DEFAULT_MAX_RESPONSE_BYTES, LEASES_MAX_LIMIT,
+    MarkRestored, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, Timestamp,
+    DEFAULT_MAX_RESPONSE_BYTES, LEASES_MAX_LIMIT,
 };
 use crate::error::ClaimsError;
 use crate::grpc::convert::begin_update_to_pb;
@@ -374,6 +375,69 @@ impl ClaimStore for GrpcClaimStore {
             claims: response.claims,
             complete: response.complete,
         })
+    }
+
+    /// Through the admin GetRestoreStatus.
+    async fn restore_state(&self) -> Result<Option<RestoreEpoch>, ClaimsError> {
+        let status = self
+            .admin
+            .clone()
+            .get_restore_status(crate::grpc::pb::admin::GetRestoreStatusRequest {})
+            .await
+            .map_err(|s| status::from_status(&s))?
+            .into_inner();
+        crate::grpc::convert::restore_status_from_pb(&status)
+    }
+
+    /// Through the admin MarkRestored.
+    async fn mark_restored(&self, request: &MarkRestored) -> Result<RestoreEpoch, ClaimsError> {
+        let status = self
+            .admin
+            .clone()
+            .mark_restored(crate::grpc::pb::admin::MarkRestoredRequest {
+                backup_time: Some(crate::codec::timestamp_to_pb(request.backup_time)),
+                reason: request.reason.clone(),
+                expect_cells: request.expect_cells.iter().map(|c| c.to_string()).collect(),
+            })
+            .await
+            .map_err(|s| status::from_status(&s))?
+            .into_inner();
+        crate::grpc::convert::restore_status_from_pb(&status)?
+            .ok_or_else(|| ClaimsError::internal("MarkRestored answered no epoch"))
+    }
+
+    /// Through ReportVerificationPass, then GetRestoreStatus for the whole epoch.
+    async fn report_verification_pass(
+        &self,
+        cell_id: &CellId,
+        epoch: u64,
+    ) -> Result<RestoreEpoch, ClaimsError> {
+        self.client()
+            .report_verification_pass(pb::ReportVerificationPassRequest {
+                cell_id: cell_id.to_string(),
+                epoch,
+            })
+            .await
+            .map_err(|s| status::from_status(&s))?;
+        self.restore_state()
+            .await?
+            .ok_or_else(|| ClaimsError::internal("a reported epoch vanished"))
+    }
+
+    /// Through the admin LiftQuarantine.
+    async fn lift_quarantine(&self, epoch: u64, reason: &str) -> Result<RestoreEpoch, ClaimsError> {
+        let status = self
+            .admin
+            .clone()
+            .lift_quarantine(crate::grpc::pb::admin::LiftQuarantineRequest {
+                epoch,
+                reason: reason.to_owned(),
+            })
+            .await
+            .map_err(|s| status::from_status(&s))?
+            .into_inner();
+        crate::grpc::convert::restore_status_from_pb(&status)?
+            .ok_or_else(|| ClaimsError::internal("LiftQuarantine answered no epoch"))
     }
 
     /// Through AcquireVerificationSlot. The limit is the server's (`SUITE_SLOTS`, the default

@@ -135,6 +135,11 @@ macro_rules! claim_store_conformance {
                 lookup_while_updating_shows_updating_with_the_old_values,
                 a_create_racing_an_update_is_leased_then_taken,
                 a_group_decides_each_operation_in_arrival_order,
+                a_store_never_restored_has_no_epoch_and_refuses_reports_and_lifts,
+                mark_restored_expects_every_cell_with_claims_or_leases_and_the_named_ones,
+                a_mark_refuses_a_future_backup_time_and_an_empty_store_is_not_quarantined,
+                the_last_expected_report_lifts_the_quarantine,
+                an_operator_lift_ends_the_quarantine_once,
             );
             #[test]
             fn model_based_property_test() {

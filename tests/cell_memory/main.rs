@@ -159,6 +159,32 @@ impl ClaimStore for MeddlingStore {
     ) -> Result<DecommissionStep, ClaimsError> {
         self.inner.decommission_step(c, batch, dry_run).await
     }
+    async fn restore_state(
+        &self,
+    ) -> Result<Option<topology_claims::domain::RestoreEpoch>, topology_claims::ClaimsError> {
+        self.inner.restore_state().await
+    }
+    async fn mark_restored(
+        &self,
+        request: &topology_claims::domain::MarkRestored,
+    ) -> Result<topology_claims::domain::RestoreEpoch, topology_claims::ClaimsError> {
+        self.inner.mark_restored(request).await
+    }
+    async fn report_verification_pass(
+        &self,
+        cell_id: &topology_claims::CellId,
+        epoch: u64,
+    ) -> Result<topology_claims::domain::RestoreEpoch, topology_claims::ClaimsError> {
+        self.inner.report_verification_pass(cell_id, epoch).await
+    }
+    async fn lift_quarantine(
+        &self,
+        epoch: u64,
+        reason: &str,
+    ) -> Result<topology_claims::domain::RestoreEpoch, topology_claims::ClaimsError> {
+        self.inner.lift_quarantine(epoch, reason).await
+    }
+
     async fn acquire_verification_slot(
         &self,
         holder: &topology_claims::domain::SlotHolder,

@@ -116,6 +116,22 @@ impl Audit {
                     });
                 }
             }
+            Method::MarkRestored => {
+                if let Ok(request) = apb::MarkRestoredRequest::decode(message) {
+                    r.admin = Some(AdminAudit {
+                        reason: request.reason,
+                        ..AdminAudit::default()
+                    });
+                }
+            }
+            Method::LiftQuarantine => {
+                if let Ok(request) = apb::LiftQuarantineRequest::decode(message) {
+                    r.admin = Some(AdminAudit {
+                        reason: request.reason,
+                        ..AdminAudit::default()
+                    });
+                }
+            }
             Method::DecommissionCell => {
                 if let Ok(request) = apb::DecommissionCellRequest::decode(message) {
                     r.cell_id = request.cell_id;

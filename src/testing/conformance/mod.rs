@@ -18,6 +18,7 @@ mod lists;
 mod lookup;
 mod outcomes;
 mod renew;
+mod restore;
 mod slots;
 mod updates;
 
@@ -30,6 +31,7 @@ pub use lists::*;
 pub use lookup::*;
 pub use outcomes::*;
 pub use renew::*;
+pub use restore::*;
 pub use slots::*;
 pub use updates::*;
 

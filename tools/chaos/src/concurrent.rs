@@ -355,6 +355,35 @@ impl ClaimStore for Broken {
         self.lock().decommission_step(cell_id, batch, dry_run, now)
     }
 
+    async fn restore_state(
+        &self,
+    ) -> Result<Option<topology_claims::domain::RestoreEpoch>, topology_claims::ClaimsError> {
+        Ok(self.lock().restore.clone())
+    }
+    async fn mark_restored(
+        &self,
+        request: &topology_claims::domain::MarkRestored,
+    ) -> Result<topology_claims::domain::RestoreEpoch, topology_claims::ClaimsError> {
+        let now = self.now();
+        self.lock().mark_restored(request, now)
+    }
+    async fn report_verification_pass(
+        &self,
+        cell_id: &topology_claims::CellId,
+        epoch: u64,
+    ) -> Result<topology_claims::domain::RestoreEpoch, topology_claims::ClaimsError> {
+        let now = self.now();
+        self.lock().report_verification_pass(cell_id, epoch, now)
+    }
+    async fn lift_quarantine(
+        &self,
+        epoch: u64,
+        reason: &str,
+    ) -> Result<topology_claims::domain::RestoreEpoch, topology_claims::ClaimsError> {
+        let now = self.now();
+        self.lock().lift_quarantine(epoch, reason, now)
+    }
+
     async fn acquire_verification_slot(
         &self,
         holder: &SlotHolder,
