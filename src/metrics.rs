@@ -120,6 +120,11 @@ pub struct ServerMetrics {
     pub lease_summary_time: prometheus::Gauge,
     /// Calls per group-commit store transaction (`--group-commit on`).
     pub group_batch_size: prometheus::Histogram,
+    /// The store's latest restore epoch (0: never restored), whether its quarantine is enforced,
+    /// and the expected cells that have not reported a verification pass (`crate::restore`).
+    pub restore_epoch: IntGauge,
+    pub restore_quarantine: IntGauge,
+    pub restore_cells_pending: IntGauge,
 }
 
 impl ServerMetrics {
@@ -226,6 +231,24 @@ impl ServerMetrics {
                 )
                 .expect("valid metric"),
             ),
+            restore_epoch: int_gauge(
+                &registry,
+                "topology_claims_restore_epoch",
+                "The store's latest restore epoch (admin mark-restored); 0 if it was never \
+                 restored from a backup.",
+            ),
+            restore_quarantine: int_gauge(
+                &registry,
+                "topology_claims_restore_quarantine",
+                "1 while this server refuses creates of absent claims (RESTORE_QUARANTINE) until \
+                 the cells re-verify after a restore; 0 otherwise.",
+            ),
+            restore_cells_pending: int_gauge(
+                &registry,
+                "topology_claims_restore_cells_pending",
+                "Cells the latest restore waits for that have not reported a verification pass \
+                 (0 once lifted).",
+            ),
             registry,
         }
     }
@@ -233,6 +256,13 @@ impl ServerMetrics {
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
+}
+
+fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    register(
+        registry,
+        IntGauge::with_opts(Opts::new(name, help)).expect("valid metric"),
+    )
 }
 
 impl std::fmt::Debug for ServerMetrics {

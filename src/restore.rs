@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 use crate::domain::{self, BeginUpdate, CellId, ClaimKey, RestoreEpoch, RestoreView};
 use crate::error::ClaimsError;
+use crate::metrics::ServerMetrics;
 use crate::ports::ClaimStore;
 
 /// Default `--restore-refresh`.
@@ -27,6 +28,7 @@ pub struct RestoreGate {
     store: Arc<dyn ClaimStore>,
     enforce: bool,
     state: RwLock<Option<RestoreEpoch>>,
+    metrics: Option<Arc<ServerMetrics>>,
 }
 
 impl RestoreGate {
@@ -36,7 +38,14 @@ impl RestoreGate {
             store,
             enforce,
             state: RwLock::new(None),
+            metrics: None,
         }
+    }
+
+    /// Keeps the `topology_claims_restore_*` gauges in step with the epoch.
+    pub fn with_metrics(mut self, metrics: Option<Arc<ServerMetrics>>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Reads the store's latest epoch.
@@ -48,6 +57,25 @@ impl RestoreGate {
 
     /// Keeps `state` (what the store answered to this server's own admin call).
     pub fn set(&self, state: Option<RestoreEpoch>) {
+        if let Some(metrics) = &self.metrics {
+            let epoch = state.as_ref().map_or(0, |s| s.epoch);
+            let pending = state
+                .as_ref()
+                .filter(|s| s.quarantined())
+                .map_or(0, |s| s.pending_cells().count());
+            metrics
+                .restore_epoch
+                .set(i64::try_from(epoch).unwrap_or(i64::MAX));
+            metrics
+                .restore_quarantine
+                .set(i64::from(domain::quarantine_active(
+                    state.as_ref(),
+                    self.enforce,
+                )));
+            metrics
+                .restore_cells_pending
+                .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        }
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
     }
 

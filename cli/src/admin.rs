@@ -1,6 +1,7 @@
 //! `topology-claims admin`: the operator's side of the AdminService (docs/operations.md,
 //! runbooks). `leases` lists outstanding leases; `force-rollback` ends a downed cell's leases;
-//! `decommission` deletes every claim of a cell that is gone for good.
+//! `decommission` deletes every claim of a cell that is gone for good; `mark-restored`,
+//! `lift-quarantine` and `restore-status` are a restore's (`admin_restore`).
 //!
 //! The acting commands first ask the server for a dry run and show what will happen, then ask
 //! for confirmation (unless `--yes`) and show progress while they work in bounded calls. Owns
@@ -53,6 +54,16 @@ enum AdminCommand {
     /// BeginUpdate is refused (CELL_DECOMMISSIONED). Refused while the cell has outstanding
     /// leases (force-rollback them first). Safe to run again after an interruption.
     Decommission(DecommissionArgs),
+    /// Record that the claims store was restored from a backup: a new restore epoch. Until every
+    /// cell with claims has reported a whole verification pass, creates of claims that do not
+    /// exist are refused (RESTORE_QUARANTINE) and the reconcilers leave the leases outstanding
+    /// at the mark to the verifiers. Run it right after the restore, before the cells return.
+    MarkRestored(crate::admin_restore::MarkRestoredArgs),
+    /// End the quarantine of a restore before every expected cell has reported (a cell that is
+    /// gone, or a risk accepted).
+    LiftQuarantine(crate::admin_restore::LiftQuarantineArgs),
+    /// The latest restore: epoch, backup time, which cells reported, which are pending.
+    RestoreStatus,
 }
 
 #[derive(Args, Debug)]
@@ -132,6 +143,15 @@ pub async fn run(args: AdminArgs) -> ExitCode {
         AdminCommand::Leases(list) => leases(client, list).await,
         AdminCommand::ForceRollback(rollback) => force_rollback(client, rollback).await,
         AdminCommand::Decommission(decommission) => decommission_cell(client, decommission).await,
+        AdminCommand::MarkRestored(mark) => crate::admin_restore::mark_restored(client, mark)
+            .await
+            .map(done_if),
+        AdminCommand::LiftQuarantine(lift) => crate::admin_restore::lift_quarantine(client, lift)
+            .await
+            .map(done_if),
+        AdminCommand::RestoreStatus => crate::admin_restore::restore_status(client)
+            .await
+            .map(|()| Outcome::Done),
     };
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
@@ -149,6 +169,14 @@ pub async fn run(args: AdminArgs) -> ExitCode {
 enum Outcome {
     Done,
     NotConfirmed,
+}
+
+fn done_if(confirmed: bool) -> Outcome {
+    if confirmed {
+        Outcome::Done
+    } else {
+        Outcome::NotConfirmed
+    }
 }
 
 fn failed(status: tonic::Status) -> String {
@@ -209,7 +237,7 @@ async fn leases(
 }
 
 /// Asks on the terminal; without one, only `--yes` goes ahead.
-fn confirm(question: &str, yes: bool) -> Result<bool, String> {
+pub(crate) fn confirm(question: &str, yes: bool) -> Result<bool, String> {
     if yes {
         return Ok(true);
     }

@@ -122,6 +122,21 @@ pub struct ServeArgs {
           value_parser = parse_duration)]
     drain_timeout: Duration,
 
+    /// While the store's latest restore from a backup is quarantined (`admin mark-restored`,
+    /// until every cell re-verifies or `admin lift-quarantine`), refuse creates of claims that do
+    /// not exist with RESTORE_QUARANTINE, since such a name may be a claim the restore lost.
+    /// off: serve them, accepting that a lost claim may go to a second cell (decision 100).
+    /// on | off.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_RESTORE_QUARANTINE", default_value = "on",
+          value_parser = ["on", "off"])]
+    restore_quarantine: String,
+
+    /// How often the restore epoch is read from the store again: how soon a mark or a lift made
+    /// through another server applies on this one. Units: ms, s, m, h, d.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_RESTORE_REFRESH", default_value = "2s",
+          value_parser = parse_duration)]
+    restore_refresh: Duration,
+
     /// Group commit: BeginUpdate, CommitUpdate and RollbackUpdate calls that arrive while the
     /// store is busy share one store transaction, each still decided on its own
     /// (docs/architecture.md, "Group commit"). A lone call runs at once either way. on | off.
@@ -537,6 +552,8 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         health_listener: health_listener
             .as_ref()
             .map(|(listener, _)| listener.clone()),
+        restore_quarantine: args.restore_quarantine == "on",
+        restore_refresh: args.restore_refresh,
     };
     reload_on_sighup(tls, audit)?;
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,

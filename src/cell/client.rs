@@ -23,7 +23,7 @@ use crate::cell::backoff::Backoff;
 use crate::cell::tls::{server_endpoint, ClientTls};
 use crate::domain::{
     BeginUpdate, CellId, ClaimKey, ClaimView, ClaimViewsPage, ClaimsQuery, Lease, LeaseId,
-    LeasesPage, LeasesQuery, SlotGrant, SlotHolder,
+    LeasesPage, LeasesQuery, RestoreView, SlotGrant, SlotHolder,
 };
 use crate::error::{error_chain, ClaimsError};
 use crate::grpc::convert::begin_update_to_pb;
@@ -255,9 +255,26 @@ impl ClaimsClient {
     }
 
     /// BeginUpdate. A request without a lease id gets one here, before the first attempt.
-    pub async fn begin_update(&self, mut request: BeginUpdate) -> Result<Lease, ClaimsError> {
+    pub async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        self.begin(request, false).await
+    }
+
+    /// BeginUpdate of a verifier's correction (`restore_correction`): served during a restore
+    /// quarantine, since it brings back a claim the cell's records hold (`domain::restore`).
+    pub async fn begin_correction(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        self.begin(request, true).await
+    }
+
+    async fn begin(
+        &self,
+        mut request: BeginUpdate,
+        restore_correction: bool,
+    ) -> Result<Lease, ClaimsError> {
         request.lease_id.get_or_insert_with(LeaseId::generate);
-        let message = begin_update_to_pb(&request);
+        let message = pb::BeginUpdateRequest {
+            restore_correction,
+            ..begin_update_to_pb(&request)
+        };
         let response = self
             .with_retries(|mut c| {
                 let message = message.clone();
@@ -459,6 +476,32 @@ impl ClaimsClient {
             }
         })
         .await
+    }
+
+    /// ReportVerificationPass: this cell verified every table in a whole pass begun in restore
+    /// `epoch`. Returns the restore as the cell now sees it and the expected cells still pending.
+    pub async fn report_verification_pass(
+        &self,
+        cell_id: &CellId,
+        epoch: u64,
+    ) -> Result<(RestoreView, u32), ClaimsError> {
+        let message = pb::ReportVerificationPassRequest {
+            cell_id: cell_id.to_string(),
+            epoch,
+        };
+        let response = self
+            .with_retries(|mut c| {
+                let message = message.clone();
+                async move { c.report_verification_pass(message).await }
+            })
+            .await?
+            .into_inner();
+        let view = response
+            .restore
+            .as_ref()
+            .ok_or_else(|| ClaimsError::internal("ReportVerificationPass answered no restore"))
+            .and_then(decode::restore_view_from_pb)?;
+        Ok((view, response.cells_pending))
     }
 
     /// StreamClaims from `page_token` (a page's or range's `next_page_token`), or without one

@@ -8,10 +8,12 @@
 mod backoff;
 pub mod client;
 pub mod reconciler;
+mod restore_pass;
 pub mod slot;
 pub mod tls;
 pub mod update;
 pub mod verifier;
+mod verify_report;
 
 pub use backoff::Backoff;
 pub use client::{ClaimsClient, ClientConfig, LeasedRetry};

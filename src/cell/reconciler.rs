@@ -11,7 +11,12 @@
 //!   aborted (`LocalLeaseStore::transaction_status`, PostgreSQL's `pg_xact_status`) → its row
 //!   can never appear: RollbackUpdate now, whatever its age (`unrenewed_for` zero; decision 080);
 //! - absent locally and young otherwise → maybe still running: left alone (why is logged once
-//!   per lease at debug level, not on every pass).
+//!   per lease at debug level, not on every pass);
+//! - absent locally and outstanding when the store's latest restore was marked (the page's
+//!   `restore`, `domain::restore`) → its cell may have committed it after the backup and deleted
+//!   its row, so staleness proves nothing: committed if its local transaction is known to have
+//!   committed, rolled back if it aborted, otherwise left to the verifier, which decides it from
+//!   the cell's records.
 //!
 //! Then local rows older than the threshold that are still there (their CommitUpdate or local
 //! delete was lost, 5A) are committed idempotently and deleted; those the service no longer knows
@@ -86,6 +91,10 @@ pub struct ReconcileReport {
     /// Of `rolled_back`, those rolled back early: young, but their local transaction aborted.
     pub rolled_back_aborted: u64,
     pub left_young: u64,
+    /// Of `committed`, leases that predate a restore whose local transaction committed.
+    pub committed_restored: u64,
+    /// Leases that predate a restore and that nothing local decides: the verifier's.
+    pub left_to_verifier: u64,
     /// Stale when listed, but renewed by the cell before the rollback reached the store
     /// (LEASE_RENEWED): left for the next pass, not an error.
     pub left_renewed: u64,
@@ -103,13 +112,15 @@ impl std::fmt::Display for ReconcileReport {
         }
         write!(
             f,
-            "pages={} committed={} rolled_back={} rolled_back_aborted={} left_young={} left_renewed={} local_rows_deleted={} lost={} errors={}",
+            "pages={} committed={} rolled_back={} rolled_back_aborted={} left_young={} left_renewed={} committed_restored={} left_to_verifier={} local_rows_deleted={} lost={} errors={}",
             self.pages,
             self.committed,
             self.rolled_back,
             self.rolled_back_aborted,
             self.left_young,
             self.left_renewed,
+            self.committed_restored,
+            self.left_to_verifier,
             self.local_rows_deleted,
             self.lost.len(),
             self.errors
@@ -219,12 +230,44 @@ impl<L: LocalLeaseStore + LocalLock> Reconciler<L> {
                     self.commit_and_forget(lease_id, report).await;
                     continue;
                 }
-                let status = match local_transaction_to_ask(lease, page.server_time, staleness) {
-                    Some(local) => Some(self.local.transaction_status(local).await),
-                    None => None,
-                };
+                let restore = page.restore.as_ref();
+                let status =
+                    match local_transaction_to_ask(lease, page.server_time, staleness, restore) {
+                        Some(local) => Some(self.local.transaction_status(local).await),
+                        None => None,
+                    };
                 let local = lease.request.local_transaction.as_ref().map(|t| t.as_str());
-                match decide_absent_lease(lease, page.server_time, staleness, status.as_ref()) {
+                match decide_absent_lease(
+                    lease,
+                    page.server_time,
+                    staleness,
+                    status.as_ref(),
+                    restore,
+                ) {
+                    AbsentLeaseAction::CommitRestored => {
+                        match self
+                            .client
+                            .commit_update(&self.config.cell_id, lease_id)
+                            .await
+                        {
+                            Ok(()) => {
+                                report.committed += 1;
+                                report.committed_restored += 1;
+                                tracing::info!(%lease_id, local_transaction = local, "committed a lease that predates the restore: its local transaction committed");
+                            }
+                            Err(error) => {
+                                report.errors += 1;
+                                tracing::warn!(%lease_id, %error, "commit of a lease that predates the restore failed; retried next pass");
+                            }
+                        }
+                    }
+                    AbsentLeaseAction::LeaveToVerifier => {
+                        report.left_to_verifier += 1;
+                        if !logged.contains(&lease_id) {
+                            tracing::info!(%lease_id, local_transaction = local, "lease predates the store's restore and has no local record: left to the verifier");
+                        }
+                        waiting.insert(lease_id);
+                    }
                     // The store judges staleness again, by its clock, in the rollback's own
                     // transaction: the cell may have renewed since this page was read.
                     AbsentLeaseAction::RollBackStale => {

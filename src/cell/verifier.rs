@@ -36,7 +36,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use crate::cell::client::{ClaimsClient, ClaimsPageStream};
+use crate::cell::restore_pass;
 use crate::cell::slot::{self, HeldSlot, SlotEvent, SlotSettings};
+pub use crate::cell::verify_report::VerifyReport;
 use crate::domain::{
     BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimState, ClaimViewsPage, ClaimsCursor,
     ClaimsQuery, LeaseId, LeaseOp, SlotHolder, TableName, Timestamp,
@@ -177,46 +179,6 @@ impl std::fmt::Display for Discrepancy {
             }
             Discrepancy::Extra(r) => write!(f, "extra    {}", describe(r)),
         }
-    }
-}
-
-/// Progress and result of a run.
-#[derive(Clone, Debug, Default)]
-pub struct VerifyReport {
-    pub records_checked: u64,
-    pub claims_checked: u64,
-    pub missing: u64,
-    pub different: u64,
-    pub extra: u64,
-    pub skipped_recent: u64,
-    pub corrections_applied: u64,
-    pub corrections_failed: u64,
-    /// Corrections rolled back because the local records changed after the comparison and no
-    /// longer called for them (the next run compares again).
-    pub corrections_withdrawn: u64,
-    pub discrepancies: Vec<Discrepancy>,
-    /// False when the time budget ran out (the cursor is saved).
-    pub finished: bool,
-    pub elapsed: Duration,
-}
-
-impl std::fmt::Display for VerifyReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let rate = self.records_checked as f64 / self.elapsed.as_secs_f64().max(1e-3);
-        write!(
-            f,
-            "records={} claims={} missing={} different={} extra={} skipped_recent={} corrected={} failed={} withdrawn={} rate={rate:.0} records/s{}",
-            self.records_checked,
-            self.claims_checked,
-            self.missing,
-            self.different,
-            self.extra,
-            self.skipped_recent,
-            self.corrections_applied,
-            self.corrections_failed,
-            self.corrections_withdrawn,
-            if self.finished { "" } else { " (time budget reached; resumable)" }
-        )
     }
 }
 
@@ -427,7 +389,28 @@ impl<S: ClaimSource> Verifier<S> {
             finished: true,
             ..VerifyReport::default()
         };
-        let mut cursors = load_cursors(self.config.cursor_file.as_ref())?;
+        let cell = &self.config.cell_id;
+        let restore = restore_pass::latest_restore(&self.client, cell).await?;
+        if let Some(view) = &restore {
+            restore_pass::resolve_restored_leases(
+                &self.client,
+                &self.source,
+                cell,
+                view,
+                self.config.dry_run,
+                &mut report,
+            )
+            .await?;
+        }
+        // A restore pass must be whole: from the first record of every table.
+        let restore_pass = restore.filter(|view| !view.reported);
+        let mut cursors = match &restore_pass {
+            Some(_) => BTreeMap::new(),
+            None => load_cursors(self.config.cursor_file.as_ref())?,
+        };
+        // In a restore pass, every record made before the mark is compared however recent: the
+        // claims the restore lost may have been committed just before the disaster.
+        let restore_mark = restore_pass.as_ref().map(|view| view.marked_at);
         let mut streaming = self.config.stream;
         let mut extras = DeferredExtras::default();
         'tables: for &table in &self.config.tables {
@@ -478,7 +461,8 @@ impl<S: ClaimSource> Verifier<S> {
                         .source
                         .claims_in_range(table, page.start_range, page.end_range)
                         .await?;
-                    let found = self.compare(local, service, &mut extras, &mut report);
+                    let found =
+                        self.compare(local, service, restore_mark, &mut extras, &mut report);
                     if !self.config.dry_run {
                         let range = PageRange {
                             table,
@@ -517,6 +501,9 @@ impl<S: ClaimSource> Verifier<S> {
                 self.apply(records, LeaseOp::Destroy, range, slot, &mut report)
                     .await?;
             }
+        }
+        if let Some(view) = restore_pass.filter(|_| !self.config.dry_run) {
+            restore_pass::report_pass(&self.client, cell, &view, &mut report).await?;
         }
         report.elapsed = started.elapsed();
         Ok(report)
@@ -575,10 +562,12 @@ impl<S: ClaimSource> Verifier<S> {
         &self,
         local: Vec<LocalClaim>,
         service: Vec<ServiceClaim>,
+        restore_mark: Option<Timestamp>,
         extras: &mut DeferredExtras,
         report: &mut VerifyReport,
     ) -> Vec<Discrepancy> {
         let recent_cut = SystemClock.now().saturating_sub(self.config.recent);
+        let recent_cut = restore_mark.map_or(recent_cut, |mark| recent_cut.max(mark));
         let mut service: BTreeMap<ClaimKey, ServiceClaim> =
             service.into_iter().map(|s| (s.0.key.clone(), s)).collect();
         let mut found = Vec::new();
@@ -784,7 +773,9 @@ impl<S: ClaimSource> Verifier<S> {
             })
         };
         report(CorrectionCall::Begin, None);
-        let begun = self.client.begin_update(request).await.map(drop);
+        // Marked as a correction: during a restore quarantine it brings back a claim the cell's
+        // records hold (`domain::restore`); outside one the mark changes nothing.
+        let begun = self.client.begin_correction(request).await.map(drop);
         report(CorrectionCall::Begin, Some(&begun));
         begun?;
         let end = |call| async move {

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use super::decide::lease_is_stale;
+use super::restore::{lease_predates_restore, RestoreView};
 use super::types::{Lease, LocalTransaction, Timestamp};
 
 /// What the cell's local database says about the transaction a lease's `local_transaction`
@@ -38,6 +39,14 @@ pub enum AbsentLeaseAction {
     /// Young and not known to have aborted: left for a later pass. `fallback` says why its
     /// local transaction did not decide (the reconciler logs it once per lease).
     Wait { fallback: String },
+    /// Outstanding when the store's latest restore was marked, and its local transaction is
+    /// known to have committed: the cell committed it after the backup and then deleted its row
+    /// (`domain::restore`). CommitUpdate.
+    CommitRestored,
+    /// Outstanding when the store's latest restore was marked, and nothing local says how it
+    /// ended: never rolled back for staleness; the verifier decides it from the cell's records
+    /// (`domain::decide_restored_lease`).
+    LeaveToVerifier,
 }
 
 /// The `unrenewed_for` of an early rollback: zero, so a renewal does not hold it back. Whether
@@ -46,25 +55,36 @@ pub const EARLY_ROLLBACK_UNRENEWED_FOR: Duration = Duration::ZERO;
 
 /// The local transaction to ask about, if asking can change the action: the lease is young (a
 /// stale one is rolled back anyway) and names one.
-pub fn local_transaction_to_ask(
-    lease: &Lease,
+pub fn local_transaction_to_ask<'l>(
+    lease: &'l Lease,
     server_time: Timestamp,
     staleness: Duration,
-) -> Option<&LocalTransaction> {
-    if lease_is_stale(lease, server_time, staleness) {
+    restore: Option<&RestoreView>,
+) -> Option<&'l LocalTransaction> {
+    if lease_is_stale(lease, server_time, staleness) && !lease_predates_restore(lease, restore) {
         return None;
     }
     lease.request.local_transaction.as_ref()
 }
 
 /// The action for `lease`, absent from the local table, listed at `server_time`; `status` is the
-/// local database's answer for [`local_transaction_to_ask`] (`None` if nothing was asked).
+/// local database's answer for [`local_transaction_to_ask`] (`None` if nothing was asked);
+/// `restore` is the page's restore epoch. A lease that predates the restore is never rolled back
+/// for staleness: its cell may have committed it after the backup (issue 26).
 pub fn decide_absent_lease(
     lease: &Lease,
     server_time: Timestamp,
     staleness: Duration,
     status: Option<&LocalTxStatus>,
+    restore: Option<&RestoreView>,
 ) -> AbsentLeaseAction {
+    if lease_predates_restore(lease, restore) {
+        return match (&lease.request.local_transaction, status) {
+            (Some(_), Some(LocalTxStatus::Aborted)) => AbsentLeaseAction::RollBackAborted,
+            (Some(_), Some(LocalTxStatus::Committed)) => AbsentLeaseAction::CommitRestored,
+            _ => AbsentLeaseAction::LeaveToVerifier,
+        };
+    }
     if lease_is_stale(lease, server_time, staleness) {
         return AbsentLeaseAction::RollBackStale;
     }
@@ -129,11 +149,11 @@ mod tests {
     fn a_young_lease_whose_local_transaction_aborted_is_rolled_back_now() {
         let (lease, now) = young(Some("pg:1:2"));
         assert_eq!(
-            local_transaction_to_ask(&lease, now, STALENESS).map(LocalTransaction::as_str),
+            local_transaction_to_ask(&lease, now, STALENESS, None).map(LocalTransaction::as_str),
             Some("pg:1:2")
         );
         assert_eq!(
-            decide_absent_lease(&lease, now, STALENESS, Some(&LocalTxStatus::Aborted)),
+            decide_absent_lease(&lease, now, STALENESS, Some(&LocalTxStatus::Aborted), None),
             AbsentLeaseAction::RollBackAborted
         );
     }
@@ -147,14 +167,14 @@ mod tests {
             Some(LocalTxStatus::Committed),
             Some(LocalTxStatus::Unknown("another cluster".into())),
         ] {
-            match decide_absent_lease(&lease, now, STALENESS, status.as_ref()) {
+            match decide_absent_lease(&lease, now, STALENESS, status.as_ref(), None) {
                 AbsentLeaseAction::Wait { fallback } => assert!(!fallback.is_empty()),
                 other => panic!("{status:?} gave {other:?}"),
             }
         }
         let unknown = Some(LocalTxStatus::Unknown("too old".into()));
         assert_eq!(
-            decide_absent_lease(&lease, now, STALENESS, unknown.as_ref()),
+            decide_absent_lease(&lease, now, STALENESS, unknown.as_ref(), None),
             AbsentLeaseAction::Wait {
                 fallback: "too old".into()
             }
@@ -164,18 +184,76 @@ mod tests {
     #[test]
     fn a_young_lease_without_local_transaction_is_not_asked_about_and_waits() {
         let (lease, now) = young(None);
-        assert_eq!(local_transaction_to_ask(&lease, now, STALENESS), None);
+        assert_eq!(local_transaction_to_ask(&lease, now, STALENESS, None), None);
         assert!(matches!(
-            decide_absent_lease(&lease, now, STALENESS, None),
+            decide_absent_lease(&lease, now, STALENESS, None, None),
             AbsentLeaseAction::Wait { .. }
         ));
+    }
+
+    fn restored_at(now: Timestamp) -> RestoreView {
+        RestoreView {
+            epoch: 1,
+            backup_time: now.saturating_sub(Duration::from_secs(86_400)),
+            marked_at: now,
+            quarantined: true,
+            reported: false,
+        }
+    }
+
+    #[test]
+    fn a_lease_that_predates_a_restore_is_never_rolled_back_for_staleness() {
+        let (stale, now) = lease(Some("pg:1:2"), STALENESS * 10);
+        let view = restored_at(now);
+        assert_eq!(
+            local_transaction_to_ask(&stale, now, STALENESS, Some(&view))
+                .map(LocalTransaction::as_str),
+            Some("pg:1:2"),
+            "asked although stale"
+        );
+        for (status, action) in [
+            (None, AbsentLeaseAction::LeaveToVerifier),
+            (
+                Some(LocalTxStatus::InProgress),
+                AbsentLeaseAction::LeaveToVerifier,
+            ),
+            (
+                Some(LocalTxStatus::Unknown("standby".into())),
+                AbsentLeaseAction::LeaveToVerifier,
+            ),
+            (
+                Some(LocalTxStatus::Aborted),
+                AbsentLeaseAction::RollBackAborted,
+            ),
+            (
+                Some(LocalTxStatus::Committed),
+                AbsentLeaseAction::CommitRestored,
+            ),
+        ] {
+            assert_eq!(
+                decide_absent_lease(&stale, now, STALENESS, status.as_ref(), Some(&view)),
+                action,
+                "{status:?}"
+            );
+        }
+        let (no_tx, now) = lease(None, STALENESS * 10);
+        assert_eq!(
+            decide_absent_lease(&no_tx, now, STALENESS, None, Some(&restored_at(now))),
+            AbsentLeaseAction::LeaveToVerifier
+        );
+        // A lease begun after the mark follows the ordinary rules.
+        let earlier = restored_at(now.saturating_sub(STALENESS * 20));
+        assert_eq!(
+            decide_absent_lease(&no_tx, now, STALENESS, None, Some(&earlier)),
+            AbsentLeaseAction::RollBackStale
+        );
     }
 
     #[test]
     fn a_stale_lease_is_rolled_back_by_staleness_whatever_its_local_transaction_says() {
         let (lease, now) = lease(Some("pg:1:2"), STALENESS + Duration::from_secs(1));
         assert_eq!(
-            local_transaction_to_ask(&lease, now, STALENESS),
+            local_transaction_to_ask(&lease, now, STALENESS, None),
             None,
             "not asked"
         );
@@ -186,7 +264,7 @@ mod tests {
             Some(LocalTxStatus::Committed),
         ] {
             assert_eq!(
-                decide_absent_lease(&lease, now, STALENESS, status.as_ref()),
+                decide_absent_lease(&lease, now, STALENESS, status.as_ref(), None),
                 AbsentLeaseAction::RollBackStale
             );
         }

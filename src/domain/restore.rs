@@ -31,9 +31,6 @@ pub const RESTORE_QUARANTINE_RETRY_AFTER: Duration = Duration::from_secs(30);
 pub const MAX_RESTORE_REASON_LEN: usize = 1024;
 /// Most cells an operator may name with `--expect-cell` in one mark.
 pub const MAX_EXPECTED_CELLS: usize = 10_000;
-/// The `recent` of a verifier's restore pass, whatever its configured one: claims the restore lost
-/// may have been committed minutes before the disaster, and the pass must re-create them.
-pub const RESTORE_PASS_RECENT: Duration = Duration::from_secs(60);
 /// The lift reason recorded when the last expected cell reports.
 pub const LIFTED_BY_REPORTS: &str = "every expected cell reported a verification pass";
 

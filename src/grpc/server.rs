@@ -34,6 +34,7 @@ use crate::grpc::service::{ClaimsServiceImpl, ServiceConfig};
 use crate::grpc::tls::ServerTls;
 use crate::metrics::ServerMetrics;
 use crate::ports::ClaimStore;
+use crate::restore::RestoreGate;
 
 /// Encoded bytes one claim of a valid BeginUpdate can take, with room to spare: a ClaimRecord
 /// with two maximal 255-byte strings, its enums and record id is about 535 bytes.
@@ -100,6 +101,12 @@ pub struct ServerConfig {
     /// (`--health-listen`): for probes that cannot speak TLS, such as Kubernetes' built-in gRPC
     /// probes. `None`: health is served on the main listener only.
     pub health_listener: Option<HealthListener>,
+    /// Refuse creates of absent claims while the store's latest restore is quarantined
+    /// (`--restore-quarantine on|off`, on by default; decision 100).
+    pub restore_quarantine: bool,
+    /// How often the restore epoch is read again (`--restore-refresh`): how soon a mark or a lift
+    /// made through another server applies here.
+    pub restore_refresh: Duration,
 }
 
 /// The bound `--health-listen` listener, carried in a [`ServerConfig`] (clones share it; the
@@ -136,6 +143,8 @@ impl Default for ServerConfig {
             max_verifications_per_cell: crate::domain::DEFAULT_MAX_VERIFICATIONS_PER_CELL,
             verification_slot_ttl: crate::domain::DEFAULT_VERIFICATION_SLOT_TTL,
             health_listener: None,
+            restore_quarantine: true,
+            restore_refresh: crate::restore::DEFAULT_RESTORE_REFRESH,
         }
     }
 }
@@ -183,22 +192,50 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| ClaimsError::internal(format!("server reflection: {e}")))?;
-    let max_message_bytes = max_request_message_bytes(config.max_batch);
-    let claims = ClaimsServiceServer::new(ClaimsServiceImpl::new(
-        Arc::clone(&store),
-        ServiceConfig {
-            max_batch: config.max_batch,
-            max_response_bytes: config.max_response_bytes,
-            max_concurrent_verifications: config.max_concurrent_verifications,
-            max_verifications_per_cell: config.max_verifications_per_cell,
-            verification_slot_ttl: config.verification_slot_ttl,
+    if config.restore_refresh.is_zero() {
+        return Err(ClaimsError::Configuration {
+            message: "--restore-refresh must not be zero".to_owned(),
+        });
+    }
+    // Read before the first request: a restored store quarantines from the first BeginUpdate.
+    let restore = Arc::new(
+        RestoreGate::new(Arc::clone(&store), config.restore_quarantine)
+            .with_metrics(config.metrics.clone()),
+    );
+    restore.load().await.map_err(|error| match error {
+        ClaimsError::Unavailable { message } => ClaimsError::Unavailable {
+            message: format!("reading the restore epoch at start: {message}"),
         },
-    ))
+        other => other,
+    })?;
+    if let Some(state) = restore.current() {
+        tracing::info!(
+            epoch = state.epoch,
+            quarantined = state.quarantined(),
+            enforced = restore.quarantine_enforced(),
+            pending_cells = state.pending_cells().count(),
+            "the store was restored from a backup"
+        );
+    }
+    let max_message_bytes = max_request_message_bytes(config.max_batch);
+    let claims = ClaimsServiceServer::new(
+        ClaimsServiceImpl::new(
+            Arc::clone(&store),
+            ServiceConfig {
+                max_batch: config.max_batch,
+                max_response_bytes: config.max_response_bytes,
+                max_concurrent_verifications: config.max_concurrent_verifications,
+                max_verifications_per_cell: config.max_verifications_per_cell,
+                verification_slot_ttl: config.verification_slot_ttl,
+            },
+        )
+        .with_restore(Arc::clone(&restore)),
+    )
     .max_decoding_message_size(max_message_bytes);
-    let admin = AdminServiceServer::new(AdminServiceImpl::new(
-        Arc::clone(&store),
-        config.max_response_bytes,
-    ))
+    let admin = AdminServiceServer::new(
+        AdminServiceImpl::new(Arc::clone(&store), config.max_response_bytes)
+            .with_restore(Arc::clone(&restore)),
+    )
     .max_decoding_message_size(max_message_bytes);
 
     let (stop_tx, stop_rx) = watch::channel(());
@@ -218,6 +255,9 @@ pub async fn serve(
             stop_rx.clone(),
         ))
     });
+    let restore_refresher = tokio::spawn(
+        Arc::clone(&restore).refresh_periodically(config.restore_refresh, stop_rx.clone()),
+    );
     let watcher = tokio::spawn(watch_store(
         store,
         health.clone(),
@@ -292,6 +332,8 @@ pub async fn serve(
     };
     gc.abort();
     watcher.abort();
+    restore_refresher.abort();
+    let _ = restore_refresher.await;
     if let Some(health_only) = health_only {
         health_only.abort();
         let _ = health_only.await;
