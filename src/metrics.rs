@@ -31,13 +31,14 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(15);
 
 /// The ErrorInfo reasons counted as claim conflicts.
-pub const CONFLICT_REASONS: [&str; 6] = [
+pub const CONFLICT_REASONS: [&str; 7] = [
     "CLAIM_TAKEN",
     "CLAIM_LEASED",
     "NOT_CLAIM_OWNER",
     "CLAIM_NOT_FOUND",
     "BATCH_CONFLICT",
     "LEASE_ID_CONFLICT",
+    "RESTORE_QUARANTINE",
 ];
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(

@@ -638,3 +638,109 @@ async fn an_admin_call_that_cannot_be_audited_is_refused() {
     drop(claims);
     server.stop_with("TERM");
 }
+
+/// The restore commands on memory: `restore-status` of a store never restored; `mark-restored`
+/// refuses a malformed and a future backup time, naming it; a mark starts the quarantine (a
+/// create of an absent claim is RESTORE_QUARANTINE, one of an existing claim is taken as ever, a
+/// verifier's correction goes through) and shows in the metrics; `lift-quarantine` of another
+/// epoch is refused, of the right one ends it; both calls are in the audit log.
+#[tokio::test]
+async fn restore_marks_and_lifts_are_audited_and_show_in_the_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.log");
+    let mut args = serve_args("memory:", &audit);
+    args.extend(["--metrics-listen", "127.0.0.1:0"].map(String::from));
+    let server = start(dir.path(), args).await;
+    let metrics = server.child.metrics_addr(common::PATIENCE).unwrap();
+    let claims = client(&server);
+    let a = cell("cell-a");
+    let lease = claims
+        .begin_update(creates(&a, &[username("held")]))
+        .await
+        .unwrap();
+    claims.commit_update(&a, lease.lease_id).await.unwrap();
+
+    let never = admin(dir.path(), &server, &["restore-status"]).await;
+    assert!(text(&never.stdout).contains("never marked restored"));
+    let malformed = admin(
+        dir.path(),
+        &server,
+        &["mark-restored", "--backup-time", "yesterday", "--reason", "x", "--yes"],
+    )
+    .await;
+    assert_eq!(malformed.status.code(), Some(2));
+    assert!(text(&malformed.stderr).contains("--backup-time \"yesterday\" is not an RFC 3339 time"));
+    let future = admin(
+        dir.path(),
+        &server,
+        &["mark-restored", "--backup-time", "2999-01-01T00:00:00Z", "--reason", "x", "--yes"],
+    )
+    .await;
+    assert_eq!(future.status.code(), Some(2));
+    assert!(text(&future.stderr).contains("backup_time"), "{}", text(&future.stderr));
+
+    let mark = admin(
+        dir.path(),
+        &server,
+        &["mark-restored", "--backup-time", "2026-01-01T00:00:00Z", "--reason", "INC-1", "--yes"],
+    )
+    .await;
+    assert!(mark.status.success(), "{}", text(&mark.stderr));
+    let shown = text(&mark.stdout);
+    assert!(shown.contains("restore epoch:   1") && shown.contains("pending   cell-a"), "{shown}");
+    let scraped = common::scrape(metrics);
+    assert_eq!(common::value(&scraped, "topology_claims_restore_epoch", &[]), Some(1.0));
+    assert_eq!(common::value(&scraped, "topology_claims_restore_quarantine", &[]), Some(1.0));
+    assert_eq!(common::value(&scraped, "topology_claims_restore_cells_pending", &[]), Some(1.0));
+
+    let b = cell("cell-b");
+    let refused = claims
+        .begin_update(creates(&b, &[username("lost")]))
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, ClaimsError::RestoreQuarantine { epoch: 1, .. }), "{refused:?}");
+    let taken = claims
+        .begin_update(creates(&b, &[username("held")]))
+        .await
+        .unwrap_err();
+    assert!(matches!(taken, ClaimsError::ClaimTaken { .. }), "{taken:?}");
+    let correction = claims
+        .begin_correction(creates(&a, &[username("lost")]))
+        .await
+        .unwrap();
+    claims.commit_update(&a, correction.lease_id).await.unwrap();
+
+    let wrong = admin(
+        dir.path(),
+        &server,
+        &["lift-quarantine", "--epoch", "2", "--reason", "ops", "--yes"],
+    )
+    .await;
+    assert_eq!(wrong.status.code(), Some(2));
+    assert!(text(&wrong.stderr).contains("RESTORE_EPOCH_MISMATCH"), "{}", text(&wrong.stderr));
+    let lift = admin(
+        dir.path(),
+        &server,
+        &["lift-quarantine", "--epoch", "1", "--reason", "cell-a is gone", "--yes"],
+    )
+    .await;
+    assert!(lift.status.success(), "{}", text(&lift.stderr));
+    assert!(text(&lift.stdout).contains("lifted at"), "{}", text(&lift.stdout));
+    let scraped = common::scrape(metrics);
+    assert_eq!(common::value(&scraped, "topology_claims_restore_quarantine", &[]), Some(0.0));
+    claims
+        .begin_update(creates(&b, &[username("fresh")]))
+        .await
+        .unwrap();
+
+    let log = std::fs::read_to_string(&audit).unwrap();
+    for (method, reason) in [("MarkRestored", "INC-1"), ("LiftQuarantine", "cell-a is gone")] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(&format!("\"method\":\"{method}\"")) && l.contains(reason)),
+            "{method} not audited:\n{log}"
+        );
+    }
+    drop(claims);
+    server.stop_with("TERM");
+}

@@ -22,7 +22,8 @@ module TopologyClaims
   ::I18n.load_path << File.expand_path("locale/en.yml", __dir__) if defined?(::I18n)
 
   # Raised (as ActiveRecord::RecordInvalid) when the service refused a claim of `record`; the
-  # refusal is in record.errors (`:taken` for CLAIM_TAKEN, `:claim_leased` for CLAIM_LEASED).
+  # refusal is in record.errors (`:taken` for CLAIM_TAKEN, `:claim_leased` for CLAIM_LEASED,
+  # `:restore_quarantine` for RESTORE_QUARANTINE).
   # `cause_error` is the TopologyClaims::ClaimError.
   class ClaimsInvalid < ::ActiveRecord::RecordInvalid
     attr_reader :claims_error
@@ -352,6 +353,10 @@ module TopologyClaims
       @unconfirmed = nil
     end
 
+    # The validation error each refusal about one claim becomes.
+    VALIDATION_ERRORS = { ClaimTaken => :taken, ClaimLeased => :claim_leased,
+                          RestoreQuarantine => :restore_quarantine }.freeze
+
     def begin_lease(batch, config)
       client = TopologyClaims.client(config)
       lease_id = SecureRandom.uuid
@@ -366,11 +371,11 @@ module TopologyClaims
       rescue Unavailable
         @unconfirmed = [client, lease_id]
         raise
-      rescue ClaimTaken, ClaimLeased => e
+      rescue ClaimTaken, ClaimLeased, RestoreQuarantine => e
         record, attribute = batch.holder(e.claim_type, e.claim_value)
         raise unless record
 
-        record.errors.add(attribute, e.is_a?(ClaimTaken) ? :taken : :claim_leased, value: e.claim_value)
+        record.errors.add(attribute, VALIDATION_ERRORS.fetch(e.class), value: e.claim_value)
         raise ClaimsInvalid.new(record, e)
       end
       @lease = [client, lease_id]

@@ -38,6 +38,10 @@ module TopologyClaims
   class NotClaimOwner < ClaimError; end
   # BATCH_CONFLICT: the same claim twice in one BeginUpdate.
   class BatchConflict < ClaimError; end
+  # RESTORE_QUARANTINE: the claims store was restored from a backup and the cells have not all
+  # re-verified; a claim that does not exist may be one the restore lost, so it cannot be created
+  # yet. Try again later (retry_after, usually minutes).
+  class RestoreQuarantine < ClaimError; end
 
   # A refusal about one lease: `lease_id` names it.
   class LeaseError < CallError
@@ -90,7 +94,7 @@ module TopologyClaims
   REASONS = {
     "CLAIM_TAKEN" => ClaimTaken, "CLAIM_LEASED" => ClaimLeased,
     "CLAIM_NOT_FOUND" => ClaimNotFound, "NOT_CLAIM_OWNER" => NotClaimOwner,
-    "BATCH_CONFLICT" => BatchConflict,
+    "BATCH_CONFLICT" => BatchConflict, "RESTORE_QUARANTINE" => RestoreQuarantine,
     "LEASE_ROLLED_BACK" => LeaseRolledBack, "LEASE_COMMITTED" => LeaseCommitted,
     "LEASE_NOT_FOUND" => LeaseNotFound, "NOT_LEASE_OWNER" => NotLeaseOwner,
     "LEASE_ID_CONFLICT" => LeaseIdConflict, "LEASE_RENEWED" => LeaseRenewed,
