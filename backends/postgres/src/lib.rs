@@ -25,6 +25,7 @@ mod local;
 mod locks;
 mod migrations;
 mod options;
+mod restore;
 mod rows;
 mod session;
 mod sql;

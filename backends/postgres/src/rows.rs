@@ -3,14 +3,14 @@
 //!
 //! A row that does not decode is corrupt data, reported as `Internal`; nothing here decides.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use topology_claims::codec::{decode_request, encode_request};
 use topology_claims::domain::{
-    CellLeases, LeaseRecord, LeaseSummary, Outcome, SlotHolder, SlotRow,
+    CellLeases, LeaseRecord, LeaseSummary, Outcome, RestoreEpoch, SlotHolder, SlotRow,
 };
 use topology_claims::{
     CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease, LeaseId,
@@ -159,6 +159,63 @@ pub(crate) fn slots(rows: &[Row]) -> Result<(Timestamp, Vec<SlotRow>), ClaimsErr
         });
     }
     Ok((now, slots))
+}
+
+/// Separates the cell ids of `restore_epochs.expected_cells` (a cell id never contains it).
+const CELL_SEPARATOR: char = '\n';
+
+/// The text of `restore_epochs.expected_cells`: the cell ids joined with `'\n'`.
+pub(crate) fn cells_text(cells: &BTreeSet<CellId>) -> String {
+    let ids: Vec<&str> = cells.iter().map(CellId::as_str).collect();
+    ids.join(&CELL_SEPARATOR.to_string())
+}
+
+/// The store's clock and the latest restore epoch with its reports, from
+/// `sql::SELECT_RESTORE_STATE` (always at least one row).
+pub(crate) fn restore_state(
+    rows: &[Row],
+) -> Result<(Timestamp, Option<RestoreEpoch>), ClaimsError> {
+    const W: &str = "restore_epochs";
+    let first = rows.first().ok_or_else(|| corrupt(W, "no clock row"))?;
+    let now = timestamp(get(first, 0, W)?);
+    let Some(epoch) = get::<Option<i64>>(first, 1, W)? else {
+        return Ok((now, None));
+    };
+    let expected_cells = get::<&str>(first, 5, W)?
+        .split(CELL_SEPARATOR)
+        .filter(|cell| !cell.is_empty())
+        .map(|cell| CellId::parse(cell).map_err(|e| corrupt(W, e)))
+        .collect::<Result<BTreeSet<_>, _>>()?;
+    let lifted = match (get(first, 6, W)?, get::<Option<String>>(first, 7, W)?) {
+        (None, None) => None,
+        (Some(at), Some(reason)) => Some((timestamp(at), reason)),
+        _ => return Err(corrupt(W, "lifted_at and lift_reason are not both set")),
+    };
+    let mut reported = BTreeMap::new();
+    for row in rows {
+        let Some(cell) = get::<Option<&str>>(row, 8, W)? else {
+            continue; // no report yet
+        };
+        let cell_id = CellId::parse(cell).map_err(|e| corrupt("restore_reports", e))?;
+        reported.insert(cell_id, timestamp(get(row, 9, W)?));
+    }
+    let state = RestoreEpoch {
+        epoch: u64::try_from(epoch).map_err(|e| corrupt(W, e))?,
+        backup_time: timestamp(get(first, 2, W)?),
+        marked_at: timestamp(get(first, 3, W)?),
+        reason: get(first, 4, W)?,
+        expected_cells,
+        reported,
+        lifted,
+    };
+    Ok((now, Some(state)))
+}
+
+/// Cell ids, one per row (`sql::SELECT_HOLDING_CELLS`).
+pub(crate) fn cells(rows: &[Row]) -> Result<BTreeSet<CellId>, ClaimsError> {
+    rows.iter()
+        .map(|row| CellId::parse(get(row, 0, "cell")?).map_err(|e| corrupt("cell", e)))
+        .collect()
 }
 
 pub(crate) fn count(row: &Row) -> Result<u64, ClaimsError> {

@@ -33,6 +33,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_verification_slots",
         sql: include_str!("../migrations/0003_verification_slots.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_restore_epochs",
+        sql: include_str!("../migrations/0004_restore_epochs.sql"),
+    },
 ];
 
 /// Advisory lock class (first key of the two-key form) of schema migrations; the second key is
@@ -64,6 +69,11 @@ pub const KEY_STRIPE_LOCK_CLASS: i32 = 0x7C1A_0006;
 /// lock per store, as the table is one per schema): every acquire takes it before
 /// it reads `verification_slots` (see `store.rs`, "why a slot lock").
 pub const SLOT_LOCK_CLASS: i32 = 0x7C1A_0003;
+
+/// Advisory lock class of the restore epochs, second key `hashtext(current_schema())`: every
+/// mark, report and lift takes it before it reads `restore_epochs` (see `restore.rs`, "why a
+/// restore lock").
+pub const RESTORE_LOCK_CLASS: i32 = 0x7C1A_0007;
 
 /// The bookkeeping table of applied migrations (named so it cannot clash with an application's
 /// own `schema_migrations`).
@@ -387,6 +397,60 @@ ON CONFLICT (cell_id, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at";
 pub const RELEASE_SLOT: &str = "\
 DELETE FROM verification_slots WHERE cell_id = $1::text AND holder = $2::text
 RETURNING expires_at";
+
+/// `$1` [`RESTORE_LOCK_CLASS`]: the one lock every mark, report and lift holds (the text of
+/// [`LOCK_SLOTS`], a store-wide lock of another class).
+pub const LOCK_RESTORE: &str = LOCK_SLOTS;
+
+/// The store's clock and the latest restore epoch with its reports, in one statement (one
+/// snapshot): one row per report of the epoch, or one row with a NULL report when it has none,
+/// or one row of `(clock, NULL, …)` when the store was never marked restored. The clock is
+/// `statement_timestamp()`: in a mark, report or lift it is read after the restore lock was
+/// granted (`now()` is the transaction's start, which may be a lock wait earlier), so epochs,
+/// reports and lifts are stamped in the order they commit.
+pub const SELECT_RESTORE_STATE: &str = "\
+SELECT statement_timestamp(), e.epoch, e.backup_time, e.marked_at, e.reason, e.expected_cells,
+       e.lifted_at, e.lift_reason, r.cell_id, r.reported_at
+FROM (SELECT 1) AS t
+LEFT JOIN (SELECT epoch, backup_time, marked_at, reason, expected_cells, lifted_at, lift_reason
+           FROM restore_epochs ORDER BY epoch DESC LIMIT 1) AS e ON true
+LEFT JOIN restore_reports AS r ON r.epoch = e.epoch";
+
+/// Every cell with claims or outstanding leases. The claims' cells are a skip scan of
+/// `claims_by_cell_table_record` (one index probe per distinct cell, not a scan of every
+/// claim); outstanding leases are few, and `UNION` removes the duplicates.
+pub const SELECT_HOLDING_CELLS: &str = "\
+WITH RECURSIVE claim_cells(cell_id) AS (
+    (SELECT cell_id FROM claims ORDER BY cell_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT c.cell_id FROM claims AS c WHERE c.cell_id > claim_cells.cell_id
+            ORDER BY c.cell_id LIMIT 1)
+    FROM claim_cells WHERE claim_cells.cell_id IS NOT NULL)
+SELECT cell_id FROM claim_cells WHERE cell_id IS NOT NULL
+UNION
+SELECT cell_id FROM leases";
+
+/// A mark's new epoch: number, backup time, marked at, reason, expected cells (joined with
+/// `'\n'`), lifted at and lift reason (NULL unless no cell is expected).
+pub const INSERT_RESTORE_EPOCH: &str = "\
+INSERT INTO restore_epochs (epoch, backup_time, marked_at, reason, expected_cells, lifted_at,
+                            lift_reason)
+VALUES ($1::bigint, $2::timestamptz, $3::timestamptz, $4::text, $5::text, $6::timestamptz,
+        $7::text)";
+
+/// Cell `$2`'s verification pass report in epoch `$1`, at `$3`.
+pub const INSERT_RESTORE_REPORT: &str = "\
+INSERT INTO restore_reports (epoch, cell_id, reported_at)
+VALUES ($1::bigint, $2::text, $3::timestamptz)";
+
+/// Lifts the quarantine of epoch `$1` at `$2` for reason `$3`. The epoch was read quarantined
+/// under the restore lock, so it must still be (else TC001, retried).
+pub const LIFT_RESTORE_QUARANTINE: &str = "\
+WITH lifted AS (
+    UPDATE restore_epochs SET lifted_at = $2::timestamptz, lift_reason = $3::text
+    WHERE epoch = $1::bigint AND lifted_at IS NULL
+    RETURNING 1)
+SELECT topology_claims_expect_rows((SELECT count(*) FROM lifted), 1, 'lifting a restore quarantine')";
 
 pub const RENEW_LEASE: &str =
     "UPDATE leases SET last_renewed_at = now() WHERE lease_id = $1::uuid RETURNING last_renewed_at";

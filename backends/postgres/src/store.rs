@@ -114,6 +114,10 @@
 //! | decommission_step refused | 1 | |
 //! | acquire_verification_slot | 2 | `BEGIN`, slot lock, clock + every slot row · delete expired, upsert, `COMMIT` |
 //! | release_verification_slot | 1 | `DELETE … RETURNING` (autocommit) |
+//! | mark_restored | 2 | `BEGIN`, restore lock, clock + latest epoch and its reports, cells with claims or leases · epoch insert, `COMMIT` (`restore.rs`, "why a restore lock") |
+//! | report_verification_pass / lift_quarantine | 2 | `BEGIN`, restore lock, clock + latest epoch and its reports · report insert and/or lift, `COMMIT` |
+//! | mark refused; report or lift refused or with nothing to write | 1 | the first flight; `ROLLBACK` is sent without waiting |
+//! | restore_state | 1 | latest epoch and its reports (autocommit) |
 //!
 //! A connection's first use of an operation adds one round trip that prepares all of its
 //! statements at once. [`PostgresClaimStore::round_trips`] counts flights, for tests and the
@@ -127,7 +131,8 @@ use deadpool_postgres::Pool;
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionStep, EndPlan, GroupDecision, GroupOp, GroupReads, GroupResults,
-    GroupSnapshot, LeaseRecord, LeaseSummary, SlotGrant, SlotHolder, SlotLimit,
+    GroupSnapshot, LeaseRecord, LeaseSummary, MarkRestored, RestoreEpoch, SlotGrant, SlotHolder,
+    SlotLimit,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -788,6 +793,36 @@ impl ClaimStore for PostgresClaimStore {
             .run("ReleaseVerificationSlot", || {
                 self.release_slot_attempt(holder)
             })
+            .await
+    }
+
+    async fn restore_state(&self) -> Result<Option<RestoreEpoch>, ClaimsError> {
+        self.shared
+            .run("restore_state", || self.restore_state_attempt())
+            .await
+    }
+
+    async fn mark_restored(&self, request: &MarkRestored) -> Result<RestoreEpoch, ClaimsError> {
+        self.shared
+            .run("MarkRestored", || self.mark_restored_attempt(request))
+            .await
+    }
+
+    async fn report_verification_pass(
+        &self,
+        cell_id: &CellId,
+        epoch: u64,
+    ) -> Result<RestoreEpoch, ClaimsError> {
+        self.shared
+            .run("ReportVerificationPass", || {
+                self.report_attempt(cell_id, epoch)
+            })
+            .await
+    }
+
+    async fn lift_quarantine(&self, epoch: u64, reason: &str) -> Result<RestoreEpoch, ClaimsError> {
+        self.shared
+            .run("LiftQuarantine", || self.lift_attempt(epoch, reason))
             .await
     }
 

@@ -12,6 +12,7 @@ const ALL_MIGRATIONS: &[&str] = &[
     "0001_initial",
     "0002_decommissioned_cells",
     "0003_verification_slots",
+    "0004_restore_epochs",
 ];
 
 /// A migrated schema of its own, for the shared migration-rule cases (dropped at the end).

@@ -5,16 +5,7 @@ mod common;
 
 use topology_claims::testing::fixtures::{cell, creates, destroys, moved, username};
 use topology_claims::{BeginUpdate, ClaimStore, ClaimsError, TableName};
-use topology_claims_postgres::{PostgresClaimStore, PostgresOptions};
-
-async fn trips<T>(
-    store: &PostgresClaimStore,
-    op: impl std::future::Future<Output = T>,
-) -> (T, u64) {
-    let before = store.round_trips();
-    let out = op.await;
-    (out, store.round_trips() - before)
-}
+use topology_claims_postgres::PostgresOptions;
 
 #[tokio::test]
 async fn begin_and_commit_take_two_round_trips_each() {
@@ -43,21 +34,21 @@ async fn begin_and_commit_take_two_round_trips_each() {
         updates: vec![moved(&username("moving"), "p", TableName::Projects, 5)],
         ..creates(&a, &[username("x"), username("y"), username("z")])
     };
-    let (lease, n) = trips(&store, store.begin_update(request)).await;
+    let (lease, n) = common::trips(&store, store.begin_update(request)).await;
     let lease = lease.unwrap();
     assert_eq!(n, 2, "BeginUpdate");
-    let (renewed, n) = trips(&store, store.renew_lease(&a, lease.lease_id)).await;
+    let (renewed, n) = common::trips(&store, store.renew_lease(&a, lease.lease_id)).await;
     renewed.unwrap();
     assert_eq!(n, 2, "RenewLease");
-    let (done, n) = trips(&store, store.commit_update(&a, lease.lease_id)).await;
+    let (done, n) = common::trips(&store, store.commit_update(&a, lease.lease_id)).await;
     done.unwrap();
     assert_eq!(n, 2, "CommitUpdate");
     let updated = store.lookup_claim(&username("moving").key).await.unwrap();
     assert_eq!(updated.record.table_name, TableName::Projects);
-    let (again, n) = trips(&store, store.commit_update(&a, lease.lease_id)).await;
+    let (again, n) = common::trips(&store, store.commit_update(&a, lease.lease_id)).await;
     again.unwrap();
     assert_eq!(n, 1, "CommitUpdate of a committed lease");
-    let (refused, n) = trips(
+    let (refused, n) = common::trips(
         &store,
         store.begin_update(destroys(&a, &[username("absent")])),
     )
@@ -68,10 +59,10 @@ async fn begin_and_commit_take_two_round_trips_each() {
         .begin_update(creates(&a, &[username("undo")]))
         .await
         .unwrap();
-    let (undone, n) = trips(&store, store.rollback_update(&a, lease.lease_id, None)).await;
+    let (undone, n) = common::trips(&store, store.rollback_update(&a, lease.lease_id, None)).await;
     undone.unwrap();
     assert_eq!(n, 2, "RollbackUpdate");
-    let (found, n) = trips(&store, store.lookup_claim(&username("x").key)).await;
+    let (found, n) = common::trips(&store, store.lookup_claim(&username("x").key)).await;
     found.unwrap();
     assert_eq!(n, 1, "LookupClaim");
     if let Some(admin) = common::admin().await {

@@ -26,7 +26,7 @@ pub struct BackupSummary {
     pub claims: i64,
     /// Outstanding leases.
     pub leases: i64,
-    /// The newest schema migration applied, e.g. `0004_claim_updates`.
+    /// The newest schema migration applied, e.g. `0005_restore_epochs`.
     pub schema: String,
 }
 

@@ -12,7 +12,7 @@
 //! twin of `topology_claims::domain::Tables`, statement for statement).
 //!
 //! ## Schema (`migrations/0001_initial.sql`, `0002_decommissioned_cells.sql`,
-//! `0003_verification_slots.sql`)
+//! `0003_verification_slots.sql`, `0004_claim_updates.sql`, `0005_restore_epochs.sql`)
 //!
 //! | table | key | columns |
 //! |---|---|---|
@@ -21,6 +21,8 @@
 //! | `lease_outcomes` | `lease_id` | `cell_id`, `outcome` (1 committed, 2 rolled back), `decided_at` |
 //! | `decommissioned_cells` | `cell_id` | `decommissioned_at` (BeginUpdate of a listed cell is refused) |
 //! | `verification_slots` | `(cell_id, holder)` | `expires_at` (a row past it is a free slot) |
+//! | `restore_epochs` | `epoch` | `backup_time`, `marked_at`, `reason`, `expected_cells` (cell ids joined with `'\n'`, empty for none), `lifted_at` + `lift_reason` (NULL while quarantined); every epoch stays, the highest is the store's state |
+//! | `restore_reports` | `(epoch, cell_id)` | `reported_at` (a cell's whole verification pass in that epoch) |
 //!
 //! Timestamps are INTEGER unix microseconds from the store's [`Clock`](topology_claims::Clock),
 //! lease ids lowercase hyphenated TEXT (TEXT order is then UUID order, the order of
@@ -46,7 +48,10 @@
 //! so at most `2N + 3` statements, all prepared once and cached, none of them a network round
 //! trip. CommitUpdate/RollbackUpdate: 1–2 reads, then one conditional `DELETE` or `UPDATE … WHERE
 //! lease_id = ?` per claim of the lease, the lease row's `DELETE` and the outcome's `INSERT`.
-//! RenewLease: 1–2 reads and one `UPDATE`. ListClaims reads 1 range (plus, when a page ends
+//! RenewLease: 1–2 reads and one `UPDATE`. A restore mark reads the latest epoch (2 statements)
+//! and the cells holding claims (a skip scan of the record index, one probe per cell) or
+//! outstanding leases, then inserts one row; a report or lift reads the latest epoch and writes
+//! at most one insert and one conditional `UPDATE`. ListClaims reads 1 range (plus, when a page ends
 //! inside a record id, that record's claims and one `EXISTS`) in one read snapshot.
 //!
 //! A conditional write that matches nothing, or a constraint violation, means some other writer
@@ -81,6 +86,7 @@ mod connection;
 mod error;
 mod local;
 mod migrations;
+mod restore;
 mod rows;
 mod store;
 

@@ -40,6 +40,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0004_claim_updates",
         sql: include_str!("../migrations/0004_claim_updates.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_restore_epochs",
+        sql: include_str!("../migrations/0005_restore_epochs.sql"),
+    },
 ];
 
 const CREATE_SCHEMA_MIGRATIONS: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -18,7 +18,7 @@ use crate::error::StoreError;
 pub(crate) const CLAIM_COLUMNS: &str = "claim_type, claim_value, cell_id, owner_type, \
      owner_value, table_name, table_record_id, lease_id, lease_op, created_at, updated_at";
 
-fn corrupt(table: &str, detail: impl std::fmt::Display) -> ClaimsError {
+pub(crate) fn corrupt(table: &str, detail: impl std::fmt::Display) -> ClaimsError {
     ClaimsError::internal(format!("corrupt row in SQLite table {table}: {detail}"))
 }
 

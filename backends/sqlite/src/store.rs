@@ -20,7 +20,7 @@ use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, CellLeases, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan,
     EndWrites, GroupOp, GroupReads, GroupResults, GroupSnapshot, GroupWrites, LeaseRecord,
-    LeaseSummary, SlotGrant, SlotHolder, SlotLimit, SlotRow,
+    LeaseSummary, MarkRestored, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, SlotRow,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Clock,
@@ -30,6 +30,7 @@ use topology_claims::{
 use crate::connection::{open_service_connection, SharedConnection, SqliteOptions};
 use crate::error::{retry, retry_counted, StoreError};
 use crate::migrations;
+use crate::restore;
 use crate::rows::{self, lease_id_text, select_claims, LeaseRow, LEASE_COLUMNS};
 
 /// The service's store on a SQLite file (see the crate docs for the schema and durability).
@@ -786,6 +787,32 @@ impl ClaimStore for SqliteClaimStore {
     async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError> {
         let holder = holder.clone();
         self.write(move |tx, _| release_slot(tx, &holder)).await
+    }
+
+    async fn restore_state(&self) -> Result<Option<RestoreEpoch>, ClaimsError> {
+        self.read(|conn, _| restore::latest(conn)).await
+    }
+
+    async fn mark_restored(&self, request: &MarkRestored) -> Result<RestoreEpoch, ClaimsError> {
+        let request = request.clone();
+        self.write(move |tx, now| restore::mark(tx, &request, now))
+            .await
+    }
+
+    async fn report_verification_pass(
+        &self,
+        cell_id: &CellId,
+        epoch: u64,
+    ) -> Result<RestoreEpoch, ClaimsError> {
+        let cell_id = cell_id.clone();
+        self.write(move |tx, now| restore::report(tx, &cell_id, epoch, now))
+            .await
+    }
+
+    async fn lift_quarantine(&self, epoch: u64, reason: &str) -> Result<RestoreEpoch, ClaimsError> {
+        let reason = reason.to_owned();
+        self.write(move |tx, now| restore::lift(tx, epoch, &reason, now))
+            .await
     }
 
     async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {

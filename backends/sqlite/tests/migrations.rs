@@ -13,6 +13,7 @@ const ALL_MIGRATIONS: &[&str] = &[
     "0002_decommissioned_cells",
     "0003_verification_slots",
     "0004_claim_updates",
+    "0005_restore_epochs",
 ];
 
 fn temp_dir() -> TempDir {

@@ -122,3 +122,13 @@ async fn sweep_stale_schemas(client: &Client) {
 pub fn test_error(e: impl std::fmt::Display) -> ClaimsError {
     ClaimsError::internal(e.to_string())
 }
+
+/// `op`'s answer and the round trips `store` counted while it ran (the table in `store.rs`).
+pub async fn trips<T>(
+    store: &PostgresClaimStore,
+    op: impl std::future::Future<Output = T>,
+) -> (T, u64) {
+    let before = store.round_trips();
+    let out = op.await;
+    (out, store.round_trips() - before)
+}

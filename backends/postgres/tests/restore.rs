@@ -1,0 +1,149 @@
+//! Restore epochs on PostgreSQL beyond the shared conformance cases: concurrent marks number
+//! distinct, consecutive epochs stamped in order, concurrent reports of every expected cell lift
+//! the quarantine (without the restore lock each would see another one pending, and none would
+//! lift), and each call takes its documented round trips.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use tokio::task::JoinSet;
+use topology_claims::domain::restore::LIFTED_BY_REPORTS;
+use topology_claims::domain::MarkRestored;
+use topology_claims::testing::fixtures::{cell, creates, username};
+use topology_claims::{ClaimStore, Timestamp};
+use topology_claims_postgres::{PostgresClaimStore, PostgresOptions};
+
+const CELLS: usize = 8;
+
+fn mark(reason: &str) -> MarkRestored {
+    MarkRestored {
+        backup_time: Timestamp::from_unix_micros(1_700_000_000_000_000),
+        reason: reason.to_owned(),
+        expect_cells: vec![],
+    }
+}
+
+async fn store(pool_size: usize) -> Option<(PostgresClaimStore, String)> {
+    common::fresh_store_with(|o| PostgresOptions { pool_size, ..o }).await
+}
+
+async fn drop_schema(schema: &str) {
+    if let Some(admin) = common::admin().await {
+        common::drop_schema(&admin, schema).await;
+    }
+}
+
+async fn committed_claim_of(store: &PostgresClaimStore, cell_name: &str) {
+    let c = cell(cell_name);
+    let lease = store
+        .begin_update(creates(&c, &[username(&format!("{cell_name}-name"))]))
+        .await
+        .unwrap();
+    store.commit_update(&c, lease.lease_id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_marks_number_distinct_consecutive_epochs() {
+    let Some((store, schema)) = store(CELLS).await else {
+        return;
+    };
+    let mut tasks = JoinSet::new();
+    for i in 0..CELLS {
+        let store = store.clone();
+        tasks.spawn(async move { store.mark_restored(&mark(&format!("mark {i}"))).await });
+    }
+    let mut epochs = Vec::new();
+    while let Some(marked) = tasks.join_next().await {
+        epochs.push(marked.unwrap().unwrap());
+    }
+    let numbers: BTreeSet<u64> = epochs.iter().map(|e| e.epoch).collect();
+    assert_eq!(numbers, (1..=CELLS as u64).collect());
+    epochs.sort_by_key(|e| e.epoch);
+    assert!(
+        epochs.windows(2).all(|w| w[0].marked_at <= w[1].marked_at),
+        "epochs are stamped in the order they commit"
+    );
+    let latest = store.restore_state().await.unwrap().unwrap();
+    assert_eq!(&latest, epochs.last().unwrap());
+    drop_schema(&schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_reports_of_every_expected_cell_lift_the_quarantine() {
+    let Some((store, schema)) = store(CELLS).await else {
+        return;
+    };
+    let names: Vec<String> = (0..CELLS).map(|i| format!("cell-{i}")).collect();
+    for name in &names {
+        committed_claim_of(&store, name).await;
+    }
+    let marked = store.mark_restored(&mark("drill")).await.unwrap();
+    assert_eq!(marked.expected_cells.len(), CELLS);
+    let mut tasks = JoinSet::new();
+    for name in names.clone() {
+        let store = store.clone();
+        tasks.spawn(async move {
+            store
+                .report_verification_pass(&cell(&name), marked.epoch)
+                .await
+        });
+    }
+    let mut lifts = 0;
+    while let Some(reported) = tasks.join_next().await {
+        lifts += usize::from(reported.unwrap().unwrap().lifted.is_some());
+    }
+    assert!(lifts >= 1, "the last report saw every other one");
+    let state = store.restore_state().await.unwrap().unwrap();
+    assert_eq!(state.reported.len(), CELLS);
+    let (lifted_at, reason) = state.lifted.expect("lifted by the reports");
+    assert_eq!(reason, LIFTED_BY_REPORTS);
+    assert!(state.reported.values().all(|at| *at <= lifted_at));
+    drop_schema(&schema).await;
+}
+
+#[tokio::test]
+async fn restore_calls_take_their_documented_round_trips() {
+    // One pooled connection: every call finds its statements prepared after the warm-up.
+    let Some((store, schema)) = store(1).await else {
+        return;
+    };
+    committed_claim_of(&store, "cell-a").await;
+    committed_claim_of(&store, "cell-b").await;
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+    let warm = store.mark_restored(&mark("warm-up")).await.unwrap();
+    store
+        .report_verification_pass(&a, warm.epoch)
+        .await
+        .unwrap();
+    store.lift_quarantine(warm.epoch, "warm-up").await.unwrap();
+    store.restore_state().await.unwrap();
+
+    let (marked, n) = common::trips(&store, store.mark_restored(&mark("drill"))).await;
+    let marked = marked.unwrap();
+    assert_eq!(n, 2, "mark_restored");
+    let (refused, n) = common::trips(&store, store.mark_restored(&mark(" "))).await;
+    refused.unwrap_err();
+    assert_eq!(n, 1, "a refused mark");
+    let (reported, n) =
+        common::trips(&store, store.report_verification_pass(&a, marked.epoch)).await;
+    assert!(reported.unwrap().quarantined());
+    assert_eq!(n, 2, "report_verification_pass");
+    let (again, n) = common::trips(&store, store.report_verification_pass(&a, marked.epoch)).await;
+    again.unwrap();
+    assert_eq!(n, 1, "a repeated report writes nothing");
+    let (last, n) = common::trips(&store, store.report_verification_pass(&b, marked.epoch)).await;
+    assert!(!last.unwrap().quarantined());
+    assert_eq!(n, 2, "the last report and its lift");
+    let (lifted, n) = common::trips(&store, store.lift_quarantine(marked.epoch, "ops")).await;
+    lifted.unwrap();
+    assert_eq!(n, 1, "a lift of a lifted epoch writes nothing");
+    let next = store.mark_restored(&mark("again")).await.unwrap();
+    let (lifted, n) = common::trips(&store, store.lift_quarantine(next.epoch, "ops")).await;
+    assert!(!lifted.unwrap().quarantined());
+    assert_eq!(n, 2, "lift_quarantine");
+    let (state, n) = common::trips(&store, store.restore_state()).await;
+    assert_eq!(state.unwrap().unwrap().epoch, next.epoch);
+    assert_eq!(n, 1, "restore_state");
+    drop_schema(&schema).await;
+}
