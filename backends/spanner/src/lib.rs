@@ -9,18 +9,21 @@
 //! The crate does I/O only. Every protocol rule lives in `topology_claims::domain`: each write
 //! is one read-write transaction that reads the rows a request touches, asks the domain, and
 //! buffers exactly the mutations it decided (the twin of `topology_claims::domain::Tables`).
-//! Time is Spanner's: every timestamp written is the commit timestamp, and `server_time` is the
-//! read timestamp of a strong snapshot. docs/backends/spanner.md has the schema, the indexes,
-//! the IAM roles and the emulator recipe.
+//! Time is Spanner's: every timestamp written is the commit timestamp, or, where the domain
+//! decides with the clock (verification slot expiry, restore epochs), `CURRENT_TIMESTAMP()` of
+//! the transaction; `server_time` is the read timestamp of a strong snapshot.
+//! docs/backends/spanner.md has the schema, the indexes, the IAM roles and the emulator recipe.
 //!
 //! Modules: `config` (URL, options, client settings), `schema` (DDL migrations), `rows`
 //! (rows ↔ domain, mutations), `transaction` (the abort-retry loop), `store` (the port),
-//! `error` (failure classification).
+//! `group` (group commit), `outcomes` (outcome collection), `restore` (restore epochs and
+//! verification pass reports), `error` (failure classification).
 
 mod config;
 mod error;
 mod group;
 mod outcomes;
+mod restore;
 mod rows;
 mod schema;
 mod store;

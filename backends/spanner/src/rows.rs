@@ -60,15 +60,18 @@ pub(crate) fn select_list(columns: &[&str]) -> String {
     columns.join(", ")
 }
 
-fn corrupt(what: &str, detail: impl std::fmt::Display) -> ClaimsError {
+pub(crate) fn corrupt(what: &str, detail: impl std::fmt::Display) -> ClaimsError {
     ClaimsError::internal(format!("stored {what} is invalid: {detail}"))
 }
 
-fn column<T: gcloud_spanner::row::TryFromValue>(row: &Row, name: &str) -> Result<T, ClaimsError> {
+pub(crate) fn column<T: gcloud_spanner::row::TryFromValue>(
+    row: &Row,
+    name: &str,
+) -> Result<T, ClaimsError> {
     row.column_by_name(name).map_err(|e| corrupt("row", e))
 }
 
-fn timestamp(row: &Row, name: &str) -> Result<Timestamp, ClaimsError> {
+pub(crate) fn timestamp(row: &Row, name: &str) -> Result<Timestamp, ClaimsError> {
     let value: prost_types::Timestamp = column(row, name)?;
     Ok(timestamp_from_pb(&value))
 }
@@ -77,7 +80,7 @@ fn lease_id(text: &str) -> Result<LeaseId, ClaimsError> {
     LeaseId::parse(text).map_err(|e| corrupt("lease id", e))
 }
 
-fn cell_id(text: &str) -> Result<CellId, ClaimsError> {
+pub(crate) fn cell_id(text: &str) -> Result<CellId, ClaimsError> {
     CellId::parse(text).map_err(|e| corrupt("cell id", e))
 }
 

@@ -132,6 +132,33 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             )",
         ],
     },
+    // Restore epochs (domain::restore): one row per `admin mark-restored`, every earlier one
+    // kept as history; the latest (highest epoch) is the store's restore state. expected_cells
+    // holds the cell ids joined with '\n' (empty: none). lifted_at and lift_reason are NULL
+    // while the epoch is quarantined. restore_reports holds one row per cell that reported a
+    // whole verification pass in an epoch. Every timestamp is CURRENT_TIMESTAMP() of the
+    // writing transaction, written explicitly (as verification_slots.expires_at), so what the
+    // port returns is what is stored.
+    Migration {
+        version: 5,
+        name: "0005_restore_epochs",
+        statements: &[
+            "CREATE TABLE IF NOT EXISTS restore_epochs (
+                epoch INT64 NOT NULL,
+                backup_time TIMESTAMP NOT NULL,
+                marked_at TIMESTAMP NOT NULL,
+                reason STRING(MAX) NOT NULL,
+                expected_cells STRING(MAX) NOT NULL,
+                lifted_at TIMESTAMP,
+                lift_reason STRING(MAX),
+            ) PRIMARY KEY (epoch)",
+            "CREATE TABLE IF NOT EXISTS restore_reports (
+                epoch INT64 NOT NULL,
+                cell_id STRING(100) NOT NULL,
+                reported_at TIMESTAMP NOT NULL,
+            ) PRIMARY KEY (epoch, cell_id)",
+        ],
+    },
 ];
 
 /// How many values `lease_outcomes.decided_shard` takes (`0..OUTCOME_SHARDS`).

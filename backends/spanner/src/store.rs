@@ -22,8 +22,8 @@ use gcloud_spanner::transaction::{QueryOptions, ReadOptions, Transaction};
 use gcloud_spanner::value::TimestampBound;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, EndWrites,
-    GroupOp, GroupResults, LeaseOutcome, LeaseRecord, LeaseSummary, SlotGrant, SlotHolder,
-    SlotLimit,
+    GroupOp, GroupResults, LeaseOutcome, LeaseRecord, LeaseSummary, MarkRestored, RestoreEpoch,
+    SlotGrant, SlotHolder, SlotLimit,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -32,6 +32,7 @@ use topology_claims::{
 
 use crate::config::{DatabaseName, SpannerOptions};
 use crate::error::{client_error, status_error, TxError};
+use crate::restore::RestoreWrite;
 use crate::rows::{
     self, CLAIMS, CLAIM_COLUMNS, DECOMMISSIONED, LEASES, LEASE_COLUMNS, OUTCOMES, OUTCOME_COLUMNS,
     SLOTS,
@@ -263,7 +264,7 @@ impl SpannerClaimStore {
 
     /// Runs a query inside a read-write transaction: a failed RPC stays a `TxError::Status`, so
     /// an abort re-runs the attempt.
-    async fn query_in<T>(
+    pub(crate) async fn query_in<T>(
         &self,
         tx: &mut Transaction,
         stmt: Statement,
@@ -816,6 +817,31 @@ impl ClaimStore for SpannerClaimStore {
             }
         };
         answer
+    }
+
+    async fn restore_state(&self) -> Result<Option<RestoreEpoch>, ClaimsError> {
+        self.read_restore_state().await
+    }
+
+    async fn mark_restored(&self, request: &MarkRestored) -> Result<RestoreEpoch, ClaimsError> {
+        self.write_restore(RestoreWrite::Mark(request)).await
+    }
+
+    async fn report_verification_pass(
+        &self,
+        cell_id: &CellId,
+        epoch: u64,
+    ) -> Result<RestoreEpoch, ClaimsError> {
+        self.write_restore(RestoreWrite::Report {
+            cell: cell_id,
+            epoch,
+        })
+        .await
+    }
+
+    async fn lift_quarantine(&self, epoch: u64, reason: &str) -> Result<RestoreEpoch, ClaimsError> {
+        self.write_restore(RestoreWrite::Lift { epoch, reason })
+            .await
     }
 
     /// One read-write transaction per group (`group_attempt`). A group that would write more

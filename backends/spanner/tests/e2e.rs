@@ -45,6 +45,7 @@ fn request(
         destroys_claims: destroys.to_vec(),
         updates_claims: Vec::new(),
         lease_id: String::new(),
+        restore_correction: false,
     }
 }
 

@@ -122,7 +122,8 @@ fn migrate_creates_the_database_once_and_is_idempotent() {
                 "0001_initial",
                 "0002_decommissioned_cells",
                 "0003_verification_slots",
-                "0004_claim_updates"
+                "0004_claim_updates",
+                "0005_restore_epochs"
             ]
         );
         let again = topology_claims_spanner::migrate(&url, options.clone(), true)
@@ -160,7 +161,8 @@ fn pending_migrations_are_refused_or_applied_through_update_database_ddl() {
                     "0001_initial".into(),
                     "0002_decommissioned_cells".into(),
                     "0003_verification_slots".into(),
-                    "0004_claim_updates".into()
+                    "0004_claim_updates".into(),
+                    "0005_restore_epochs".into()
                 ]
             }
         );
