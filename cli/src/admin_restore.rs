@@ -51,7 +51,8 @@ fn print_status(status: &apb::RestoreStatus) {
         println!("the store was never marked restored");
         return;
     }
-    let time = |t: Option<&prost_types::Timestamp>| t.map_or_else(|| "-".to_owned(), |t| t.to_string());
+    let time =
+        |t: Option<&prost_types::Timestamp>| t.map_or_else(|| "-".to_owned(), |t| t.to_string());
     println!("restore epoch:   {}", status.epoch);
     println!("backup time:     {}", time(status.backup_time.as_ref()));
     println!("marked at:       {}", time(status.marked_at.as_ref()));

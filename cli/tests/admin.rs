@@ -665,7 +665,14 @@ async fn restore_marks_and_lifts_are_audited_and_show_in_the_metrics() {
     let malformed = admin(
         dir.path(),
         &server,
-        &["mark-restored", "--backup-time", "yesterday", "--reason", "x", "--yes"],
+        &[
+            "mark-restored",
+            "--backup-time",
+            "yesterday",
+            "--reason",
+            "x",
+            "--yes",
+        ],
     )
     .await;
     assert_eq!(malformed.status.code(), Some(2));
@@ -673,32 +680,65 @@ async fn restore_marks_and_lifts_are_audited_and_show_in_the_metrics() {
     let future = admin(
         dir.path(),
         &server,
-        &["mark-restored", "--backup-time", "2999-01-01T00:00:00Z", "--reason", "x", "--yes"],
+        &[
+            "mark-restored",
+            "--backup-time",
+            "2999-01-01T00:00:00Z",
+            "--reason",
+            "x",
+            "--yes",
+        ],
     )
     .await;
     assert_eq!(future.status.code(), Some(2));
-    assert!(text(&future.stderr).contains("backup_time"), "{}", text(&future.stderr));
+    assert!(
+        text(&future.stderr).contains("backup_time"),
+        "{}",
+        text(&future.stderr)
+    );
 
     let mark = admin(
         dir.path(),
         &server,
-        &["mark-restored", "--backup-time", "2026-01-01T00:00:00Z", "--reason", "INC-1", "--yes"],
+        &[
+            "mark-restored",
+            "--backup-time",
+            "2026-01-01T00:00:00Z",
+            "--reason",
+            "INC-1",
+            "--yes",
+        ],
     )
     .await;
     assert!(mark.status.success(), "{}", text(&mark.stderr));
     let shown = text(&mark.stdout);
-    assert!(shown.contains("restore epoch:   1") && shown.contains("pending   cell-a"), "{shown}");
+    assert!(
+        shown.contains("restore epoch:   1") && shown.contains("pending   cell-a"),
+        "{shown}"
+    );
     let scraped = common::scrape(metrics);
-    assert_eq!(common::value(&scraped, "topology_claims_restore_epoch", &[]), Some(1.0));
-    assert_eq!(common::value(&scraped, "topology_claims_restore_quarantine", &[]), Some(1.0));
-    assert_eq!(common::value(&scraped, "topology_claims_restore_cells_pending", &[]), Some(1.0));
+    assert_eq!(
+        common::value(&scraped, "topology_claims_restore_epoch", &[]),
+        Some(1.0)
+    );
+    assert_eq!(
+        common::value(&scraped, "topology_claims_restore_quarantine", &[]),
+        Some(1.0)
+    );
+    assert_eq!(
+        common::value(&scraped, "topology_claims_restore_cells_pending", &[]),
+        Some(1.0)
+    );
 
     let b = cell("cell-b");
     let refused = claims
         .begin_update(creates(&b, &[username("lost")]))
         .await
         .unwrap_err();
-    assert!(matches!(refused, ClaimsError::RestoreQuarantine { epoch: 1, .. }), "{refused:?}");
+    assert!(
+        matches!(refused, ClaimsError::RestoreQuarantine { epoch: 1, .. }),
+        "{refused:?}"
+    );
     let taken = claims
         .begin_update(creates(&b, &[username("held")]))
         .await
@@ -713,28 +753,56 @@ async fn restore_marks_and_lifts_are_audited_and_show_in_the_metrics() {
     let wrong = admin(
         dir.path(),
         &server,
-        &["lift-quarantine", "--epoch", "2", "--reason", "ops", "--yes"],
+        &[
+            "lift-quarantine",
+            "--epoch",
+            "2",
+            "--reason",
+            "ops",
+            "--yes",
+        ],
     )
     .await;
     assert_eq!(wrong.status.code(), Some(2));
-    assert!(text(&wrong.stderr).contains("RESTORE_EPOCH_MISMATCH"), "{}", text(&wrong.stderr));
+    assert!(
+        text(&wrong.stderr).contains("RESTORE_EPOCH_MISMATCH"),
+        "{}",
+        text(&wrong.stderr)
+    );
     let lift = admin(
         dir.path(),
         &server,
-        &["lift-quarantine", "--epoch", "1", "--reason", "cell-a is gone", "--yes"],
+        &[
+            "lift-quarantine",
+            "--epoch",
+            "1",
+            "--reason",
+            "cell-a is gone",
+            "--yes",
+        ],
     )
     .await;
     assert!(lift.status.success(), "{}", text(&lift.stderr));
-    assert!(text(&lift.stdout).contains("lifted at"), "{}", text(&lift.stdout));
+    assert!(
+        text(&lift.stdout).contains("lifted at"),
+        "{}",
+        text(&lift.stdout)
+    );
     let scraped = common::scrape(metrics);
-    assert_eq!(common::value(&scraped, "topology_claims_restore_quarantine", &[]), Some(0.0));
+    assert_eq!(
+        common::value(&scraped, "topology_claims_restore_quarantine", &[]),
+        Some(0.0)
+    );
     claims
         .begin_update(creates(&b, &[username("fresh")]))
         .await
         .unwrap();
 
     let log = std::fs::read_to_string(&audit).unwrap();
-    for (method, reason) in [("MarkRestored", "INC-1"), ("LiftQuarantine", "cell-a is gone")] {
+    for (method, reason) in [
+        ("MarkRestored", "INC-1"),
+        ("LiftQuarantine", "cell-a is gone"),
+    ] {
         assert!(
             log.lines()
                 .any(|l| l.contains(&format!("\"method\":\"{method}\"")) && l.contains(reason)),
@@ -742,5 +810,7 @@ async fn restore_marks_and_lifts_are_audited_and_show_in_the_metrics() {
         );
     }
     drop(claims);
-    server.stop_with("TERM");
+    tokio::task::spawn_blocking(move || server.stop_with("TERM"))
+        .await
+        .unwrap();
 }

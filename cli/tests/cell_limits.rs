@@ -52,6 +52,7 @@ fn list(cell: &str) -> pb::ListOutstandingLeasesRequest {
 fn begin(cell: &str, value: &str) -> pb::BeginUpdateRequest {
     pb::BeginUpdateRequest {
         local_transaction: String::new(),
+        restore_correction: false,
         cell_id: cell.to_owned(),
         lease_id: LeaseId::generate().to_string(),
         creates_claims: vec![pb::ClaimRecord {

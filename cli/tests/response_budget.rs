@@ -85,6 +85,7 @@ async fn a_cell_with_4_mb_of_outstanding_leases_is_listed_and_healed_and_its_rec
     for lease in 0..LEASES {
         let request = pb::BeginUpdateRequest {
             local_transaction: String::new(),
+            restore_correction: false,
             cell_id: CELL.into(),
             creates_claims: (0..CLAIMS_PER_LEASE).map(|n| claim(lease, n)).collect(),
             destroys_claims: Vec::new(),
@@ -126,6 +127,7 @@ async fn a_cell_with_4_mb_of_outstanding_leases_is_listed_and_healed_and_its_rec
     }
     let one_page = pb::ListOutstandingLeasesResponse {
         leases: listed.clone(),
+        restore: None,
         next_cursor: String::new(),
         server_time: None,
     };
@@ -349,6 +351,7 @@ fn largest_request(cell_id: &str, lease_id: &str) -> pb::BeginUpdateRequest {
     let target = MAX_REQUEST_BYTES - 30;
     let mut request = pb::BeginUpdateRequest {
         local_transaction: String::new(),
+        restore_correction: false,
         cell_id: cell_id.into(),
         creates_claims: Vec::new(),
         destroys_claims: Vec::new(),

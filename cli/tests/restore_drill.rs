@@ -22,7 +22,9 @@ use std::time::Duration;
 use common::{command, pg::FreshDb, text, Server};
 use topology_claims::cell::{ClaimsClient, ClientConfig};
 use topology_claims::testing::fixtures::{cell, creates, destroys, record_in};
-use topology_claims::{CellId, ClaimKey, ClaimRecord, ClaimState, ClaimType, ClaimsError, LeaseId, TableName};
+use topology_claims::{
+    CellId, ClaimKey, ClaimRecord, ClaimState, ClaimType, ClaimsError, LeaseId, TableName,
+};
 
 /// A cell: its SQLite database (a `users` table and `leases_outstanding`) and its client.
 struct Cell {
@@ -132,7 +134,10 @@ query = "SELECT id, 'username', name, 'user', CAST(id AS TEXT), created_at FROM 
     }
 
     fn names(&self) -> Vec<String> {
-        let mut statement = self.conn.prepare("SELECT name FROM users ORDER BY id").unwrap();
+        let mut statement = self
+            .conn
+            .prepare("SELECT name FROM users ORDER BY id")
+            .unwrap();
         let rows = statement.query_map([], |r| r.get(0)).unwrap();
         rows.map(Result::unwrap).collect()
     }
@@ -148,7 +153,11 @@ async fn cli(dir: &Path, args: Vec<String>) -> Output {
     tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let output = command(&dir, &args).output().expect("run topology-claims");
-        eprintln!("$ topology-claims {}\n{}", args.join(" "), text(&output.stderr));
+        eprintln!(
+            "$ topology-claims {}\n{}",
+            args.join(" "),
+            text(&output.stderr)
+        );
         output
     })
     .await
@@ -160,7 +169,8 @@ fn strings(args: &[&str]) -> Vec<String> {
 }
 
 async fn start_server(dir: &Path, store: &str, extra: &[&str]) -> Server {
-    let args: Vec<String> = strings(&[&["--listen", "127.0.0.1:0", "--store", store], extra].concat());
+    let args: Vec<String> =
+        strings(&[&["--listen", "127.0.0.1:0", "--store", store], extra].concat());
     let dir = dir.to_owned();
     tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -206,13 +216,25 @@ impl Store {
             Store::Sqlite(_) => {
                 cli(
                     dir,
-                    strings(&["backup", "--store", &self.url(), "--to", to.to_str().unwrap()]),
+                    strings(&[
+                        "backup",
+                        "--store",
+                        &self.url(),
+                        "--to",
+                        to.to_str().unwrap(),
+                    ]),
                 )
                 .await
             }
-            Store::Postgres(db) => run_tool("pg_dump", &["-Fc", "-f", to.to_str().unwrap(), &db.url]).await,
+            Store::Postgres(db) => {
+                run_tool("pg_dump", &["-Fc", "-f", to.to_str().unwrap(), &db.url]).await
+            }
         };
-        assert!(output.status.success(), "backup failed: {}", text(&output.stderr));
+        assert!(
+            output.status.success(),
+            "backup failed: {}",
+            text(&output.stderr)
+        );
     }
 
     /// Replaces the store with the backup `from` (`serve` is stopped).
@@ -233,21 +255,30 @@ impl Store {
                 .await
             }
             Store::Postgres(db) => {
-                db.admin
-                    .batch_execute(&format!(
-                        "DROP DATABASE {0} WITH (FORCE); CREATE DATABASE {0}",
-                        db.name
-                    ))
-                    .await
-                    .unwrap();
+                for statement in [
+                    format!("DROP DATABASE {} WITH (FORCE)", db.name),
+                    format!("CREATE DATABASE {}", db.name),
+                ] {
+                    db.admin.batch_execute(&statement).await.unwrap();
+                }
                 run_tool(
                     "pg_restore",
-                    &["--no-owner", "--exit-on-error", "-d", &db.url, from.to_str().unwrap()],
+                    &[
+                        "--no-owner",
+                        "--exit-on-error",
+                        "-d",
+                        &db.url,
+                        from.to_str().unwrap(),
+                    ],
                 )
                 .await
             }
         };
-        assert!(output.status.success(), "restore failed: {}", text(&output.stderr));
+        assert!(
+            output.status.success(),
+            "restore failed: {}",
+            text(&output.stderr)
+        );
     }
 }
 
@@ -261,6 +292,23 @@ async fn run_tool(tool: &'static str, args: &[&str]) -> Output {
     })
     .await
     .unwrap()
+}
+
+/// Cell `b`'s sign-up of `name`: served, or refused by the quarantine (kept in `quarantined`).
+async fn attempt(b: &mut Cell, client: &ClaimsClient, name: &str, quarantined: &mut Vec<String>) {
+    match b.sign_up(client, name).await {
+        Ok(()) => {}
+        Err(ClaimsError::RestoreQuarantine {
+            claim,
+            epoch,
+            retry_after,
+        }) => {
+            assert_eq!((claim, epoch), (key(name), 1));
+            assert!(retry_after > Duration::ZERO, "with a RetryInfo");
+            quarantined.push(name.to_owned());
+        }
+        Err(other) => panic!("sign-up of {name} by cell-b: {other}"),
+    }
 }
 
 /// What the scenario left, for the checks.
@@ -308,46 +356,49 @@ async fn drill(store: &Store, dir: &Path, marked: bool) -> Outcome {
     b.sign_up(&client, "bob-late").await.unwrap();
 
     // The disaster: the store comes back from the backup.
+    drop(client);
     stop_server(server).await;
     store.restore(dir, &backup).await;
     let server = start_server(dir, &url, &["--restore-quarantine", quarantine]).await;
     let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
-    assert_eq!(owner(&client, "alice-late-1").await, None, "lost by the restore");
-    assert!(owner(&client, "alice-1").await.is_some(), "back from the restore");
+    assert_eq!(
+        owner(&client, "alice-late-1").await,
+        None,
+        "lost by the restore"
+    );
+    assert!(
+        owner(&client, "alice-1").await.is_some(),
+        "back from the restore"
+    );
     let endpoint = server.endpoint();
     if marked {
         let mark = cli(
             dir,
             strings(&[
-                "admin", "--server", &endpoint, "mark-restored", "--backup-time", &backup_time,
-                "--reason", "restore drill", "--yes",
+                "admin",
+                "--server",
+                &endpoint,
+                "mark-restored",
+                "--backup-time",
+                &backup_time,
+                "--reason",
+                "restore drill",
+                "--yes",
             ]),
         )
         .await;
         assert!(mark.status.success(), "mark-restored failed");
         let out = text(&mark.stdout);
-        assert!(out.contains("restore epoch:   1") && out.contains("2 expected"), "{out}");
+        assert!(
+            out.contains("restore epoch:   1") && out.contains("2 expected"),
+            "{out}"
+        );
     }
 
     // Another cell's sign-ups of the lost names, and of a new one, while the cells catch up.
     let mut quarantined = Vec::new();
-    let attempt = |b: &mut Cell, name: &str, quarantined: &mut Vec<String>| {
-        let name = name.to_owned();
-        let client = client.clone();
-        async move {
-            match b.sign_up(&client, &name).await {
-                Ok(()) => {}
-                Err(ClaimsError::RestoreQuarantine { claim, epoch, retry_after }) => {
-                    assert_eq!((claim, epoch), (key(&name), 1));
-                    assert!(retry_after > Duration::ZERO, "with a RetryInfo");
-                    quarantined.push(name);
-                }
-                Err(other) => panic!("sign-up of {name} by cell-b: {other}"),
-            }
-        }
-    };
-    attempt(&mut b, "alice-late-1", &mut quarantined).await;
-    attempt(&mut b, "brand-new", &mut quarantined).await;
+    attempt(&mut b, &client, "alice-late-1", &mut quarantined).await;
+    attempt(&mut b, &client, "brand-new", &mut quarantined).await;
 
     // The sidecars, as operators run them after a restore: reconcile first, then verify.
     let mut reports = String::new();
@@ -356,8 +407,16 @@ async fn drill(store: &Store, dir: &Path, marked: bool) -> Outcome {
         let out = cli(
             dir,
             strings(&[
-                "reconcile", "--once", "--server", &endpoint, "--cell-id", cell.id.as_str(),
-                "--local-db", &cell.local_url(), "--staleness", "1s",
+                "reconcile",
+                "--once",
+                "--server",
+                &endpoint,
+                "--cell-id",
+                cell.id.as_str(),
+                "--local-db",
+                &cell.local_url(),
+                "--staleness",
+                "1s",
             ]),
         )
         .await;
@@ -368,22 +427,35 @@ async fn drill(store: &Store, dir: &Path, marked: bool) -> Outcome {
     for which in ["cell-a", "cell-b"] {
         if which == "cell-b" {
             // cell-a has re-verified, cell-b not yet: still quarantined.
-            attempt(&mut b, "brand-new-2", &mut quarantined).await;
+            attempt(&mut b, &client, "brand-new-2", &mut quarantined).await;
         }
         let cell: &Cell = if which == "cell-a" { &a } else { &b };
         let source = dir.join(format!("{}.toml", cell.id));
         let out = cli(
             dir,
             strings(&[
-                "verify", "--server", &endpoint, "--cell-id", cell.id.as_str(), "--local-db",
-                &cell.local_url(), "--source", source.to_str().unwrap(), "--recent", "0s",
+                "verify",
+                "--server",
+                &endpoint,
+                "--cell-id",
+                cell.id.as_str(),
+                "--local-db",
+                &cell.local_url(),
+                "--source",
+                source.to_str().unwrap(),
+                "--recent",
+                "0s",
             ]),
         )
         .await;
         reports.push_str(&format!("verify {}: {}", cell.id, text(&out.stdout)));
     }
     let status = if marked {
-        let out = cli(dir, strings(&["admin", "--server", &endpoint, "restore-status"])).await;
+        let out = cli(
+            dir,
+            strings(&["admin", "--server", &endpoint, "restore-status"]),
+        )
+        .await;
         assert!(out.status.success());
         text(&out.stdout)
     } else {
@@ -406,7 +478,11 @@ async fn drill(store: &Store, dir: &Path, marked: bool) -> Outcome {
 async fn check_no_double_owner(outcome: &Outcome) {
     let (a, b) = (outcome.a.names(), outcome.b.names());
     let both: Vec<&String> = a.iter().filter(|n| b.contains(n)).collect();
-    assert!(both.is_empty(), "held by both cells: {both:?}\n{}", outcome.reports);
+    assert!(
+        both.is_empty(),
+        "held by both cells: {both:?}\n{}",
+        outcome.reports
+    );
     for (cell, names) in [(&outcome.a, &a), (&outcome.b, &b)] {
         for name in names {
             assert_eq!(
@@ -439,7 +515,9 @@ async fn with_restore_generation(store: &Store, dir: &Path) {
         "still leased after the reconcilers"
     );
     assert!(
-        outcome.reports.contains("restored_leases: committed=1 rolled_back=0")
+        outcome
+            .reports
+            .contains("restored_leases: committed=1 rolled_back=0")
             && outcome.reports.matches("reported_restore_pass=1").count() == 2,
         "each verifier reported its pass; cell-a's committed the lease\n{}",
         outcome.reports
@@ -451,7 +529,11 @@ async fn with_restore_generation(store: &Store, dir: &Path) {
         outcome.status
     );
     check_no_double_owner(&outcome).await;
-    assert_eq!(owner(&outcome.client, "alice-1").await, None, "destroyed after the backup");
+    assert_eq!(
+        owner(&outcome.client, "alice-1").await,
+        None,
+        "destroyed after the backup"
+    );
     assert_eq!(
         owner(&outcome.client, "alice-inflight").await,
         Some(("cell-a".into(), ClaimState::Active)),
@@ -459,9 +541,14 @@ async fn with_restore_generation(store: &Store, dir: &Path) {
     );
     // Lifted: the lost names are cell-a's again, and new names are served.
     let client = outcome.client.clone();
-    let taken = outcome.b.sign_up(&client, "alice-late-1").await.unwrap_err();
+    let taken = outcome
+        .b
+        .sign_up(&client, "alice-late-1")
+        .await
+        .unwrap_err();
     assert!(matches!(taken, ClaimsError::ClaimTaken { .. }), "{taken:?}");
     outcome.b.sign_up(&client, "brand-new").await.unwrap();
+    drop((client, outcome.client));
     stop_server(outcome.server).await;
 }
 
@@ -483,6 +570,7 @@ async fn control(store: &Store, dir: &Path) {
         owner(&outcome.client, "alice-late-1").await,
         Some(("cell-b".into(), ClaimState::Active))
     );
+    drop(outcome.client);
     stop_server(outcome.server).await;
 }
 
@@ -512,7 +600,9 @@ async fn a_restored_postgres_store_loses_no_claim_to_another_cell_and_rolls_back
         } else {
             control(&store, dir.path()).await;
         }
-        let Store::Postgres(db) = store else { unreachable!() };
+        let Store::Postgres(db) = store else {
+            unreachable!()
+        };
         db.drop_database().await;
     }
 }

@@ -60,9 +60,9 @@ pub(crate) async fn resolve_restored_leases<S: ClaimSource>(
             let mut held: BTreeMap<(TableName, i64), Vec<ClaimKey>> = BTreeMap::new();
             for (_, record) in lease.request.operations() {
                 let at = (record.table_name, record.table_record_id);
-                if !held.contains_key(&at) {
+                if let std::collections::btree_map::Entry::Vacant(entry) = held.entry(at) {
                     let claims = source.claims_in_range(at.0, at.1, at.1 + 1).await?;
-                    held.insert(at, claims.into_iter().map(|c| c.record.key).collect());
+                    entry.insert(claims.into_iter().map(|c| c.record.key).collect());
                 }
             }
             let action = decide_restored_lease(lease, |_, record| {

@@ -500,6 +500,7 @@ mod tests {
                 ClaimsError::ClaimLeased { .. }
                     | ClaimsError::RateLimited { .. }
                     | ClaimsError::VerificationSlotsBusy { .. }
+                    | ClaimsError::RestoreQuarantine { .. }
             );
             assert_eq!(
                 retry_delay(&to_status(&error)).is_some(),

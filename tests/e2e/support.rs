@@ -104,6 +104,7 @@ pub fn request(
 ) -> pb::BeginUpdateRequest {
     pb::BeginUpdateRequest {
         local_transaction: String::new(),
+        restore_correction: false,
         cell_id: cell.to_owned(),
         creates_claims: creates.as_ref().to_vec(),
         destroys_claims: destroys.as_ref().to_vec(),

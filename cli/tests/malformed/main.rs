@@ -105,6 +105,7 @@ pub fn claim(claim_type: i32, value: &str) -> pb::ClaimRecord {
 pub fn begin(cell: &str, creates: Vec<pb::ClaimRecord>) -> pb::BeginUpdateRequest {
     pb::BeginUpdateRequest {
         local_transaction: String::new(),
+        restore_correction: false,
         cell_id: cell.to_owned(),
         creates_claims: creates,
         destroys_claims: vec![],

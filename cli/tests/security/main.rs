@@ -202,6 +202,7 @@ fn begin(
 ) -> pb::BeginUpdateRequest {
     pb::BeginUpdateRequest {
         local_transaction: String::new(),
+        restore_correction: false,
         cell_id: cell.to_owned(),
         creates_claims: creates,
         destroys_claims: destroys,

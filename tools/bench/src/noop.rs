@@ -162,4 +162,11 @@ impl ClaimsService for Noop {
     ) -> Result<Response<pb::ReleaseVerificationSlotResponse>, Status> {
         unimplemented("ReleaseVerificationSlot")
     }
+
+    async fn report_verification_pass(
+        &self,
+        _request: Request<pb::ReportVerificationPassRequest>,
+    ) -> Result<Response<pb::ReportVerificationPassResponse>, Status> {
+        unimplemented("ReportVerificationPass")
+    }
 }

@@ -103,7 +103,7 @@ pub fn check_key(events: &[Event], budget: u64, shrink_time: Duration) -> Verdic
 
 enum Search {
     /// With the model's state after every call with a known answer (in the order found).
-    Linearizable(#[cfg_attr(not(test), allow(dead_code))] Tables),
+    Linearizable(#[cfg_attr(not(test), allow(dead_code))] Box<Tables>),
     Violation,
     Exhausted,
 }
@@ -171,7 +171,7 @@ fn search(events: &[Event], budget: u64) -> Search {
     // answers go last, where nothing observes them: done.
     let mut known_left = unknown.iter().filter(|u| !**u).count();
     if known_left == 0 {
-        return Search::Linearizable(Tables::default());
+        return Search::Linearizable(Box::default());
     }
     // Entries 1..=2n in time order; 0 is the head sentinel, 2n+1 the tail sentinel.
     let mut order: Vec<(u64, bool, usize)> = Vec::with_capacity(2 * n);
@@ -244,7 +244,7 @@ fn search(events: &[Event], budget: u64) -> Search {
                     if !unknown[op] {
                         known_left -= 1;
                         if known_left == 0 {
-                            return Search::Linearizable(state);
+                            return Search::Linearizable(Box::new(state));
                         }
                     }
                     // Lift the call and its return out of the list.
@@ -275,7 +275,7 @@ fn search(events: &[Event], budget: u64) -> Search {
             entry = next[call_entry[op]];
         }
     }
-    Search::Linearizable(state)
+    Search::Linearizable(Box::new(state))
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
@@ -289,7 +289,7 @@ pub fn final_state(events: &[Event], budget: u64) -> Result<Tables, Verdict> {
         return Err(Verdict::Inconclusive);
     }
     match search(events, budget) {
-        Search::Linearizable(state) => Ok(state),
+        Search::Linearizable(state) => Ok(*state),
         Search::Exhausted => Err(Verdict::Inconclusive),
         Search::Violation => Err(Verdict::Violation {
             minimal: events.to_vec(),
