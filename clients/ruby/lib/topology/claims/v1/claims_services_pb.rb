@@ -52,6 +52,11 @@ module Topology
           rpc :AcquireVerificationSlot, ::Topology::Claims::V1::AcquireVerificationSlotRequest, ::Topology::Claims::V1::AcquireVerificationSlotResponse
           # Gives a slot back before its time-to-live ends. Only its holder can.
           rpc :ReleaseVerificationSlot, ::Topology::Claims::V1::ReleaseVerificationSlotRequest, ::Topology::Claims::V1::ReleaseVerificationSlotResponse
+          # A cell's verifier reports the end of a whole verification pass begun in the store's latest
+          # restore epoch (ListOutstandingLeasesResponse.restore). When every cell the restore expects
+          # has reported, the restore quarantine lifts. Another epoch: FAILED_PRECONDITION,
+          # RESTORE_EPOCH_MISMATCH.
+          rpc :ReportVerificationPass, ::Topology::Claims::V1::ReportVerificationPassRequest, ::Topology::Claims::V1::ReportVerificationPassResponse
         end
 
         Stub = Service.rpc_stub_class
