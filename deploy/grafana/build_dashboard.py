@@ -84,6 +84,7 @@ RECONCILER = ("runbook-reconciler-down", "reconciler down")
 SERVER_SERIES = ("server-series", "server series")
 SIDECAR_SERIES = ("sidecar-series", "sidecar series")
 SLOTS = ("runbook-verification-slots", "verifications waiting for a slot")
+RESTORE = ("runbook-restore-quarantine", "restore quarantine")
 
 
 def build(docs_base):
@@ -196,6 +197,23 @@ def build(docs_base):
         "topology_claims_build_info: servers per version; two at once is a rolling upgrade.",
         [query("count by (version) (topology_claims_build_info)", "{{version}}")],
         "short", SERVER_SERIES, docs_base))
+
+    builder = builder.with_panel(single(
+        "Restore quarantine",
+        "topology_claims_restore_quarantine: 1 while a restored store refuses creates of absent "
+        "claims (RESTORE_QUARANTINE) until every cell re-verifies; "
+        "topology_claims_restore_cells_pending: the cells it waits for; "
+        "topology_claims_restore_epoch: the latest restore (0: never).",
+        query("max(topology_claims_restore_quarantine)", "quarantined"),
+        "short", RESTORE, docs_base))
+    builder = builder.with_panel(series(
+        "Restore: epoch and cells pending",
+        "topology_claims_restore_epoch steps at each `admin mark-restored`; "
+        "topology_claims_restore_cells_pending counts down as the cells' verifiers report their "
+        "passes (TopologyClaimsRestoreQuarantine fires after 1h).",
+        [query("max(topology_claims_restore_epoch)", "epoch", "A"),
+         query("max(topology_claims_restore_cells_pending)", "cells pending", "B")],
+        "short", RESTORE, docs_base, width=18))
 
     builder = builder.with_row(dashboard.Row("Limits and audit"))
     builder = builder.with_panel(series(
