@@ -83,8 +83,15 @@ pub async fn restore(args: RestoreArgs) -> ExitCode {
     match topology_claims_sqlite::backup::restore(&args.from, &path, args.replace).await {
         Ok(summary) => {
             println!("restored: {summary}");
+            // The backup file's modification time is when `backup` renamed it into place: the
+            // backup time, unless the file was copied since (then use the schedule's time).
+            let taken = std::fs::metadata(&args.from)
+                .and_then(|m| m.modified())
+                .map(|t| prost_types::Timestamp::from(t).to_string())
+                .unwrap_or_else(|_| "BACKUP_TIME".to_owned());
             println!(
-                "before the cells write again, follow docs/operations.md, \"After a restore\": claims committed or destroyed after the backup are not in it"
+                "before the cells write again, start serve and mark the restore (docs/operations.md, \"After a restore\"): claims committed or destroyed after the backup are not in it:\n  topology-claims admin mark-restored --backup-time {taken} --reason \"…\"\n(the backup time shown is {}'s modification time)",
+                args.from.display()
             );
             ExitCode::SUCCESS
         }
