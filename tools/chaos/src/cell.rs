@@ -247,6 +247,36 @@ impl SimCell {
         Ok(keys)
     }
 
+    /// Each committed local record's key and the lease that created it (SQLite cells; the
+    /// PostgreSQL cells, which never see a store restore, answer none).
+    pub fn record_leases(&self) -> Result<BTreeMap<u32, LeaseId>, String> {
+        let Db::Sqlite(db) = &self.db else {
+            return Ok(BTreeMap::new());
+        };
+        let read = |e: rusqlite::Error| format!("reading the records of c{:02}: {e}", self.index);
+        let mut select = db
+            .prepare("SELECT key, lease_id FROM records")
+            .map_err(read)?;
+        let rows = select
+            .query_map([], |row| {
+                Ok((row.get::<_, u32>(0)?, row.get::<_, String>(1)?))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(read)?;
+        rows.into_iter()
+            .map(|(key, lease)| {
+                LeaseId::parse(&lease)
+                    .map(|lease| (key, lease))
+                    .map_err(|e| {
+                        format!(
+                            "c{:02}'s record of k{key}: lease {lease:?}: {e}",
+                            self.index
+                        )
+                    })
+            })
+            .collect()
+    }
+
     /// Changes the local record of `key` (one the cell holds) outside the protocol. Cells on
     /// PostgreSQL do not drift: they run no verifier in the campaign.
     pub fn drift(&mut self, drift: Drift, key: u32) -> Result<(), String> {

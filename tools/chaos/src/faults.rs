@@ -6,13 +6,16 @@
 //! | `server-kill` | SIGKILL of a server process, restarted on the same store after a short outage |
 //! | `pg-terminate` | `pg_terminate_backend` of every PostgreSQL connection of the servers |
 //! | `pg-restart` | the campaign's own PostgreSQL cluster (`private-postgres:`) crashed with `pg_ctl stop -m immediate`, started again after an outage (WAL recovery) |
+//! | `store-restore` | once per campaign, by `restore.rs`: a backup while serving, more traffic, then every server stopped, the backup restored, `admin mark-restored` before the cells are let back in (SQLite and `private-postgres:` stores) |
 //! | `proxy-drop` | the proxy holds all bytes for a window, then closes every connection (what it held is lost) |
 //! | `proxy-delay` | the proxy delays every chunk for a window |
 //! | `proxy-reset` | the proxy aborts every open connection with RST |
 //!
 //! Windows (drop, delay) and restarts run in the background, so the calls that follow meet
-//! them; [`Injector::heal`] waits for all of them and brings every server back. Owns the
-//! mechanics of misbehaving; must not judge the outcome.
+//! them; [`Injector::heal`] waits for all of them and brings every server back.
+//! [`Injector::quiet`] holds every injection off (for the backup and the restore of
+//! `store-restore`, which a `pg-restart` must not cut). Owns the mechanics of misbehaving; must
+//! not judge the outcome.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,13 +37,14 @@ pub enum FaultKind {
     ServerKill,
     PgTerminate,
     PgRestart,
+    StoreRestore,
     ProxyDrop,
     ProxyDelay,
     ProxyReset,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 11] = [
         FaultKind::CrashAfterBegin,
         FaultKind::CrashInLocalTx,
         FaultKind::CrashAfterLocalCommit,
@@ -48,6 +52,7 @@ impl FaultKind {
         FaultKind::ServerKill,
         FaultKind::PgTerminate,
         FaultKind::PgRestart,
+        FaultKind::StoreRestore,
         FaultKind::ProxyDrop,
         FaultKind::ProxyDelay,
         FaultKind::ProxyReset,
@@ -62,6 +67,7 @@ impl FaultKind {
             FaultKind::ServerKill => "server-kill",
             FaultKind::PgTerminate => "pg-terminate",
             FaultKind::PgRestart => "pg-restart",
+            FaultKind::StoreRestore => "store-restore",
             FaultKind::ProxyDrop => "proxy-drop",
             FaultKind::ProxyDelay => "proxy-delay",
             FaultKind::ProxyReset => "proxy-reset",
@@ -76,6 +82,12 @@ impl FaultKind {
                 | FaultKind::CrashAfterLocalCommit
                 | FaultKind::CrashAfterCommit
         )
+    }
+
+    /// Whether the fault is injected at moments of its own (once per campaign), not by the
+    /// sweep or the random schedule.
+    pub fn is_once(self) -> bool {
+        self == FaultKind::StoreRestore
     }
 
     /// Parses `--faults`: `all`, `none`, or a comma-separated list of names.
@@ -106,6 +118,53 @@ impl FaultKind {
     }
 }
 
+/// Removes from `faults` the kinds the store cannot take (a note for each one asked for), and
+/// says what else the summary should note.
+pub fn drop_inapplicable(
+    faults: &mut Vec<FaultKind>,
+    backing: &Backing,
+    pg_cells: u16,
+) -> Vec<&'static str> {
+    let skips = [
+        (
+            FaultKind::ServerKill,
+            !backing.survives_restarts(),
+            "server-kill skipped: memory: forgets everything on restart",
+        ),
+        (
+            FaultKind::PgTerminate,
+            !backing.is_postgres(),
+            "pg-terminate skipped: the store is not PostgreSQL",
+        ),
+        (
+            FaultKind::PgRestart,
+            !backing.is_private_postgres(),
+            "pg-restart skipped: the store is not a private-postgres: cluster",
+        ),
+        (
+            FaultKind::StoreRestore,
+            !backing.can_restore(),
+            "store-restore skipped: the campaign backs up and restores only a sqlite:// or private-postgres: store",
+        ),
+        (
+            FaultKind::StoreRestore,
+            pg_cells > 0,
+            "store-restore skipped: the --pg-cells run no verifier, so a restore's quarantine would never lift",
+        ),
+    ];
+    let mut notes = Vec::new();
+    for (kind, skip, note) in skips {
+        if skip && faults.contains(&kind) {
+            notes.push(note);
+            faults.retain(|k| *k != kind);
+        }
+    }
+    if backing.is_spanner() {
+        notes.push("the emulator aborts about 5% of commits on purpose (--enable_fault_injection)");
+    }
+    notes
+}
+
 /// Injects external faults and counts every fault (crashes are counted by the cells).
 pub struct Injector {
     fleet: Arc<tokio::sync::Mutex<Fleet>>,
@@ -117,6 +176,8 @@ pub struct Injector {
     /// The proxy window that owns the mode; a window ends only its own mode.
     window: Arc<AtomicU64>,
     errors: Arc<Mutex<Vec<String>>>,
+    /// Read by every injection, written by [`Injector::quiet`].
+    quiet: tokio::sync::RwLock<()>,
 }
 
 impl Injector {
@@ -133,6 +194,7 @@ impl Injector {
             background: Mutex::new(Vec::new()),
             window: Arc::new(AtomicU64::new(0)),
             errors: Arc::new(Mutex::new(Vec::new())),
+            quiet: tokio::sync::RwLock::new(()),
         }
     }
 
@@ -158,6 +220,23 @@ impl Injector {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Records a problem of the injection machinery (it fails the run).
+    pub fn machinery_error(&self, error: String) {
+        tracing::error!(%error, "fault machinery");
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(error);
+    }
+
+    /// Holds every further injection off until the guard is dropped, and heals what is under
+    /// way (windows end, servers and the database come back).
+    pub async fn quiet(&self) -> Result<tokio::sync::RwLockWriteGuard<'_, ()>, String> {
+        let guard = self.quiet.write().await;
+        self.heal().await?;
+        Ok(guard)
     }
 
     fn background(&self, task: JoinHandle<()>) {
@@ -187,6 +266,7 @@ impl Injector {
 
     /// Injects one external fault with parameters drawn from `rng`.
     pub async fn inject(&self, kind: FaultKind, rng: &mut fastrand::Rng) -> Result<(), String> {
+        let _quiet = self.quiet.read().await;
         match kind {
             FaultKind::ServerKill => {
                 if !self.backing.survives_restarts() {
@@ -242,6 +322,11 @@ impl Injector {
                 self.proxy.reset_connections();
                 self.count(kind);
             }
+            FaultKind::StoreRestore => {
+                return Err(
+                    "store-restore is injected once, by the restore task (restore.rs)".into(),
+                )
+            }
             crash => {
                 return Err(format!(
                     "{} is a client crash: the cell injects it",
@@ -287,7 +372,10 @@ pub async fn random_schedule(
     mut rng: fastrand::Rng,
     mut stop: watch::Receiver<bool>,
 ) {
-    let kinds: Vec<FaultKind> = kinds.into_iter().filter(|k| !k.is_crash()).collect();
+    let kinds: Vec<FaultKind> = kinds
+        .into_iter()
+        .filter(|k| !k.is_crash() && !k.is_once())
+        .collect();
     if kinds.is_empty() {
         return;
     }

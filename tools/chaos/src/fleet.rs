@@ -2,7 +2,9 @@
 //! schema, or memory), and the real server processes — the `topology-claims` binary run as
 //! `serve --listen 127.0.0.1:0 --store URL` through the shared harness — which can be SIGKILLed
 //! and restarted on the same store. Also the PostgreSQL administration the faults need (terminating the servers'
-//! connections) and the clean-up of the schema.
+//! connections), the backup and restore of the store (`store-restore`: `topology-claims
+//! backup` / `restore` for SQLite, `pg_dump -n` / `pg_restore` of the campaign's schema for
+//! `private-postgres:`), and the clean-up of the schema.
 //!
 //! Owns processes and store set-up. Must not talk gRPC (cells and checkers do).
 
@@ -164,6 +166,69 @@ impl Backing {
 
     pub fn is_spanner(&self) -> bool {
         matches!(self, Backing::Spanner { .. })
+    }
+
+    /// Whether `store-restore` can back the store up and restore it while the campaign owns it:
+    /// a SQLite file, or the schema on the campaign's own cluster.
+    pub fn can_restore(&self) -> bool {
+        matches!(self, Backing::Sqlite(_)) || self.is_private_postgres()
+    }
+
+    /// A consistent backup of the store into `to` while the servers run.
+    pub async fn backup(&self, to: &Path) -> Result<(), String> {
+        let to_str = to.display().to_string();
+        match self {
+            Backing::Sqlite(_) => {
+                let exe = product_binary()?;
+                let url = self.server_url();
+                run_program(
+                    clean_command(&exe, &["backup", "--store", &url, "--to", &to_str]),
+                    "topology-claims backup",
+                )
+                .await
+            }
+            Backing::Postgres {
+                admin_url,
+                schema,
+                cluster: Some(cluster),
+                ..
+            } => {
+                let mut command = std::process::Command::new(cluster.program("pg_dump"));
+                command.args(["-Fc", "-n", schema, "-f", &to_str, admin_url]);
+                run_program(command, "pg_dump").await
+            }
+            _ => Err(format!("store-restore cannot back up {}", self.describe())),
+        }
+    }
+
+    /// Replaces the store with the backup `from` (every server is stopped).
+    pub async fn restore(&self, from: &Path) -> Result<(), String> {
+        let from_str = from.display().to_string();
+        match self {
+            Backing::Sqlite(_) => {
+                let exe = product_binary()?;
+                let url = self.server_url();
+                let args = ["restore", "--from", &from_str, "--store", &url, "--replace"];
+                run_program(clean_command(&exe, &args), "topology-claims restore").await
+            }
+            Backing::Postgres {
+                admin_url,
+                cluster: Some(cluster),
+                ..
+            } => {
+                // The dump of one schema recreates it: drop what the servers wrote since.
+                if let Some((admin, schema)) = self.admin().await? {
+                    admin
+                        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+                        .await
+                        .map_err(|e| format!("dropping schema {schema} before pg_restore: {e}"))?;
+                }
+                let mut command = std::process::Command::new(cluster.program("pg_restore"));
+                command.args(["--no-owner", "--exit-on-error", "-d", admin_url, &from_str]);
+                run_program(command, "pg_restore").await
+            }
+            _ => Err(format!("store-restore cannot restore {}", self.describe())),
+        }
     }
 
     pub fn survives_restarts(&self) -> bool {
@@ -333,6 +398,25 @@ async fn create_spanner_database(emulator: &Emulator) -> Result<(), String> {
     Err(last)
 }
 
+/// Runs a backup or restore program to its end (at most 120 s); `what` names it in errors.
+async fn run_program(command: std::process::Command, what: &str) -> Result<(), String> {
+    let output = tokio::process::Command::from(command)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(120), output)
+        .await
+        .map_err(|_| format!("{what} took over 120 s"))?
+        .map_err(|e| format!("running {what}: {e}"))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    ))
+}
+
 /// The server processes, each behind one upstream slot of the proxy.
 pub struct Fleet {
     exe: PathBuf,
@@ -344,6 +428,8 @@ pub struct Fleet {
     log_dir: PathBuf,
     children: Vec<Option<ServeChild>>,
     proxy: Arc<Proxy>,
+    /// Whether started servers get their proxy slot (off while a restore is marked).
+    routed: bool,
     pub restarts: u64,
     /// Starts that failed and were retried.
     pub start_retries: u64,
@@ -372,6 +458,7 @@ impl Fleet {
             log_dir: log_dir.to_path_buf(),
             children: (0..servers).map(|_| None).collect(),
             proxy,
+            routed: true,
             restarts: 0,
             start_retries: 0,
         };
@@ -432,8 +519,26 @@ impl Fleet {
             .map_err(|e| format!("server {slot}: {e}; see {}", log_path.display()))?;
         let addr = child.addr;
         self.children[slot] = Some(child);
-        self.proxy.set_upstream(slot, Some(addr));
+        if self.routed {
+            self.proxy.set_upstream(slot, Some(addr));
+        }
         Ok(())
+    }
+
+    /// The address of server `slot`, if it runs (reachable directly, not through the proxy).
+    pub fn addr(&self, slot: usize) -> Option<std::net::SocketAddr> {
+        self.children.get(slot)?.as_ref().map(|child| child.addr)
+    }
+
+    /// Whether the proxy sends traffic to the servers. Off, servers started are reachable only
+    /// at [`Fleet::addr`] (as a restored store's `serve` first listens where only the operator
+    /// can reach it); on again, every running server gets its slot back.
+    pub fn set_routed(&mut self, routed: bool) {
+        self.routed = routed;
+        for slot in 0..self.len() {
+            let addr = self.addr(slot).filter(|_| routed);
+            self.proxy.set_upstream(slot, addr);
+        }
     }
 
     /// SIGKILLs server `slot` (no drain, no goodbye) and waits for it to be gone.

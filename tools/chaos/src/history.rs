@@ -5,6 +5,7 @@
 //! Owns recording and the vocabulary of calls and answers. Must not judge anything: the checkers
 //! do that.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -137,6 +138,9 @@ pub enum ErrorKind {
     LeaseCommitted,
     LeaseNotFound,
     LeaseIdConflict,
+    /// A create of an absent claim refused while a restore is quarantined: a temporary refusal
+    /// the pure model does not know (the checkers treat it as a call that may not have happened).
+    RestoreQuarantine,
     Other,
 }
 
@@ -159,6 +163,7 @@ impl ErrorKind {
             ClaimsError::LeaseCommitted { .. } => ErrorKind::LeaseCommitted,
             ClaimsError::LeaseNotFound { .. } => ErrorKind::LeaseNotFound,
             ClaimsError::LeaseIdConflict { .. } => ErrorKind::LeaseIdConflict,
+            ClaimsError::RestoreQuarantine { .. } => ErrorKind::RestoreQuarantine,
             _ => ErrorKind::Other,
         })
     }
@@ -311,6 +316,45 @@ impl History {
         if let Some(event) = self.events().get_mut(id) {
             event.ret = Some(ret);
             event.answer = answer;
+        }
+    }
+
+    /// Ghosts: for every lease whose end no client saw succeed and whose final probe found it
+    /// ended, a [`Call::Ghost`] from its BeginUpdate's invocation to the probe's answer (the end
+    /// happened in between).
+    pub fn add_ghosts(&self) {
+        let events = self.snapshot();
+        let mut ended_ok = BTreeSet::new();
+        let mut fate = BTreeMap::new();
+        for event in &events {
+            match (event.call, event.answer) {
+                (Call::Commit { lease, .. } | Call::Rollback { lease, .. }, Answer::Ok) => {
+                    ended_ok.insert(lease);
+                }
+                (Call::Probe { lease, .. }, answer) => {
+                    fate.insert(lease, (answer, event.ret));
+                }
+                _ => {}
+            }
+        }
+        for begin in &events {
+            let Call::Begin { lease, key, .. } = begin.call else {
+                continue;
+            };
+            if ended_ok.contains(&lease) {
+                continue;
+            }
+            let (committed, seen_at) = match fate.get(&lease) {
+                Some((Answer::Err(ErrorKind::LeaseCommitted), Some(at))) => (true, *at),
+                Some((Answer::Err(ErrorKind::LeaseRolledBack), Some(at))) => (false, *at),
+                _ => continue,
+            };
+            let ghost = Call::Ghost {
+                lease,
+                key,
+                committed,
+            };
+            self.push(begin.cell, ghost, begin.invoke, Some(seen_at), Answer::Ok);
         }
     }
 

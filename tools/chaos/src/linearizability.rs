@@ -52,6 +52,7 @@ pub fn by_key(events: &[Event]) -> BTreeMap<u32, Vec<Event>> {
 /// - commits and rollbacks with unknown answers, once the fate is known: the fate (and the ghost
 ///   added for every lease whose end no client saw succeed) already says that and how the
 ///   lease ended; such a call either did that or nothing: dropped;
+/// - a BeginUpdate refused with RESTORE_QUARANTINE counts as an unknown answer;
 /// - a begin with an unknown answer whose lease the service never heard of (probe: not found)
 ///   never took the lease: dropped; one whose lease ended committed did take it: answer ok.
 pub fn simplify(events: &[Event]) -> Vec<Event> {
@@ -68,6 +69,16 @@ pub fn simplify(events: &[Event]) -> Vec<Event> {
     events
         .iter()
         .filter_map(|e| {
+            // A quarantine refusal is temporary, and the model knows no quarantine: like an
+            // unknown answer, the call took effect or not (the client may have retried).
+            let quarantined = Event {
+                answer: Answer::Unknown,
+                ..*e
+            };
+            let e = match e.answer {
+                Answer::Err(ErrorKind::RestoreQuarantine) => &quarantined,
+                _ => e,
+            };
             let unknown = matches!(e.answer, Answer::Unknown | Answer::Pending);
             if !unknown {
                 return Some(*e);

@@ -8,8 +8,11 @@
 //! (seeded). Every cell's reconciler runs in the background as its sidecar would. Then the
 //! faults stop, each reconciler runs once past the staleness threshold, and two checkers judge
 //! the recorded history: the state after healing (`invariants`) and per-key linearizability
-//! against the pure domain model (`linearizability`). The summary is printed; any violation
-//! prints the seed and a minimal history, and exits 1.
+//! against the pure domain model (`linearizability`). With `store-restore` (once per campaign,
+//! `restore`) the store is restored from a backup taken mid-workload and marked restored before
+//! the cells are let back in; linearizability is then checked whole only on the keys the restore
+//! could not touch, and the restore's own invariants (`restore_check`) are judged too. The
+//! summary is printed; any violation prints the seed and a minimal history, and exits 1.
 //!
 //! Owns the campaign's orchestration. Must not hold protocol rules (the client, the reconciler
 //! and the service are the real ones) nor storage code.
@@ -28,6 +31,8 @@ mod phases;
 mod proxy;
 mod recovery;
 mod report;
+mod restore;
+mod restore_check;
 mod verify;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -120,8 +125,10 @@ pub struct ChaosArgs {
 
     /// Faults to inject: all, none, or a comma-separated list of crash-after-begin,
     /// crash-in-local-tx, crash-after-local-commit, crash-after-commit, server-kill,
-    /// pg-terminate (PostgreSQL stores only), pg-restart (private-postgres: only), proxy-drop,
-    /// proxy-delay, proxy-reset.
+    /// pg-terminate (PostgreSQL stores only), pg-restart (private-postgres: only),
+    /// store-restore (once: backup mid-workload, restore, mark-restored; sqlite:// and
+    /// private-postgres: stores without --pg-cells), proxy-drop, proxy-delay, proxy-reset. A
+    /// kind the store cannot take is skipped with a note.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CHAOS_FAULTS", default_value = "all")]
     faults: String,
 
@@ -281,29 +288,10 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
             args.pg_cells
         ));
     }
-    let mut notes = Vec::new();
-    if !backing.survives_restarts() {
-        if servers > 1 {
-            return Err(
-                "memory: cannot be shared by two servers; use sqlite:// or postgres://".into(),
-            );
-        }
-        if faults.contains(&FaultKind::ServerKill) {
-            notes.push("server-kill skipped: memory: forgets everything on restart");
-        }
-        faults.retain(|k| *k != FaultKind::ServerKill);
+    if !backing.survives_restarts() && servers > 1 {
+        return Err("memory: cannot be shared by two servers; use sqlite:// or postgres://".into());
     }
-    if !backing.is_postgres() && faults.contains(&FaultKind::PgTerminate) {
-        notes.push("pg-terminate skipped: the store is not PostgreSQL");
-        faults.retain(|k| *k != FaultKind::PgTerminate);
-    }
-    if !backing.is_private_postgres() && faults.contains(&FaultKind::PgRestart) {
-        notes.push("pg-restart skipped: the store is not a private-postgres: cluster");
-        faults.retain(|k| *k != FaultKind::PgRestart);
-    }
-    if backing.is_spanner() {
-        notes.push("the emulator aborts about 5% of commits on purpose (--enable_fault_injection)");
-    }
+    let notes = faults::drop_inapplicable(&mut faults, &backing, args.pg_cells);
 
     // One certificate per cell: a cell may act only as itself, so each cell's clients (its
     // worker, its reconciler, the probes of its leases) present that cell's identity.
@@ -467,7 +455,11 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         }
     }
     ctx.recovery.set_sweeping(false);
-    let externals: Vec<FaultKind> = faults.iter().copied().filter(|k| !k.is_crash()).collect();
+    let externals: Vec<FaultKind> = faults
+        .iter()
+        .copied()
+        .filter(|k| !k.is_crash() && !k.is_once())
+        .collect();
     // The SQLite cells (the pre-flight order pauses at every boundary).
     let paused = usize::from(cells_n - args.pg_cells);
     let mut turn = 0usize;
@@ -516,15 +508,35 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         seeded(seed, 2),
         faults_stopped,
     ));
+    // The store restore (restore.rs), once, at points of the random phase drawn from the seed.
+    let hold = Arc::new(restore::Hold::default());
+    let restoring = match faults.contains(&FaultKind::StoreRestore) {
+        true => Some(tokio::spawn(
+            restore::StoreRestore {
+                injector: Arc::clone(&injector),
+                fleet: Arc::clone(&fleet),
+                backing: Arc::clone(&backing),
+                history: Arc::clone(&history),
+                hold: Arc::clone(&hold),
+                clients: (0..cells_n).map(&client).collect::<Result<Vec<_>, _>>()?,
+                admin_tls: restore::admin_tls(pki.as_ref())?,
+                backup_path: work_dir.join("store.backup"),
+                plan: restore::Plan::draw(transactions, &mut seeded(seed, 3)),
+                budget: transactions,
+            }
+            .run(Arc::clone(&remaining)),
+        )),
+        false => None,
+    };
     let workers: Vec<_> = cells
         .into_iter()
         .map(|cell| {
+            let plan = (keys, crashes.clone(), args.drift);
             tokio::spawn(worker(
                 cell,
                 Arc::clone(&remaining),
-                keys,
-                crashes.clone(),
-                args.drift,
+                plan,
+                Arc::clone(&hold),
             ))
         })
         .collect();
@@ -536,8 +548,22 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
                 .map_err(|e| format!("a cell worker failed: {e}"))?,
         );
     }
+    let window = match restoring {
+        Some(task) => task
+            .await
+            .map_err(|e| format!("the store-restore task failed: {e}"))?
+            .map_err(|e| injector.machinery_error(e))
+            .ok(),
+        None => None,
+    };
     let _ = stop_faults.send(true);
     let _ = schedule.await;
+    // The leases the restore may have changed, and their keys (restore_check.rs).
+    let (uncertain, touched) = window.as_ref().map_or_else(Default::default, |w| {
+        let uncertain = restore_check::uncertain_leases(&history.snapshot(), w);
+        let touched = restore_check::touched_keys(&history.snapshot(), &uncertain);
+        (uncertain, touched)
+    });
 
     // 3. Healing: faults end, the sidecars stop, and once every lease is past the staleness
     //    threshold each cell's reconciler runs once more; then each verifier, which must find
@@ -600,24 +626,34 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
+    let explained = restore_check::with_touched(&drifted, &touched, cells_n);
     let mut unexplained = Vec::new();
+    // Every cell's repair pass comes before any cell's last pass. After a store restore, twice:
+    // a cell's correction may wait on another cell's lease that predates the restore, which only
+    // that cell's verifier ends.
+    let mut repairs = BTreeMap::new();
+    for _ in 0..if window.is_some() { 2 } else { 1 } {
+        for (index, verifier) in &stopped_verifiers {
+            let repair = verify::final_pass(verifier).await;
+            if let Ok(report) = &repair {
+                verify_stats.repaired_after_healing(report);
+                unexplained.extend(
+                    verify::not_drift(*index, report, &explained)
+                        .into_iter()
+                        .map(|d| format!("c{index:02}: {d}")),
+                );
+            }
+            repairs.insert(*index, repair);
+        }
+    }
     let mut final_verify = Vec::new();
     for (index, verifier) in &stopped_verifiers {
-        let index = *index;
-        let repair = verify::final_pass(verifier).await;
-        if let Ok(report) = &repair {
-            verify_stats.repaired_after_healing(report);
-            unexplained.extend(
-                verify::not_drift(index, report, &drifted)
-                    .into_iter()
-                    .map(|d| format!("c{index:02}: {d}")),
-            );
-        }
         let last = verify::final_pass(verifier).await;
         if let Ok(report) = &last {
             verify_stats.final_pass(report);
         }
-        final_verify.push((index, repair.and(last)));
+        let repair = repairs.remove(index).unwrap_or_else(|| last.clone());
+        final_verify.push((*index, repair.and(last)));
     }
 
     // 4. Probes: each lease's final fate and each key's final claim, into the history.
@@ -666,44 +702,12 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         };
         final_state.claims.insert(key, claim);
     }
-    // Ghosts: leases that ended without any client seeing the end succeed.
-    let events = history.snapshot();
-    let mut ended_ok = BTreeSet::new();
-    let mut fate = BTreeMap::new();
-    for event in &events {
-        match (event.call, event.answer) {
-            (Call::Commit { lease, .. } | Call::Rollback { lease, .. }, Answer::Ok) => {
-                ended_ok.insert(lease);
-            }
-            (Call::Probe { lease, .. }, answer) => {
-                fate.insert(lease, (answer, event.ret));
-            }
-            _ => {}
-        }
-    }
-    for begin in &leases {
-        let Call::Begin { lease, key, .. } = begin.call else {
-            continue;
-        };
-        if ended_ok.contains(&lease) {
-            continue;
-        }
-        // The end happened before the probe saw it.
-        let (committed, seen_at) = match fate.get(&lease) {
-            Some((Answer::Err(ErrorKind::LeaseCommitted), Some(at))) => (true, *at),
-            Some((Answer::Err(ErrorKind::LeaseRolledBack), Some(at))) => (false, *at),
-            _ => continue,
-        };
-        let ghost = Call::Ghost {
-            lease,
-            key,
-            committed,
-        };
-        history.push(begin.cell, ghost, begin.invoke, Some(seen_at), Answer::Ok);
-    }
+    history.add_ghosts();
 
     // 5. The checkers.
+    let mut record_leases = Vec::new();
     for cell in &mut cells {
+        record_leases.push((cell.index, cell.record_leases()?));
         final_state.local_records.push(cell.records().await?);
         final_state.local_lease_rows.push(cell.lease_rows().await?);
         let page = probes[usize::from(cell.index)]
@@ -724,7 +728,11 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         .into_iter()
         .map(|f| (f.cell, f.key, f.lease))
         .collect();
-    final_state.unexplained_corrections = verify::not_explained_by_drift(&committed, &drifted)
+    let after_restore = match &window {
+        Some(w) => restore_check::not_explained_by_restore(&committed, w, &touched),
+        None => committed.clone(),
+    };
+    final_state.unexplained_corrections = verify::not_explained_by_drift(&after_restore, &drifted)
         .into_iter()
         .map(|c| (c.cell, c.key, c.op, c.lease))
         .collect();
@@ -747,11 +755,22 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     // be rolled back by the reconciler's early rule, before the staleness rule could.
     final_state.recovery_bound = args.staleness;
     final_state.slow_recoveries = ctx.recovery.slow_in_sweep(args.staleness);
-    let invariant_violations = invariants::check(&final_state);
+    let mut invariant_violations = invariants::check(&final_state);
+    invariant_violations.extend(restore_check::committed_leases_kept(
+        &record_leases,
+        &events,
+    ));
+    if window.is_some() {
+        let views = restore::final_views(&probes).await;
+        invariant_violations.extend(restore_check::quarantine_lifted(&views));
+    }
     if let Some(path) = &args.history {
         report::write_history(path, seed, &events)?;
     }
-    let per_key = linearizability::by_key(&linearizability::simplify(&events));
+    let per_key = match &window {
+        Some(w) => restore_check::per_key(&events, w, &uncertain, &touched),
+        None => linearizability::by_key(&linearizability::simplify(&events)),
+    };
     let keys_checked = per_key.len();
     let verdicts = tokio::task::spawn_blocking(move || {
         per_key
@@ -819,6 +838,18 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         ),
         ("proxy connections", proxy.connections().to_string()),
     ];
+    if faults.contains(&FaultKind::StoreRestore) {
+        let refused = tally
+            .counts()
+            .get("ended: refused RestoreQuarantine")
+            .copied();
+        let sizes = (touched.len(), uncertain.len(), keys_checked);
+        header.extend(restore::summary(
+            window.as_ref(),
+            sizes,
+            refused.unwrap_or(0),
+        ));
+    }
     for note in &notes {
         header.push(("note", (*note).to_owned()));
     }

@@ -15,6 +15,7 @@ use crate::cell::{Boundary, Crash, Drift, SimCell, Tally};
 use crate::faults::{FaultKind, Injector};
 use crate::history::{Answer, ErrorKind, TxOp};
 use crate::local::CellLeases;
+use crate::restore::Hold;
 use crate::CRASH_RATE;
 
 /// One cell's share of the random phase: until the shared budget of transactions is spent,
@@ -22,18 +23,22 @@ use crate::CRASH_RATE;
 /// leased or free: conflicting takes are the point), now and then a destroy of a key it does
 /// not hold, crashing at a random boundary now and then. After a transaction whose outcome was
 /// lost it pauses a little, as an application says "try again later". With probability
-/// `drift` a step first changes one of its records outside the protocol.
+/// `drift` a step first changes one of its records outside the protocol. While `hold` is
+/// closed (a store restore) it waits before its next step.
 pub async fn worker(
     mut cell: SimCell,
     remaining: Arc<AtomicU64>,
-    keys: u32,
-    crashes: Vec<Crash>,
-    drift: f64,
+    (keys, crashes, drift): (u32, Vec<Crash>, f64),
+    hold: Arc<Hold>,
 ) -> SimCell {
-    while remaining
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok()
-    {
+    loop {
+        let _busy = hold.enter().await;
+        if remaining
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_err()
+        {
+            break;
+        }
         if cell.rng().f64() < 0.2 {
             let key = cell.rng().u32(..keys);
             cell.lookup(key).await;

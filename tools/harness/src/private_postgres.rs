@@ -97,6 +97,12 @@ impl PrivatePostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// A client program of the cluster's own installation (`pg_dump`, `pg_restore`): the
+    /// version that matches the server.
+    pub fn program(&self, tool: &str) -> PathBuf {
+        self.bin.join(tool)
+    }
+
     pub fn describe(&self) -> String {
         format!("private PostgreSQL cluster on 127.0.0.1:{}", self.port)
     }
