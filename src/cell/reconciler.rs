@@ -343,7 +343,7 @@ impl<L: LocalLeaseStore + LocalLock> Reconciler<L> {
         {
             Ok(()) => report.committed += 1,
             Err(ClaimsError::LeaseNotFound { .. }) => {
-                tracing::error!(%lease_id, "the service does not know this lease (past outcome retention?)");
+                tracing::error!(%lease_id, "the service does not know this lease (past outcome retention, or begun after the backup of a restored store); its claims are re-created by the verifier");
             }
             Err(ClaimsError::LeaseRolledBack { .. }) => {
                 tracing::error!(%lease_id, "lease was rolled back although the local transaction committed: claims lost; run the verifier");
