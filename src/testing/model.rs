@@ -1,5 +1,5 @@
 //! Model-based property test: random sequences of begin (creates, destroys and in-place updates)
-//! / commit / rollback / renew / lookup / decommission steps from three cells over six keys (so conflicts are frequent), run against the pure model
+//! / commit / rollback / renew / lookup / decommission / restore (mark, report, lift) steps from three cells over six keys (so conflicts are frequent), run against the pure model
 //! ([`Tables`]) and the adapter side by side. Every outcome must match the model's, the
 //! protocol invariants must hold after every step, and the final state must equal the model's.
 
@@ -13,8 +13,8 @@ use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimType, ClaimsCursor, ClaimsQuery,
-    DecommissionStep, Lease, LeaseId, LeasesQuery, LocalTransaction, OwnerType, TableName, Tables,
-    Timestamp,
+    DecommissionStep, Lease, LeaseId, LeasesQuery, LocalTransaction, MarkRestored, OwnerType,
+    RestoreEpoch, TableName, Tables, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::ClaimStore;
@@ -62,6 +62,19 @@ pub enum Command {
         cell: usize,
         batch: usize,
         dry_run: bool,
+    },
+    /// `admin mark-restored`, naming `expect` besides the cells the store knows.
+    MarkRestored {
+        expect: Option<usize>,
+    },
+    /// `cell`'s verification pass report of the latest epoch plus `ahead` (1: a wrong epoch).
+    Report {
+        cell: usize,
+        ahead: u64,
+    },
+    /// `admin lift-quarantine` of the latest epoch plus `ahead`.
+    Lift {
+        ahead: u64,
     },
 }
 
@@ -128,6 +141,10 @@ fn command() -> impl Strategy<Value = Command> {
         // Rare: a decommissioned cell begins nothing for the rest of the history.
         1 => (0..CELLS, 1..4usize, proptest::bool::weighted(0.3))
             .prop_map(|(cell, batch, dry_run)| Command::Decommission { cell, batch, dry_run }),
+        1 => proptest::option::of(0..CELLS + 1).prop_map(|expect| Command::MarkRestored { expect }),
+        1 => (0..CELLS, proptest::sample::select(vec![0u64, 0, 0, 1]))
+            .prop_map(|(cell, ahead)| Command::Report { cell, ahead }),
+        1 => proptest::sample::select(vec![0u64, 0, 1]).prop_map(|ahead| Command::Lift { ahead }),
     ]
 }
 
@@ -137,6 +154,7 @@ enum Observed {
     Lease(Lease),
     Claim(Claim),
     Step(DecommissionStep),
+    Restore(RestoreEpoch),
     Done,
     Error(ClaimsError),
 }
@@ -153,6 +171,7 @@ impl fmt::Debug for Observed {
                 c.lease
             ),
             Observed::Step(s) => write!(f, "Ok({s:?})"),
+            Observed::Restore(r) => write!(f, "Ok({r:?})"),
             Observed::Done => write!(f, "Ok(())"),
             Observed::Error(e) => write!(f, "Err({e:?})"),
         }
@@ -171,6 +190,21 @@ fn blank_claim(mut claim: Claim) -> Claim {
     claim.created_at = ZERO;
     claim.updated_at = ZERO;
     claim
+}
+
+/// The backup time of every generated mark: not after any store's clock.
+const BACKUP_TIME: Timestamp = ZERO;
+
+/// An epoch with the store's clock readings blanked out.
+fn blank_epoch(mut epoch: RestoreEpoch) -> RestoreEpoch {
+    epoch.marked_at = ZERO;
+    for at in epoch.reported.values_mut() {
+        *at = ZERO;
+    }
+    if let Some((at, _)) = epoch.lifted.as_mut() {
+        *at = ZERO;
+    }
+    epoch
 }
 
 fn observe<T>(result: Result<T, ClaimsError>, f: impl FnOnce(T) -> Observed) -> Observed {
@@ -336,7 +370,44 @@ async fn apply<S: ClaimStore>(
                 observe(expected, Observed::Step),
             )
         }
+        Command::MarkRestored { expect } => {
+            // A cell beyond the history's three: one the store cannot know.
+            let request = MarkRestored {
+                backup_time: BACKUP_TIME,
+                reason: "model".to_owned(),
+                expect_cells: expect.iter().map(|n| cell_of(*n)).collect(),
+            };
+            let actual = store.mark_restored(&request).await;
+            let expected = model.mark_restored(&request, ZERO);
+            (
+                observe(actual, |e| Observed::Restore(blank_epoch(e))),
+                observe(expected, |e| Observed::Restore(blank_epoch(e))),
+            )
+        }
+        Command::Report { cell, ahead } => {
+            let (c, epoch) = (cell_of(*cell), latest_epoch(model) + ahead);
+            let actual = store.report_verification_pass(&c, epoch).await;
+            let expected = model.report_verification_pass(&c, epoch, ZERO);
+            (
+                observe(actual, |e| Observed::Restore(blank_epoch(e))),
+                observe(expected, |e| Observed::Restore(blank_epoch(e))),
+            )
+        }
+        Command::Lift { ahead } => {
+            let epoch = latest_epoch(model) + ahead;
+            let actual = store.lift_quarantine(epoch, "model").await;
+            let expected = model.lift_quarantine(epoch, "model", ZERO);
+            (
+                observe(actual, |e| Observed::Restore(blank_epoch(e))),
+                observe(expected, |e| Observed::Restore(blank_epoch(e))),
+            )
+        }
     }
+}
+
+/// The model's latest restore epoch (0: never marked).
+fn latest_epoch(model: &Tables) -> u64 {
+    model.restore.as_ref().map_or(0, |r| r.epoch)
 }
 
 async fn outstanding<S: ClaimStore>(store: &S) -> Result<BTreeMap<LeaseId, Lease>, String> {
@@ -426,6 +497,17 @@ async fn check_invariants<S: ClaimStore>(store: &S, model: &Tables) -> Result<()
 }
 
 async fn check_final_state<S: ClaimStore>(store: &S, model: &Tables) -> Result<(), String> {
+    let actual = store
+        .restore_state()
+        .await
+        .map_err(|e| e.to_string())?
+        .map(blank_epoch);
+    let expected = model.restore.clone().map(blank_epoch);
+    if actual != expected {
+        return Err(format!(
+            "final restore epoch differs:\nadapter {actual:#?}\nmodel {expected:#?}"
+        ));
+    }
     let expected: BTreeMap<ClaimKey, Claim> = model
         .claims
         .iter()
