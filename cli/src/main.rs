@@ -37,6 +37,13 @@ struct Cli {
           value_parser = ["text", "json"])]
     log_format: String,
 
+    /// Threads of the async runtime that runs every request (tokio workers). 0: one per CPU
+    /// core (tokio's default). On a small machine shared with the store, fewer threads mean
+    /// fewer cross-thread wake-ups per request (docs/benchmarks.md, "What each step bought").
+    #[arg(long, global = true, env = "TOPOLOGY_CLAIMS_WORKER_THREADS", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=1024))]
+    worker_threads: u16,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -109,10 +116,11 @@ struct MigrateArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format == "json");
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if cli.worker_threads > 0 {
+        builder.worker_threads(usize::from(cli.worker_threads));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -89,12 +89,45 @@ async fn serve_prints_the_real_port_answers_health_checks_and_exits_0_on_sigterm
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_drains_and_exits_0_too() {
     let (dir, _) = temp();
+    // One runtime worker (`--worker-threads`): serves and drains the same.
     let server = Server::start(
         dir.path(),
-        &["--listen", "127.0.0.1:0", "--store", "memory:"],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "memory:",
+            "--worker-threads",
+            "1",
+        ],
     );
-    let status = server.stop_with("INT");
+    let mut client = client(&server).await;
+    client
+        .begin_update(pb::BeginUpdateRequest {
+            cell_id: "cell-a".into(),
+            creates_claims: vec![email_claim("one-worker@example.com")],
+            ..Default::default()
+        })
+        .await
+        .expect("served by one worker");
+    drop(client);
+    let status = tokio::task::spawn_blocking(move || server.stop_with("INT"))
+        .await
+        .unwrap();
     assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+#[test]
+fn worker_threads_out_of_range_is_refused_naming_the_flag() {
+    let (dir, _) = temp();
+    let mut command = command_with_env(dir.path(), "TOPOLOGY_CLAIMS_WORKER_THREADS", "5000");
+    let out = command.output().expect("run serve");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--worker-threads"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
