@@ -35,21 +35,36 @@ pub fn timestamp_from_pb(ts: &prost_types::Timestamp) -> Timestamp {
 }
 
 /// Decodes and validates a claim record; `field` prefixes error paths.
+/// `field` names the record in errors (e.g. `creates_claims[3]`); it is only written out for
+/// an error, so pass `format_args!` (every claim of every BeginUpdate comes through here).
 pub fn claim_record_from_pb(
     record: &pb::ClaimRecord,
-    field: &str,
+    field: impl std::fmt::Display,
 ) -> Result<ClaimRecord, ClaimsError> {
+    // The enums' own parse_field, with its message, only once a number is known to be bad.
+    let claim_type = match ClaimType::from_number(i64::from(record.claim_type)) {
+        Some(known) => known,
+        None => ClaimType::parse_field(record.claim_type, &format!("{field}.claim_type"))?,
+    };
+    let owner_type = match OwnerType::from_number(i64::from(record.owner)) {
+        Some(known) => known,
+        None => OwnerType::parse_field(record.owner, &format!("{field}.owner"))?,
+    };
+    let table_name = match TableName::from_number(i64::from(record.table_name)) {
+        Some(known) => known,
+        None => TableName::parse_field(record.table_name, &format!("{field}.table_name"))?,
+    };
     let record = ClaimRecord {
         key: ClaimKey {
-            claim_type: ClaimType::parse_field(record.claim_type, &format!("{field}.claim_type"))?,
+            claim_type,
             value: record.claim_value.clone(),
         },
-        owner_type: OwnerType::parse_field(record.owner, &format!("{field}.owner"))?,
+        owner_type,
         owner_value: record.owner_value.clone(),
-        table_name: TableName::parse_field(record.table_name, &format!("{field}.table_name"))?,
+        table_name,
         table_record_id: record.table_record_id,
     };
-    record.check(field)?;
+    record.check(&field)?;
     Ok(record)
 }
 
@@ -69,7 +84,7 @@ pub fn begin_update_from_pb(request: &pb::BeginUpdateRequest) -> Result<BeginUpd
     let records = |list: &[pb::ClaimRecord], name: &str| {
         list.iter()
             .enumerate()
-            .map(|(i, r)| claim_record_from_pb(r, &format!("{name}[{i}]")))
+            .map(|(i, r)| claim_record_from_pb(r, format_args!("{name}[{i}]")))
             .collect::<Result<Vec<_>, _>>()
     };
     Ok(BeginUpdate {

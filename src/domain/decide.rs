@@ -43,13 +43,13 @@ pub fn check_batch(request: &BeginUpdate, max_batch: usize) -> Result<(), Claims
     }
     check_batch_size(request.len(), max_batch)?;
     for (i, record) in request.creates.iter().enumerate() {
-        record.check(&format!("creates_claims[{i}]"))?;
+        record.check(format_args!("creates_claims[{i}]"))?;
     }
     for (i, record) in request.destroys.iter().enumerate() {
-        record.check(&format!("destroys_claims[{i}]"))?;
+        record.check(format_args!("destroys_claims[{i}]"))?;
     }
     for (i, record) in request.updates.iter().enumerate() {
-        record.check(&format!("updates_claims[{i}]"))?;
+        record.check(format_args!("updates_claims[{i}]"))?;
     }
     // One key in two lists (or twice in one) is a conflict: a claim takes one operation a batch.
     let mut seen = HashSet::with_capacity(request.len());

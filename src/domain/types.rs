@@ -156,28 +156,43 @@ impl fmt::Display for PgLocalTransaction {
 
 /// 1..=`max` bytes, or INVALID_ARGUMENT naming `field`.
 fn check_len(value: &str, max: usize, field: &str) -> Result<(), ClaimsError> {
+    match len_problem(value, max) {
+        Some(problem) => Err(ClaimsError::invalid(field, problem)),
+        None => Ok(()),
+    }
+}
+
+/// What is wrong with the length of `value` (1..=`max` bytes), if anything.
+fn len_problem(value: &str, max: usize) -> Option<String> {
     if value.is_empty() {
-        return Err(ClaimsError::invalid(field, "must not be empty"));
+        return Some("must not be empty".to_owned());
     }
     if value.len() > max {
-        return Err(ClaimsError::invalid(
-            field,
-            format!("must be at most {max} bytes, got {}", value.len()),
-        ));
+        return Some(format!("must be at most {max} bytes, got {}", value.len()));
     }
-    Ok(())
+    None
+}
+
+/// What is wrong with a claim or owner value, if anything (see [`check_value`]).
+fn value_problem(value: &str) -> Option<String> {
+    if let Some(problem) = len_problem(value, MAX_VALUE_LEN) {
+        return Some(problem);
+    }
+    // Most values are ASCII: a byte scan, not a char decode.
+    let control = if value.is_ascii() {
+        value.bytes().any(|b| b.is_ascii_control())
+    } else {
+        value.chars().any(char::is_control)
+    };
+    control.then(|| "must not contain control characters".to_owned())
 }
 
 /// Checks a claim or owner value: 1..=255 bytes of UTF-8 without control characters.
 pub fn check_value(value: &str, field: &str) -> Result<(), ClaimsError> {
-    check_len(value, MAX_VALUE_LEN, field)?;
-    if value.chars().any(char::is_control) {
-        return Err(ClaimsError::invalid(
-            field,
-            "must not contain control characters",
-        ));
+    match value_problem(value) {
+        Some(problem) => Err(ClaimsError::invalid(field, problem)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 macro_rules! protocol_enum {
@@ -295,24 +310,36 @@ pub struct ClaimRecord {
 }
 
 impl ClaimRecord {
-    /// Validates every field; `field` prefixes error paths (e.g. `creates_claims[3]`).
-    pub fn check(&self, field: &str) -> Result<(), ClaimsError> {
-        check_value(&self.key.value, &format!("{field}.claim_value"))?;
-        check_value(&self.owner_value, &format!("{field}.owner_value"))?;
-        check_record_id(self.table_record_id, &format!("{field}.table_record_id"))
+    /// Validates every field; `field` prefixes error paths (e.g. `creates_claims[3]`). The
+    /// path is only written out for an error: a valid record costs no allocation (pass
+    /// `format_args!`), which matters as every BeginUpdate checks each of its records.
+    pub fn check(&self, field: impl fmt::Display) -> Result<(), ClaimsError> {
+        let invalid = |name: &str, problem: String| {
+            Err(ClaimsError::invalid(format!("{field}.{name}"), problem))
+        };
+        if let Some(problem) = value_problem(&self.key.value) {
+            return invalid("claim_value", problem);
+        }
+        if let Some(problem) = value_problem(&self.owner_value) {
+            return invalid("owner_value", problem);
+        }
+        if let Some(problem) = record_id_problem(self.table_record_id) {
+            return invalid("table_record_id", problem);
+        }
+        Ok(())
     }
 }
 
 /// Checks a table record id: `0 <= id < i64::MAX` (so `id + 1` is always a valid range end).
 pub fn check_record_id(id: i64, field: &str) -> Result<(), ClaimsError> {
-    if (0..i64::MAX).contains(&id) {
-        Ok(())
-    } else {
-        Err(ClaimsError::invalid(
-            field,
-            format!("must be in 0..{}, got {id}", i64::MAX),
-        ))
+    match record_id_problem(id) {
+        Some(problem) => Err(ClaimsError::invalid(field, problem)),
+        None => Ok(()),
     }
+}
+
+fn record_id_problem(id: i64) -> Option<String> {
+    (!(0..i64::MAX).contains(&id)).then(|| format!("must be in 0..{}, got {id}", i64::MAX))
 }
 
 /// A lease id: a UUID, written lowercase and hyphenated.
