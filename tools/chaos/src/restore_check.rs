@@ -113,7 +113,16 @@ pub fn per_key(
             let uncertain = e.call.lease().is_some_and(|l| uncertain.contains(&l));
             let begun_before = e.call.lease().is_some_and(|l| begun_before.contains(&l));
             match e.call {
-                Call::Probe { .. } | Call::Ghost { .. } if uncertain || !begun_before => None,
+                Call::Probe { .. } if uncertain || !begun_before => None,
+                Call::Ghost { .. } if !begun_before => None,
+                // An uncertain lease may have ended before the cut (its cell's reconciler, say)
+                // or after it (a verifier, after the restore): its end may or may not have
+                // taken effect by the cut, like a call still running there.
+                Call::Ghost { .. } if uncertain => Some(Event {
+                    answer: Answer::Unknown,
+                    ret: None,
+                    ..*e
+                }),
                 // The fate of a lease that had ended by the cut: read at the cut.
                 Call::Probe { .. } => Some(Event {
                     invoke: cut + 1,
@@ -347,6 +356,43 @@ mod tests {
         let keys = per_key(&events, &w, &uncertain, &touched);
         assert_eq!(keys[&1].len(), 2, "k1 before the cut: a's begin and commit");
         assert_eq!(keys[&2].len(), 1);
+    }
+
+    /// The campaign of seed 20261127 (private-postgres): a create with an unknown answer took
+    /// effect, its cell's reconciler rolled it back before the backup, and other cells saw it
+    /// leased, then gone. The lease is uncertain (its begin might have landed after the
+    /// listing), so its ghost rollback must stay, as a call that may or may not have taken
+    /// effect by the cut: dropping it made the history before the cut unexplainable.
+    #[test]
+    fn an_uncertain_leases_ghost_stays_as_a_maybe_before_the_cut() {
+        let (lost, seen) = (LeaseId::generate(), LeaseId::generate());
+        let events = [
+            begin(lost, 4, 95_000_000, Answer::Unknown),
+            begin(seen, 4, 96_000_000, Answer::Err(ErrorKind::ClaimLeased)),
+            event(
+                Call::Ghost {
+                    lease: lost,
+                    key: 4,
+                    committed: false,
+                },
+                95_000_000,
+                Some(300_000_000),
+                Answer::Ok,
+            ),
+        ];
+        let w = window(Some(BTreeSet::new()));
+        let uncertain = uncertain_leases(&events, &w);
+        assert!(
+            uncertain.contains(&lost),
+            "may have landed after the listing"
+        );
+        let touched = touched_keys(&events, &uncertain);
+        let keys = per_key(&events, &w, &uncertain, &touched);
+        let ghost = keys[&4]
+            .iter()
+            .find(|e| matches!(e.call, Call::Ghost { .. }))
+            .expect("the ghost of an uncertain lease is kept");
+        assert_eq!((ghost.answer, ghost.ret), (Answer::Unknown, None));
     }
 
     #[test]
