@@ -140,6 +140,8 @@ macro_rules! claim_store_conformance {
                 a_mark_refuses_a_future_backup_time_and_an_empty_store_is_not_quarantined,
                 the_last_expected_report_lifts_the_quarantine,
                 an_operator_lift_ends_the_quarantine_once,
+                concurrent_marks_number_distinct_consecutive_epochs,
+                concurrent_reports_of_every_expected_cell_lift_the_quarantine,
             );
             #[test]
             fn model_based_property_test() {

@@ -1,20 +1,13 @@
-//! Restore epochs on PostgreSQL beyond the shared conformance cases: concurrent marks number
-//! distinct, consecutive epochs stamped in order, concurrent reports of every expected cell lift
-//! the quarantine (without the restore lock each would see another one pending, and none would
-//! lift), and each call takes its documented round trips.
+//! Restore epochs on PostgreSQL beyond the shared conformance cases (which include concurrent
+//! marks and reports: without the restore lock, concurrent reports each see another one pending
+//! and none lifts): each call takes its documented round trips.
 
 mod common;
 
-use std::collections::BTreeSet;
-
-use tokio::task::JoinSet;
-use topology_claims::domain::restore::LIFTED_BY_REPORTS;
 use topology_claims::domain::MarkRestored;
 use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::{ClaimStore, Timestamp};
 use topology_claims_postgres::{PostgresClaimStore, PostgresOptions};
-
-const CELLS: usize = 8;
 
 fn mark(reason: &str) -> MarkRestored {
     MarkRestored {
@@ -41,65 +34,6 @@ async fn committed_claim_of(store: &PostgresClaimStore, cell_name: &str) {
         .await
         .unwrap();
     store.commit_update(&c, lease.lease_id).await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_marks_number_distinct_consecutive_epochs() {
-    let Some((store, schema)) = store(CELLS).await else {
-        return;
-    };
-    let mut tasks = JoinSet::new();
-    for i in 0..CELLS {
-        let store = store.clone();
-        tasks.spawn(async move { store.mark_restored(&mark(&format!("mark {i}"))).await });
-    }
-    let mut epochs = Vec::new();
-    while let Some(marked) = tasks.join_next().await {
-        epochs.push(marked.unwrap().unwrap());
-    }
-    let numbers: BTreeSet<u64> = epochs.iter().map(|e| e.epoch).collect();
-    assert_eq!(numbers, (1..=CELLS as u64).collect());
-    epochs.sort_by_key(|e| e.epoch);
-    assert!(
-        epochs.windows(2).all(|w| w[0].marked_at <= w[1].marked_at),
-        "epochs are stamped in the order they commit"
-    );
-    let latest = store.restore_state().await.unwrap().unwrap();
-    assert_eq!(&latest, epochs.last().unwrap());
-    drop_schema(&schema).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_reports_of_every_expected_cell_lift_the_quarantine() {
-    let Some((store, schema)) = store(CELLS).await else {
-        return;
-    };
-    let names: Vec<String> = (0..CELLS).map(|i| format!("cell-{i}")).collect();
-    for name in &names {
-        committed_claim_of(&store, name).await;
-    }
-    let marked = store.mark_restored(&mark("drill")).await.unwrap();
-    assert_eq!(marked.expected_cells.len(), CELLS);
-    let mut tasks = JoinSet::new();
-    for name in names.clone() {
-        let store = store.clone();
-        tasks.spawn(async move {
-            store
-                .report_verification_pass(&cell(&name), marked.epoch)
-                .await
-        });
-    }
-    let mut lifts = 0;
-    while let Some(reported) = tasks.join_next().await {
-        lifts += usize::from(reported.unwrap().unwrap().lifted.is_some());
-    }
-    assert!(lifts >= 1, "the last report saw every other one");
-    let state = store.restore_state().await.unwrap().unwrap();
-    assert_eq!(state.reported.len(), CELLS);
-    let (lifted_at, reason) = state.lifted.expect("lifted by the reports");
-    assert_eq!(reason, LIFTED_BY_REPORTS);
-    assert!(state.reported.values().all(|at| *at <= lifted_at));
-    drop_schema(&schema).await;
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! Restore epochs (`domain::restore`): a mark records the next epoch with the cells to wait for,
 //! the reports of their verification passes lift the quarantine, an operator may lift it, and a
-//! report or lift of another epoch is refused. The quarantine itself is the front end's
+//! report or lift of another epoch is refused; concurrent marks number distinct, consecutive
+//! epochs, and concurrent reports of every expected cell lift it. The quarantine itself is the front end's
 //! (`restore::RestoreGate`), so it is tested there and in the drill, not per store.
 
 use std::collections::BTreeSet;
@@ -183,4 +184,56 @@ pub async fn an_operator_lift_ends_the_quarantine_once(store: &impl ClaimStore) 
         .unwrap();
     assert!(reported.reported.contains_key(&cell("cell-a")));
     assert_eq!(reported.lifted, again.lifted);
+}
+
+/// Calls at once, as several servers on one store would make them.
+const CONCURRENT: usize = 8;
+
+pub async fn concurrent_marks_number_distinct_consecutive_epochs(store: &impl ClaimStore) {
+    let requests: Vec<MarkRestored> = (0..CONCURRENT)
+        .map(|i| mark(&format!("mark {i}"), &[]))
+        .collect();
+    let results = futures::future::join_all(requests.iter().map(|r| store.mark_restored(r))).await;
+    let mut epochs: Vec<_> = results.into_iter().map(|r| r.expect("a mark")).collect();
+    let numbers: BTreeSet<u64> = epochs.iter().map(|e| e.epoch).collect();
+    assert_eq!(numbers, (1..=CONCURRENT as u64).collect());
+    epochs.sort_by_key(|e| e.epoch);
+    assert!(
+        epochs.windows(2).all(|w| w[0].marked_at <= w[1].marked_at),
+        "epochs are stamped in the order they commit"
+    );
+    let latest = store.restore_state().await.unwrap().unwrap();
+    assert_eq!(&latest, epochs.last().unwrap());
+}
+
+pub async fn concurrent_reports_of_every_expected_cell_lift_the_quarantine(
+    store: &impl ClaimStore,
+) {
+    let names: Vec<String> = (0..CONCURRENT).map(|i| format!("cell-{i}")).collect();
+    for name in &names {
+        committed(
+            store,
+            creates(&cell(name), &[username(&format!("{name}-name"))]),
+        )
+        .await;
+    }
+    let marked = store.mark_restored(&mark("drill", &[])).await.unwrap();
+    assert_eq!(marked.expected_cells.len(), CONCURRENT);
+    let cells: Vec<CellId> = names.iter().map(|n| cell(n)).collect();
+    let results = futures::future::join_all(
+        cells
+            .iter()
+            .map(|c| store.report_verification_pass(c, marked.epoch)),
+    )
+    .await;
+    let lifts = results
+        .into_iter()
+        .filter(|r| r.as_ref().expect("a report").lifted.is_some())
+        .count();
+    assert!(lifts >= 1, "the last report saw every other one");
+    let state = store.restore_state().await.unwrap().unwrap();
+    assert_eq!(state.reported.len(), CONCURRENT);
+    let (lifted_at, reason) = state.lifted.expect("lifted by the reports");
+    assert_eq!(reason, crate::domain::restore::LIFTED_BY_REPORTS);
+    assert!(state.reported.values().all(|at| *at <= lifted_at));
 }
