@@ -42,13 +42,7 @@ fn client(server: &Server) -> ClaimsClient {
 }
 
 async fn start(dir: &Path, args: Vec<String>) -> Server {
-    let dir = dir.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Server::start(&dir, &args)
-    })
-    .await
-    .unwrap()
+    Server::start_async(dir, args).await
 }
 
 fn serve_args(store: &str, audit: &Path) -> Vec<String> {

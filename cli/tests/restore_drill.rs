@@ -169,15 +169,8 @@ fn strings(args: &[&str]) -> Vec<String> {
 }
 
 async fn start_server(dir: &Path, store: &str, extra: &[&str]) -> Server {
-    let args: Vec<String> =
-        strings(&[&["--listen", "127.0.0.1:0", "--store", store], extra].concat());
-    let dir = dir.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Server::start(&dir, &args)
-    })
-    .await
-    .unwrap()
+    let args = strings(&[&["--listen", "127.0.0.1:0", "--store", store], extra].concat());
+    Server::start_async(dir, args).await
 }
 
 async fn stop_server(server: Server) {

@@ -49,6 +49,17 @@ impl Server {
         }
     }
 
+    /// [`Server::start`] from async code, on a blocking thread.
+    pub async fn start_async(dir: &Path, args: Vec<String>) -> Server {
+        let dir = dir.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Server::start(&dir, &args)
+        })
+        .await
+        .expect("the serve start task")
+    }
+
     pub fn endpoint(&self) -> String {
         self.child.endpoint()
     }
