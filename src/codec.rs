@@ -37,8 +37,9 @@ pub fn timestamp_from_pb(ts: &prost_types::Timestamp) -> Timestamp {
 /// Decodes and validates a claim record; `field` prefixes error paths.
 /// `field` names the record in errors (e.g. `creates_claims[3]`); it is only written out for
 /// an error, so pass `format_args!` (every claim of every BeginUpdate comes through here).
+/// Takes the record by value: its strings move into the domain record, uncopied.
 pub fn claim_record_from_pb(
-    record: &pb::ClaimRecord,
+    record: pb::ClaimRecord,
     field: impl std::fmt::Display,
 ) -> Result<ClaimRecord, ClaimsError> {
     // The enums' own parse_field, with its message, only once a number is known to be bad.
@@ -57,10 +58,10 @@ pub fn claim_record_from_pb(
     let record = ClaimRecord {
         key: ClaimKey {
             claim_type,
-            value: record.claim_value.clone(),
+            value: record.claim_value,
         },
         owner_type,
-        owner_value: record.owner_value.clone(),
+        owner_value: record.owner_value,
         table_name,
         table_record_id: record.table_record_id,
     };
@@ -80,9 +81,11 @@ pub fn claim_record_to_pb(record: &ClaimRecord) -> pb::ClaimRecord {
 }
 
 /// Decodes and validates a BeginUpdate request (field by field; batch rules are the domain's).
-pub fn begin_update_from_pb(request: &pb::BeginUpdateRequest) -> Result<BeginUpdate, ClaimsError> {
-    let records = |list: &[pb::ClaimRecord], name: &str| {
-        list.iter()
+/// Takes the message by value: its strings move into the domain request, uncopied (every
+/// BeginUpdate and every stored lease payload comes through here).
+pub fn begin_update_from_pb(request: pb::BeginUpdateRequest) -> Result<BeginUpdate, ClaimsError> {
+    let records = |list: Vec<pb::ClaimRecord>, name: &str| {
+        list.into_iter()
             .enumerate()
             .map(|(i, r)| claim_record_from_pb(r, format_args!("{name}[{i}]")))
             .collect::<Result<Vec<_>, _>>()
@@ -90,9 +93,9 @@ pub fn begin_update_from_pb(request: &pb::BeginUpdateRequest) -> Result<BeginUpd
     Ok(BeginUpdate {
         cell_id: CellId::parse(&request.cell_id)?,
         lease_id: optional_lease_id(&request.lease_id)?,
-        creates: records(&request.creates_claims, "creates_claims")?,
-        destroys: records(&request.destroys_claims, "destroys_claims")?,
-        updates: records(&request.updates_claims, "updates_claims")?,
+        creates: records(request.creates_claims, "creates_claims")?,
+        destroys: records(request.destroys_claims, "destroys_claims")?,
+        updates: records(request.updates_claims, "updates_claims")?,
         local_transaction: LocalTransaction::parse_optional(&request.local_transaction)?,
     })
 }
@@ -134,6 +137,6 @@ pub fn decode_request(bytes: &[u8]) -> Result<BeginUpdate, ClaimsError> {
     let message = pb::BeginUpdateRequest::decode(bytes).map_err(|e| {
         ClaimsError::internal(format!("stored lease payload is not decodable: {e}"))
     })?;
-    begin_update_from_pb(&message)
+    begin_update_from_pb(message)
         .map_err(|e| ClaimsError::internal(format!("stored lease payload is invalid: {e}")))
 }

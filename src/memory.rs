@@ -164,6 +164,12 @@ impl ClaimStore for MemoryClaimStore {
             .collect())
     }
 
+    /// One lock, no transaction, nothing written to disk: a group would only add the hand-off
+    /// to its worker (6 % of `serve`'s instructions per pair, docs/benchmarks.md).
+    fn group_commit_saves(&self) -> bool {
+        false
+    }
+
     fn retries(&self) -> u64 {
         // One mutex, no contention to retry.
         0

@@ -163,6 +163,14 @@ pub trait ClaimStore: Send + Sync + 'static {
         1
     }
 
+    /// Whether group commit saves this store anything: one store transaction (its locks, its
+    /// commit, its fsync) shared by concurrent calls. A store with no transaction to share says
+    /// no (the in-memory store: one lock held for microseconds), and `serve` then runs calls
+    /// directly instead of handing each to the group's worker and back (decision 101).
+    fn group_commit_saves(&self) -> bool {
+        true
+    }
+
     /// Transactions the adapter retried (contention, aborts, lost connections) since it was
     /// opened; read by the metrics (`topology_claims_store_retries_total`), never a query.
     fn retries(&self) -> u64;

@@ -139,7 +139,8 @@ pub struct ServeArgs {
 
     /// Group commit: BeginUpdate, CommitUpdate and RollbackUpdate calls that arrive while the
     /// store is busy share one store transaction, each still decided on its own
-    /// (docs/architecture.md, "Group commit"). A lone call runs at once either way. on | off.
+    /// (docs/architecture.md, "Group commit"). A lone call runs at once either way. The
+    /// in-memory store has no transaction to share and always runs calls directly. on | off.
     #[arg(long, env = "TOPOLOGY_CLAIMS_GROUP_COMMIT", default_value = "on",
           value_parser = ["on", "off"])]
     group_commit: String,
@@ -459,7 +460,10 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         .metrics_listen
         .as_ref()
         .map(|_| Arc::new(ServerMetrics::new()));
-    let store: Arc<dyn ClaimStore> = if args.group_commit == "on" {
+    if args.group_commit == "on" && !store.group_commit_saves() {
+        tracing::info!("group commit skipped: this store has no transaction for calls to share");
+    }
+    let store: Arc<dyn ClaimStore> = if args.group_commit == "on" && store.group_commit_saves() {
         let config = GroupConfig {
             max: args.group_max as usize,
             parallelism: Some(if args.group_parallelism > 0 {

@@ -41,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
     match method % 7 {
         0 => {
             if let Ok(message) = pb::BeginUpdateRequest::decode(body) {
-                if let Ok(request) = convert::begin_update_from_pb(&message) {
+                if let Ok(request) = convert::begin_update_from_pb(message) {
                     match domain::check_batch(&request, domain::DEFAULT_MAX_BATCH) {
                         Ok(()) => {
                             assert!(!request.is_empty());

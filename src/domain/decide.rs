@@ -52,15 +52,30 @@ pub fn check_batch(request: &BeginUpdate, max_batch: usize) -> Result<(), Claims
         record.check(format_args!("updates_claims[{i}]"))?;
     }
     // One key in two lists (or twice in one) is a conflict: a claim takes one operation a batch.
-    let mut seen = HashSet::with_capacity(request.len());
-    for (_, record) in request.operations() {
-        if !seen.insert(&record.key) {
-            return Err(ClaimsError::BatchConflict {
-                claim: record.key.clone(),
-            });
-        }
+    match first_repeat(request) {
+        Some(key) => Err(ClaimsError::BatchConflict { claim: key.clone() }),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// Batches up to this size look for a repeated key by comparing every pair (at most 120
+/// comparisons, no allocation, no hashing); larger ones with a hash set.
+const PAIRWISE_REPEAT_CHECK: usize = 16;
+
+/// The first key of `request`'s operations (in `operations()` order) that an earlier one has.
+fn first_repeat(request: &BeginUpdate) -> Option<&ClaimKey> {
+    if request.len() <= PAIRWISE_REPEAT_CHECK {
+        let keys = || request.operations().map(|(_, record)| &record.key);
+        return keys()
+            .enumerate()
+            .find(|&(i, key)| keys().take(i).any(|earlier| earlier == key))
+            .map(|(_, key)| key);
+    }
+    let mut seen = HashSet::with_capacity(request.len());
+    request
+        .operations()
+        .map(|(_, record)| &record.key)
+        .find(|key| !seen.insert(*key))
 }
 
 /// The rule for one claim of a batch, given its current row.
@@ -378,5 +393,56 @@ mod tests {
             decide_rollback(&other, id, Some(&lease(0, 999)), window, at(1_000)),
             Err(ClaimsError::NotLeaseOwner { lease_id: id })
         );
+    }
+
+    fn batch(creates: &[&str], destroys: &[&str]) -> BeginUpdate {
+        let record = |value: &&str| ClaimRecord {
+            key: ClaimKey {
+                claim_type: crate::domain::ClaimType::Username,
+                value: (*value).to_owned(),
+            },
+            owner_type: crate::domain::OwnerType::User,
+            owner_value: "1".to_owned(),
+            table_name: crate::domain::TableName::Users,
+            table_record_id: 1,
+        };
+        BeginUpdate {
+            local_transaction: None,
+            cell_id: CellId::parse("cell-a").unwrap(),
+            lease_id: None,
+            creates: creates.iter().map(record).collect(),
+            destroys: destroys.iter().map(record).collect(),
+            updates: vec![],
+        }
+    }
+
+    #[test]
+    fn a_repeated_claim_is_named_at_its_first_repeat_in_small_and_large_batches() {
+        let conflict = |request: &BeginUpdate| match check_batch(request, 1000) {
+            Err(ClaimsError::BatchConflict { claim }) => Some(claim.value),
+            Err(other) => panic!("unexpected {other}"),
+            Ok(()) => None,
+        };
+        // Small (pairwise) and large (hash set) batches: same answers.
+        for filler in [0, PAIRWISE_REPEAT_CHECK] {
+            let names: Vec<String> = (0..filler).map(|i| format!("f{i}")).collect();
+            let mut creates: Vec<&str> = names.iter().map(String::as_str).collect();
+            creates.extend(["a", "b", "c"]);
+            assert_eq!(conflict(&batch(&creates, &["d"])), None, "{filler}");
+            // b repeats before a does (destroys come after creates): b is named.
+            let mut with_repeats = creates.clone();
+            with_repeats.push("b");
+            assert_eq!(
+                conflict(&batch(&with_repeats, &["a"])).as_deref(),
+                Some("b"),
+                "{filler}"
+            );
+            // A create repeated as a destroy is a conflict too.
+            assert_eq!(
+                conflict(&batch(&creates, &["c"])).as_deref(),
+                Some("c"),
+                "{filler}"
+            );
+        }
     }
 }

@@ -52,7 +52,7 @@ pub fn lease_from_pb(
     let created_at = required_time(payload.created_at.as_ref(), "lease_payload.created_at")?;
     let request = payload
         .original_request
-        .as_ref()
+        .clone()
         .ok_or_else(|| bad("lease_payload.original_request", "missing"))?;
     Ok(Lease {
         lease_id: LeaseId::parse(&payload.lease_id)
@@ -86,7 +86,7 @@ pub fn claim_view_from_pb(info: &pb::ClaimInfo, cell_id: CellId) -> Result<Claim
         table_record_id: info.table_record_id,
     };
     Ok(ClaimView {
-        record: claim_record_from_pb(&record, "claim").map_err(|e| bad("claim", e))?,
+        record: claim_record_from_pb(record, "claim").map_err(|e| bad("claim", e))?,
         cell_id,
         state: claim_state_from_pb(info.state)?,
         created_at: required_time(info.created_at.as_ref(), "claim.created_at")?,

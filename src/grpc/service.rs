@@ -148,8 +148,9 @@ impl ClaimsService for ClaimsServiceImpl {
         request: Request<pb::BeginUpdateRequest>,
     ) -> Result<Response<pb::BeginUpdateResponse>, Status> {
         let result = async {
-            let correction = request.get_ref().restore_correction;
-            let request = convert::begin_update_from_pb(request.get_ref())?;
+            let request = request.into_inner();
+            let correction = request.restore_correction;
+            let request = convert::begin_update_from_pb(request)?;
             domain::check_batch(&request, self.config.max_batch)?;
             self.restore.check_begin(&request, correction).await?;
             let lease = self.store.begin_update(request).await?;

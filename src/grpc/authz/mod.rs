@@ -255,7 +255,10 @@ where
                         duration_ms = started.elapsed().as_secs_f64() * 1000.0,
                         "request done"
                     );
-                    if let Ok(value) = http::HeaderValue::from_str(&request_id) {
+                    if let Ok(mut value) = http::HeaderValue::from_str(&request_id) {
+                        // A value that never repeats: HPACK's "never indexed" literal, so it
+                        // does not churn the connection's header tables (both ends' work).
+                        value.set_sensitive(true);
                         response.headers_mut().insert(REQUEST_ID_HEADER, value);
                     }
                 }
@@ -275,7 +278,9 @@ struct Held {
 }
 
 /// Calls the handler. A mutating call runs on a task of its own, so that it ends (and its audit
-/// line is written with the real outcome) even when its caller goes away first.
+/// line is written with the real outcome) even when its caller goes away first. It is polled
+/// once here first: a call that ends at once (the in-memory store's, a refusal) has nothing left
+/// for a task to finish, and skips the spawn, its hand-off and its wake-up (docs/benchmarks.md).
 async fn run<S>(
     mut inner: S,
     request: http::Request<Body>,
@@ -291,7 +296,8 @@ where
     if !method.mutates() {
         return hold(inner.call(request).await, held);
     }
-    let task = tokio::spawn(
+    // Boxed: polled here, then (if pending) moved to the task as a pointer.
+    let mut call = Box::pin(
         async move {
             let response = inner.call(request).await;
             let response = match (record, response) {
@@ -302,12 +308,25 @@ where
         }
         .in_current_span(),
     );
-    match task.await {
+    // A panic is contained as the task's would be: the caller gets INTERNAL.
+    let first = std::future::poll_fn(|cx| {
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.as_mut().poll(cx)));
+        Poll::Ready(polled)
+    })
+    .await;
+    let failed = |why: &dyn std::fmt::Display| {
+        tracing::error!(%why, "the handler task failed");
+        Ok(tonic::Status::internal(format!("{} failed: {why}", method.name())).into_http())
+    };
+    match first {
+        Ok(Poll::Ready(response)) => return response,
+        Ok(Poll::Pending) => {}
+        Err(_) => return failed(&"the handler panicked"),
+    }
+    match tokio::spawn(call).await {
         Ok(response) => response,
-        Err(error) => {
-            tracing::error!(%error, "the handler task failed");
-            Ok(tonic::Status::internal(format!("{} failed: {error}", method.name())).into_http())
-        }
+        Err(error) => failed(&error),
     }
 }
 
@@ -491,5 +510,88 @@ mod tests {
         assert_eq!(limited_cell(&admin, Method::ListClaims, "cell-a"), None);
         let router = verified(Role::Router, "edge");
         assert_eq!(limited_cell(&router, Method::LookupClaim, ""), None);
+    }
+
+    /// What the handler of [`run`]'s tests does.
+    #[derive(Clone, Copy, Debug)]
+    enum Mode {
+        AtOnce,
+        AfterAWait,
+        PanicAtOnce,
+        PanicAfterAWait,
+    }
+
+    /// A handler that answers OK (or panics) at once or after one wait, recording the tokio
+    /// task that polled it last.
+    #[derive(Clone)]
+    struct Handler {
+        mode: Mode,
+        last_task: Arc<std::sync::Mutex<Option<tokio::task::Id>>>,
+    }
+
+    impl Service<http::Request<Body>> for Handler {
+        type Response = http::Response<Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Result<http::Response<Body>, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<Body>) -> Self::Future {
+            let (mode, last_task) = (self.mode, Arc::clone(&self.last_task));
+            Box::pin(async move {
+                if matches!(mode, Mode::AfterAWait | Mode::PanicAfterAWait) {
+                    tokio::task::yield_now().await;
+                }
+                *last_task.lock().unwrap() = tokio::task::try_id();
+                if matches!(mode, Mode::PanicAtOnce | Mode::PanicAfterAWait) {
+                    panic!("the handler fails");
+                }
+                Ok(http::Response::new(Body::empty()))
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mutation_that_ends_at_once_is_not_spawned_and_a_panic_is_answered_internal() {
+        let here = tokio::spawn(async {
+            let mut seen = Vec::new();
+            for mode in [
+                Mode::AtOnce,
+                Mode::AfterAWait,
+                Mode::PanicAtOnce,
+                Mode::PanicAfterAWait,
+            ] {
+                let handler = Handler {
+                    mode,
+                    last_task: Arc::default(),
+                };
+                let request = http::Request::new(Body::empty());
+                let response = run(handler.clone(), request, Method::BeginUpdate, None, None)
+                    .await
+                    .unwrap();
+                let status = tonic::Status::from_header_map(response.headers());
+                let code = status.map_or(tonic::Code::Ok, |s| s.code());
+                let task = *handler.last_task.lock().unwrap();
+                seen.push((mode, code, task == tokio::task::try_id()));
+            }
+            seen
+        });
+        let seen = here.await.unwrap();
+        let summary: Vec<_> = seen.iter().map(|(_, code, same)| (*code, *same)).collect();
+        assert_eq!(
+            summary,
+            [
+                // Ended at the first poll: answered on the caller's own task.
+                (tonic::Code::Ok, true),
+                // Pending at first: finished on a task of its own.
+                (tonic::Code::Ok, false),
+                // A panic, inline or on the task: INTERNAL, never a lost answer.
+                (tonic::Code::Internal, true),
+                (tonic::Code::Internal, false),
+            ],
+            "{seen:?}"
+        );
     }
 }

@@ -41,7 +41,7 @@ use serde_json::json;
 
 use cli_values::{parse_count, parse_count_or_zero, parse_drift, parse_variant, ServeVariant};
 use pg::{
-    drop_schema, fresh_schema, is_postgres, postgres_reachable, postgres_settings, vacuum_schema,
+    drop_schema, fresh_schema, is_postgres, postgres_reachable, postgres_settings,
     warn_about_postgres_connections,
 };
 use systems::{Baseline, PgSchema, System};
@@ -620,7 +620,8 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
     if postgres_settings["autovacuum"] == "off" {
         eprintln!(
             "bench: PostgreSQL runs with autovacuum off; the bench vacuums and analyses its own \
-             schemas before each scenario and client count"
+             schemas before each scenario and client count (closed loop), each rate and each \
+             round of SLO search steps (open loop)"
         );
     }
     let zipf = Arc::new(Zipf::new(args.hot_keys, args.zipf));
@@ -629,12 +630,6 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
             return Err(
                 "--scale runs after the closed-loop rounds: give it without --rate/--slo".into(),
             );
-        }
-        // What autovacuum would do: the preload's statistics, as the closed loop has them.
-        for pg in &cleanup.schemas {
-            if let Err(e) = vacuum_schema(pg).await {
-                eprintln!("warning: VACUUM ANALYZE of {} failed: {e}", pg.schema);
-            }
         }
         let mut plan = open_loop::Plan {
             batch: args.batch as usize,
@@ -654,6 +649,7 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
                 args.duration,
                 &args.slo,
                 &mut plan,
+                &cleanup.schemas,
             )
             .await,
         )

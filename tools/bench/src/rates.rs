@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use super::open_loop::{OpenSegment, Plan};
 use super::plot::RatePoint;
 use super::slo::{self, SloArgs, SloResult};
-use super::systems::{Conn, System};
+use super::systems::{Conn, PgSchema, System};
 use super::workload::Scenario;
 
 /// What the open-loop part measured.
@@ -34,6 +34,7 @@ pub async fn run(
     duration: Duration,
     slo_args: &SloArgs,
     plan: &mut Plan,
+    schemas: &[PgSchema],
 ) -> OpenResults {
     // Each system's connections live for the whole open-loop part, so a segment pays only for
     // the connections its rate needs beyond the previous ones (and its warm-up opens those).
@@ -42,6 +43,7 @@ pub async fn run(
     let mut failed = Vec::new();
     for &scenario in scenarios {
         for &rate in rates {
+            vacuum(schemas).await;
             for round in 0..rounds {
                 for (system, pool) in systems.iter_mut().zip(pools.iter_mut()) {
                     let spec = plan.spec(scenario, rate, duration);
@@ -68,7 +70,10 @@ pub async fn run(
     }
     let slo = match slo_args.slo {
         Some(threshold) => {
-            slo::run(systems, &mut pools, scenarios, slo_args, threshold, plan).await
+            slo::run(
+                systems, &mut pools, scenarios, slo_args, threshold, plan, schemas,
+            )
+            .await
         }
         None => Vec::new(),
     };
@@ -86,6 +91,17 @@ pub async fn run(
         rates: segments,
         slo,
         failed,
+    }
+}
+
+/// What autovacuum would do between two rates or two search steps (it is off on the bench's
+/// PostgreSQL): the dead lease and claim versions of the last segments go, statistics are fresh,
+/// so no step pays for the ones before it. Unmeasured, before the next segment's warm-up.
+pub async fn vacuum(schemas: &[PgSchema]) {
+    for pg in schemas {
+        if let Err(e) = super::pg::vacuum_schema(pg).await {
+            eprintln!("warning: VACUUM ANALYZE of {} failed: {e}", pg.schema);
+        }
     }
 }
 

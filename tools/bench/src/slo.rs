@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use topology_claims::config::parse_duration;
 
 use super::open_loop::{self, OpenSegment, Plan};
-use super::systems::{Conn, System};
+use super::systems::{Conn, PgSchema, System};
 use super::workload::Scenario;
 
 /// Below this rate (pairs/s) a search that keeps failing stops: no rate meets the objective.
@@ -215,6 +215,7 @@ pub async fn run(
     args: &SloArgs,
     threshold: Duration,
     plan: &mut Plan,
+    schemas: &[PgSchema],
 ) -> Vec<SloResult> {
     let mut results = Vec::new();
     for &scenario in scenarios {
@@ -233,6 +234,7 @@ pub async fn run(
             })
             .collect();
         loop {
+            super::rates::vacuum(schemas).await;
             let mut stepped = false;
             for ((system, pool), result) in
                 systems.iter_mut().zip(pools.iter_mut()).zip(&mut searches)
