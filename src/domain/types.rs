@@ -44,9 +44,10 @@ impl Timestamp {
     }
 }
 
-/// The id of a cell: 1..=100 bytes of `[A-Za-z0-9._-]`.
+/// The id of a cell: 1..=100 bytes of `[A-Za-z0-9._-]`. Shared, not copied: every claim row,
+/// lease and index entry of a cell holds one, so a clone is a reference count, not an allocation.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CellId(String);
+pub struct CellId(std::sync::Arc<str>);
 
 impl CellId {
     pub fn parse(value: &str) -> Result<Self, ClaimsError> {
@@ -64,7 +65,7 @@ impl CellId {
                 format!("may only contain [A-Za-z0-9._-], found {bad:?}"),
             ));
         }
-        Ok(Self(value.to_owned()))
+        Ok(Self(std::sync::Arc::from(value)))
     }
 
     pub fn as_str(&self) -> &str {
