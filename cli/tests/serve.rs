@@ -3,7 +3,6 @@
 #![cfg(unix)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -120,13 +119,11 @@ async fn sigint_drains_and_exits_0_too() {
 #[test]
 fn worker_threads_out_of_range_is_refused_naming_the_flag() {
     let (dir, _) = temp();
-    let mut command = command_with_env(dir.path(), "TOPOLOGY_CLAIMS_WORKER_THREADS", "5000");
-    let out = command.output().expect("run serve");
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("--worker-threads"),
-        "{}",
-        text(&out.stderr)
+    serve_refuses_env(
+        dir.path(),
+        "TOPOLOGY_CLAIMS_WORKER_THREADS",
+        "5000",
+        "--worker-threads",
     );
 }
 
@@ -355,23 +352,29 @@ fn the_store_url_and_durations_can_come_from_the_environment() {
         "migrate used the store from TOPOLOGY_CLAIMS_STORE"
     );
 
-    let mut command = command_with_env(dir.path(), "TOPOLOGY_CLAIMS_OUTCOME_RETENTION", "soon");
-    let out = command.output().expect("run serve");
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("invalid duration"),
-        "{}",
-        text(&out.stderr)
+    serve_refuses_env(
+        dir.path(),
+        "TOPOLOGY_CLAIMS_OUTCOME_RETENTION",
+        "soon",
+        "invalid duration",
     );
 }
 
-fn command_with_env(dir: &Path, name: &str, value: &str) -> Command {
+/// `serve` on the memory store with `name=value` in its environment fails, and its stderr
+/// says `expected`.
+fn serve_refuses_env(dir: &Path, name: &str, value: &str, expected: &str) {
     let mut command = command(
         dir,
         &["serve", "--listen", "127.0.0.1:0", "--store", "memory:"],
     );
     command.env(name, value);
-    command
+    let out = command.output().expect("run serve");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(expected),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

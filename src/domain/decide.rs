@@ -396,23 +396,11 @@ mod tests {
     }
 
     fn batch(creates: &[&str], destroys: &[&str]) -> BeginUpdate {
-        let record = |value: &&str| ClaimRecord {
-            key: ClaimKey {
-                claim_type: crate::domain::ClaimType::Username,
-                value: (*value).to_owned(),
-            },
-            owner_type: crate::domain::OwnerType::User,
-            owner_value: "1".to_owned(),
-            table_name: crate::domain::TableName::Users,
-            table_record_id: 1,
-        };
+        use crate::testing::fixtures::{self, cell, username};
+        let records = |values: &[&str]| values.iter().map(|v| username(v)).collect::<Vec<_>>();
         BeginUpdate {
-            local_transaction: None,
-            cell_id: CellId::parse("cell-a").unwrap(),
-            lease_id: None,
-            creates: creates.iter().map(record).collect(),
-            destroys: destroys.iter().map(record).collect(),
-            updates: vec![],
+            destroys: records(destroys),
+            ..fixtures::creates(&cell("cell-a"), &records(creates))
         }
     }
 
