@@ -43,7 +43,7 @@ pub async fn run(
     let mut failed = Vec::new();
     for &scenario in scenarios {
         for &rate in rates {
-            vacuum(schemas).await;
+            super::pg::vacuum_schemas(schemas).await;
             for round in 0..rounds {
                 for (system, pool) in systems.iter_mut().zip(pools.iter_mut()) {
                     let spec = plan.spec(scenario, rate, duration);
@@ -91,17 +91,6 @@ pub async fn run(
         rates: segments,
         slo,
         failed,
-    }
-}
-
-/// What autovacuum would do between two rates or two search steps (it is off on the bench's
-/// PostgreSQL): the dead lease and claim versions of the last segments go, statistics are fresh,
-/// so no step pays for the ones before it. Unmeasured, before the next segment's warm-up.
-pub async fn vacuum(schemas: &[PgSchema]) {
-    for pg in schemas {
-        if let Err(e) = super::pg::vacuum_schema(pg).await {
-            eprintln!("warning: VACUUM ANALYZE of {} failed: {e}", pg.schema);
-        }
     }
 }
 

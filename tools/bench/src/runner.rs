@@ -148,11 +148,7 @@ pub async fn rounds(
         for &clients in &args.clients {
             // What autovacuum would do between the groups (dead row versions of the previous
             // group, fresh statistics), so no group pays for the one before it.
-            for pg in schemas {
-                if let Err(e) = super::pg::vacuum_schema(pg).await {
-                    eprintln!("warning: VACUUM ANALYZE of {} failed: {e}", pg.schema);
-                }
-            }
+            super::pg::vacuum_schemas(schemas).await;
             for round in 0..rounds {
                 for system in systems.iter_mut() {
                     segment_id += 1;

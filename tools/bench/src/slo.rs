@@ -234,7 +234,8 @@ pub async fn run(
             })
             .collect();
         loop {
-            super::rates::vacuum(schemas).await;
+            // Between rounds of steps, as between the closed loop's groups.
+            super::pg::vacuum_schemas(schemas).await;
             let mut stepped = false;
             for ((system, pool), result) in
                 systems.iter_mut().zip(pools.iter_mut()).zip(&mut searches)

@@ -314,9 +314,7 @@ async fn vacuum(system: &System) {
         postgres: Some(pg), ..
     } = system
     {
-        if let Err(e) = super::pg::vacuum_schema(pg).await {
-            eprintln!("warning: VACUUM ANALYZE of {} failed: {e}", pg.schema);
-        }
+        super::pg::vacuum_schemas([pg]).await;
     }
 }
 
