@@ -106,14 +106,14 @@ impl RestoreGate {
         correction: bool,
     ) -> Result<(), ClaimsError> {
         let state = self.current();
-        if correction
-            || request.creates.is_empty()
-            || !domain::quarantine_active(state.as_ref(), self.enforce)
+        if !domain::quarantine_active(state.as_ref(), self.enforce)
+            || (request.creates.is_empty() && !correction)
         {
             return Ok(());
         }
         let mut absent: Option<ClaimKey> = None;
-        for record in &request.creates {
+        // A correction is judged by its cell alone: its claims need no look-up.
+        for record in request.creates.iter().filter(|_| !correction) {
             match self.store.lookup_claim(&record.key).await {
                 Ok(_) => {}
                 Err(ClaimsError::ClaimNotFound { .. }) => {

@@ -18,8 +18,10 @@ use topology_claims::group::{GroupCommit, GroupConfig};
 use topology_claims::grpc::audit::AuditLog;
 use topology_claims::grpc::cell_limits::{CellLimits, CellRate};
 use topology_claims::grpc::health::HealthConfig;
-use topology_claims::grpc::limits::ServerLimits;
-use topology_claims::grpc::server::{serve, HealthListener, ServerConfig};
+use topology_claims::grpc::limits::{ServerLimits, DEFAULT_ANONYMOUS_REQUEST_BYTES};
+use topology_claims::grpc::server::{
+    max_request_message_bytes, serve, HealthListener, ServerConfig,
+};
 use topology_claims::grpc::tls::{ServerTls, TlsFiles};
 use topology_claims::metrics::{catch_up, render, ServerMetrics};
 use topology_claims::{ClaimStore, MigrationPolicy};
@@ -313,7 +315,28 @@ struct LimitArgs {
           default_value_t = 8 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(65_536..))]
     max_request_bytes_per_connection: u32,
 
-    /// A new connection must send the HTTP/2 client preface within this. Units: ms, s, m.
+    /// One verified caller's (a cell's) share of --max-request-bytes, charged as its frames
+    /// arrive. Default: a quarter of --max-request-bytes, and at least one largest message.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_MAX_REQUEST_BYTES",
+          value_parser = clap::value_parser!(u32).range(65_536..))]
+    cell_max_request_bytes: Option<u32>,
+
+    /// Bytes in flight of every caller without a verified identity (no client certificate on
+    /// a TLS listener; anyone on --health-listen): a budget of their own, never the cells'.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_MAX_ANONYMOUS_REQUEST_BYTES",
+          default_value_t = DEFAULT_ANONYMOUS_REQUEST_BYTES as u32,
+          value_parser = clap::value_parser!(u32).range(4_096..))]
+    max_anonymous_request_bytes: u32,
+
+    /// Most TLS connections without a verified identity (health probes without a client
+    /// certificate); one more is told GOAWAY naming this flag. Default: 1/8 of
+    /// --max-connections.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_MAX_ANONYMOUS_CONNECTIONS",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_anonymous_connections: Option<u32>,
+
+    /// A new connection must finish its TLS handshake and send the HTTP/2 client preface within
+    /// this of its accept (a total deadline). Units: ms, s, m.
     #[arg(long, env = "TOPOLOGY_CLAIMS_HANDSHAKE_TIMEOUT", default_value = "10s",
           value_parser = parse_nonzero_duration)]
     handshake_timeout: Duration,
@@ -352,12 +375,26 @@ struct LimitArgs {
 }
 
 impl LimitArgs {
-    fn limits(&self) -> ServerLimits {
+    fn limits(&self, max_batch: usize) -> ServerLimits {
         ServerLimits {
             max_connections: self.max_connections as usize,
             max_concurrent_streams: self.max_streams,
             request_bytes_per_connection: self.max_request_bytes_per_connection as usize,
             request_bytes_total: self.max_request_bytes as usize,
+            request_bytes_per_cell: self.cell_max_request_bytes.map_or_else(
+                || {
+                    ServerLimits::default_per_cell(
+                        self.max_request_bytes as usize,
+                        max_request_message_bytes(max_batch),
+                    )
+                },
+                |bytes| bytes as usize,
+            ),
+            request_bytes_anonymous: self.max_anonymous_request_bytes as usize,
+            max_anonymous_connections: self.max_anonymous_connections.map_or_else(
+                || ServerLimits::default_anonymous_connections(self.max_connections as usize),
+                |n| n as usize,
+            ),
             handshake_timeout: self.handshake_timeout,
             idle_timeout: self.idle_timeout,
             keepalive_interval: self.keepalive_interval,
@@ -437,7 +474,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     // `listening on` line drains instead of killing the process.
     let shutdown = shutdown_signal()?;
     let store_url: StoreUrl = args.store.parse()?;
-    let limits = args.limits.limits();
+    let limits = args.limits.limits(args.max_batch as usize);
     limits.validate().map_err(|e| e.to_string())?;
     let cell_limits = args.cell_limits.cell_limits();
     cell_limits.validate().map_err(|e| e.to_string())?;
@@ -559,7 +596,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         restore_quarantine: args.restore_quarantine == "on",
         restore_refresh: args.restore_refresh,
     };
-    reload_on_sighup(tls, audit)?;
+    reload_on_sighup(tls, audit.clone())?;
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,
         outcome_retention = ?config.outcome_retention, "serving");
     let server = tokio::spawn(serve(listener, store, config, shutdown));
@@ -579,7 +616,12 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         crate::metrics_args::announce(bound)?;
     }
 
-    match server.await {
+    let served = server.await;
+    // Every request answered before the drain ended has queued its line: write them all.
+    if let Some(audit) = audit {
+        let _ = tokio::task::spawn_blocking(move || audit.close_blocking()).await;
+    }
+    match served {
         Ok(Ok(())) => {
             tracing::info!("drained; exiting");
             Ok(())

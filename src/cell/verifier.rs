@@ -316,6 +316,9 @@ pub struct Verifier<S> {
     config: VerifierConfig,
     on_slot: SlotEvents,
     on_correction: CorrectionEvents,
+    /// Whether this run is the cell's restore pass (its report not yet sent): only then are its
+    /// corrections marked `restore_correction` (the server refuses the mark once it reported).
+    in_restore_pass: std::sync::atomic::AtomicBool,
 }
 
 impl<S: ClaimSource> Verifier<S> {
@@ -326,6 +329,7 @@ impl<S: ClaimSource> Verifier<S> {
             config,
             on_slot: Box::new(|_| {}),
             on_correction: Box::new(|_| {}),
+            in_restore_pass: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -404,6 +408,8 @@ impl<S: ClaimSource> Verifier<S> {
         }
         // A restore pass must be whole: from the first record of every table.
         let restore_pass = restore.filter(|view| !view.reported);
+        self.in_restore_pass
+            .store(restore_pass.is_some(), std::sync::atomic::Ordering::Relaxed);
         let mut cursors = match &restore_pass {
             Some(_) => BTreeMap::new(),
             None => load_cursors(self.config.cursor_file.as_ref())?,
@@ -773,9 +779,18 @@ impl<S: ClaimSource> Verifier<S> {
             })
         };
         report(CorrectionCall::Begin, None);
-        // Marked as a correction: during a restore quarantine it brings back a claim the cell's
-        // records hold (`domain::restore`); outside one the mark changes nothing.
-        let begun = self.client.begin_correction(request).await.map(drop);
+        // Marked as a correction in the cell's restore pass: during the quarantine it brings back
+        // a claim the cell's records hold (`domain::restore`). After the cell reported, the
+        // server refuses the mark, and the correction is an ordinary lease.
+        let begun = if self
+            .in_restore_pass
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.client.begin_correction(request).await
+        } else {
+            self.client.begin_update(request).await
+        }
+        .map(drop);
         report(CorrectionCall::Begin, Some(&begun));
         begun?;
         let end = |call| async move {

@@ -216,6 +216,11 @@ pub fn quarantine_active(current: Option<&RestoreEpoch>, enabled: bool) -> bool 
 /// The quarantine rule for one BeginUpdate: while it is active, a create of a claim that does not
 /// exist (`absent`) is refused, unless the request is a verifier's correction. Destroys, updates
 /// and creates of existing claims (refused by the store as taken or leased) pass.
+///
+/// A correction restores a name only its owner's records can prove lost, so the server cannot
+/// check the name; it narrows who may send one and when: a cell that has not yet reported its
+/// verification pass for the current epoch (its verifier is still correcting). Once a cell has
+/// reported, its corrections are over, and the flag from it is refused (INVALID_ARGUMENT).
 pub fn check_quarantine(
     current: Option<&RestoreEpoch>,
     enabled: bool,
@@ -223,10 +228,23 @@ pub fn check_quarantine(
     correction: bool,
     absent: impl Fn(&ClaimKey) -> bool,
 ) -> Result<(), ClaimsError> {
-    if correction || !quarantine_active(current, enabled) {
+    let Some(state) = current.filter(|_| quarantine_active(current, enabled)) else {
         return Ok(());
+    };
+    let epoch = state.epoch;
+    if correction {
+        return match state.reported.get(&request.cell_id) {
+            Some(_) => Err(ClaimsError::invalid(
+                "restore_correction",
+                format!(
+                    "cell {} already reported its verification pass for restore epoch {epoch}: \
+                     corrections are accepted only before the cell's report",
+                    request.cell_id
+                ),
+            )),
+            None => Ok(()),
+        };
     }
-    let epoch = current.map_or(0, |s| s.epoch);
     match request.creates.iter().find(|r| absent(&r.key)) {
         Some(record) => Err(ClaimsError::RestoreQuarantine {
             claim: record.key.clone(),
@@ -329,6 +347,29 @@ mod tests {
             updates: updates.iter().map(|v| record(v)).collect(),
             local_transaction: None,
         }
+    }
+
+    #[test]
+    fn a_correction_is_accepted_only_before_its_cell_reported() {
+        let mut state = mark(&["a", "b"]);
+        let request = begin(&["lost"], &[], &[]);
+        check_quarantine(Some(&state), true, &request, true, |_| true).unwrap();
+        // Without the flag the absent name is refused, as ever.
+        assert!(matches!(
+            check_quarantine(Some(&state), true, &request, false, |_| true),
+            Err(ClaimsError::RestoreQuarantine { .. })
+        ));
+        state.reported.insert(cell("a"), at(300));
+        let error = check_quarantine(Some(&state), true, &request, true, |_| true).unwrap_err();
+        assert!(
+            matches!(&error, ClaimsError::InvalidRequest { field, .. } if field == "restore_correction"),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("epoch 1"), "{error}");
+        // Once the quarantine is lifted (or not enforced), the flag changes nothing.
+        check_quarantine(Some(&state), false, &request, true, |_| true).unwrap();
+        state.lifted = Some((at(400), "lifted".into()));
+        check_quarantine(Some(&state), true, &request, true, |_| true).unwrap();
     }
 
     #[test]

@@ -17,9 +17,34 @@ pub const MAX_VALUE_LEN: usize = 255;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Timestamp(i64);
 
+/// The earliest and latest seconds a protobuf `Timestamp` may hold: 0001-01-01T00:00:00Z and
+/// 9999-12-31T23:59:59Z (google/protobuf/timestamp.proto).
+pub const TIMESTAMP_SECONDS: std::ops::RangeInclusive<i64> = -62_135_596_800..=253_402_300_799;
+
 impl Timestamp {
     pub const fn from_unix_micros(micros: i64) -> Self {
         Self(micros)
+    }
+
+    /// A time given on the wire as seconds and nanoseconds, refused (INVALID_ARGUMENT naming
+    /// `field`) unless it lies in protobuf Timestamp's range with nanos in 0..=999,999,999:
+    /// never clamped or carried into the seconds.
+    pub fn from_wire(seconds: i64, nanos: i32, field: &str) -> Result<Self, ClaimsError> {
+        if !TIMESTAMP_SECONDS.contains(&seconds) {
+            return Err(ClaimsError::invalid(
+                field,
+                format!(
+                    "seconds {seconds} lie outside 0001-01-01T00:00:00Z..=9999-12-31T23:59:59Z"
+                ),
+            ));
+        }
+        if !(0..1_000_000_000).contains(&nanos) {
+            return Err(ClaimsError::invalid(
+                field,
+                format!("nanos {nanos} lie outside 0..=999999999"),
+            ));
+        }
+        Ok(Self(seconds * 1_000_000 + i64::from(nanos / 1000)))
     }
 
     pub const fn as_unix_micros(self) -> i64 {
@@ -705,6 +730,30 @@ mod tests {
             ClaimsError::InvalidRequest { field, .. } => field,
             other => panic!("expected InvalidRequest, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn impossible_wire_times_are_refused_never_clamped() {
+        for (seconds, nanos) in [
+            (-62_135_596_801, 0),
+            (i64::MIN, 0),
+            (253_402_300_800, 0),
+            (0, -1),
+            (0, 2_000_000_000),
+        ] {
+            let error = Timestamp::from_wire(seconds, nanos, "backup_time").unwrap_err();
+            assert!(
+                matches!(error, ClaimsError::InvalidRequest { .. }),
+                "{seconds} {nanos}: {error:?}"
+            );
+            assert!(error.to_string().contains("backup_time"), "{error}");
+        }
+        assert_eq!(
+            Timestamp::from_wire(1, 999_999_999, "t").unwrap(),
+            Timestamp::from_unix_micros(1_999_999)
+        );
+        assert!(Timestamp::from_wire(-62_135_596_800, 0, "t").is_ok());
+        assert!(Timestamp::from_wire(253_402_300_799, 999_999_999, "t").is_ok());
     }
 
     #[test]

@@ -86,6 +86,9 @@ pub struct AuditRecord {
     pub code: String,
     pub reason: String,
     pub duration_ms: f64,
+    /// A BeginUpdate sent as a verifier's correction during a restore's quarantine
+    /// (`restore_correction`): written as `"restore_correction":true`, absent otherwise.
+    pub restore_correction: bool,
     /// What an AdminService call asked for; `None` for the claims API.
     pub admin: Option<AdminAudit>,
 }
@@ -98,7 +101,19 @@ impl AuditRecord {
             .iter()
             .map(|c| c.claim_type.len() + c.claim_value.len() + 64)
             .sum();
-        let admin = self.admin.as_ref().map_or(0, |a| a.reason.len() + 64);
+        let admin = self.admin.as_ref().map_or(0, |a| {
+            let ids = |ids: &[String]| -> usize {
+                ids.iter()
+                    .take(ADMIN_IDS_LOGGED)
+                    .map(|id| id.len() + 4)
+                    .sum()
+            };
+            a.reason.len()
+                + 128
+                + a.backup_time.as_ref().map_or(0, String::len)
+                + ids(&a.expect_cells)
+                + ids(&a.lease_ids)
+        });
         256 + self.peer.len()
             + self.identity.len()
             + self.role.len()
@@ -122,7 +137,24 @@ pub struct AdminAudit {
     pub dry_run: bool,
     /// `older_than` of ListLeases / ForceRollback, in seconds.
     pub older_than_seconds: u64,
+    /// MarkRestored: the backup time asked for (RFC 3339, or the raw value when impossible).
+    pub backup_time: Option<String>,
+    /// MarkRestored: the cells the epoch is to wait for, as asked (at most
+    /// [`ADMIN_IDS_LOGGED`] listed).
+    pub expect_cells: Vec<String>,
+    /// LiftQuarantine: the epoch asked for; MarkRestored / LiftQuarantine `done`: the epoch
+    /// the store is at after the call.
+    pub epoch: Option<u64>,
+    /// ForceRollback `done`: the leases rolled back (at most [`ADMIN_IDS_LOGGED`] listed) …
+    pub lease_ids: Vec<String>,
+    /// … and how many there were.
+    pub lease_count: Option<u64>,
+    /// ForceRollback / DecommissionCell `done`: the claims they released.
+    pub claims: Option<u64>,
 }
+
+/// Ids an admin line lists (leases rolled back, cells expected); its counts count them all.
+pub const ADMIN_IDS_LOGGED: usize = 100;
 
 /// What the writer thread is asked to do.
 enum Job {
@@ -304,6 +336,17 @@ impl AuditLog {
         }
     }
 
+    /// At exit: writes every line queued so far and syncs the file, so that no request answered
+    /// before the shutdown loses its line. Blocking, like [`flush_blocking`](Self::flush_blocking).
+    pub fn close_blocking(&self) {
+        self.flush_blocking();
+        let file = self.shared.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(error) = file.sync_data() {
+            tracing::error!(%error, path = %self.shared.path.display(),
+                "syncing the audit log at exit failed");
+        }
+    }
+
     #[cfg(test)]
     fn line(&self, r: &AuditRecord, now: SystemTime) -> String {
         self.shared.line(r, now)
@@ -361,18 +404,46 @@ impl Shared {
             })
             .collect();
         let admin = r.admin.as_ref().map_or_else(String::new, |a| {
-            format!(
+            let ids = |ids: &[String]| {
+                let listed: Vec<String> = ids
+                    .iter()
+                    .take(ADMIN_IDS_LOGGED)
+                    .map(|id| short(id))
+                    .collect();
+                listed.join(",")
+            };
+            let mut text = format!(
                 ",\"stage\":{},\"admin_reason\":{},\"dry_run\":{},\"older_than_seconds\":{}",
                 json(a.stage),
                 json(&cut(&a.reason, FIELD_LIMITS.admin_reason)),
                 a.dry_run,
                 a.older_than_seconds
-            )
+            );
+            if let Some(backup_time) = &a.backup_time {
+                text.push_str(&format!(
+                    ",\"backup_time\":{},\"expect_cells\":[{}]",
+                    short(backup_time),
+                    ids(&a.expect_cells)
+                ));
+            }
+            if let Some(epoch) = a.epoch {
+                text.push_str(&format!(",\"epoch\":{epoch}"));
+            }
+            if let Some(count) = a.lease_count {
+                text.push_str(&format!(
+                    ",\"lease_count\":{count},\"lease_ids\":[{}]",
+                    ids(&a.lease_ids)
+                ));
+            }
+            if let Some(claims) = a.claims {
+                text.push_str(&format!(",\"released_claims\":{claims}"));
+            }
+            text
         });
         format!(
             "{{\"time\":{},\"peer\":{},\"identity\":{},\"role\":{},\"method\":{},\"cell_id\":{},\
              \"lease_id\":{},\"claim_count\":{},\"claims\":[{}],\"code\":{},\"reason\":{},\
-             \"duration_ms\":{:.3}{}}}",
+             \"duration_ms\":{:.3}{}{}}}",
             json(&rfc3339(now)),
             short(&r.peer),
             json(&cut(&r.identity, FIELD_LIMITS.identity)),
@@ -385,6 +456,11 @@ impl Shared {
             short(&r.code),
             short(&r.reason),
             r.duration_ms,
+            if r.restore_correction {
+                ",\"restore_correction\":true"
+            } else {
+                ""
+            },
             admin
         )
     }
@@ -414,7 +490,9 @@ fn json(text: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c if (c as u32) < 0x20 || needs_escape(c) => {
+                out.push_str(&format!("\\u{:04x}", c as u32))
+            }
             c => out.push(c),
         }
     }
@@ -422,10 +500,38 @@ fn json(text: &str) -> String {
     out
 }
 
+/// Characters written as `\uXXXX` although JSON allows them raw: DEL, the line and paragraph
+/// separators (which end a line in JavaScript and in some log viewers) and the bidirectional
+/// controls (which make a line read differently from what it holds, "Trojan Source").
+fn needs_escape(c: char) -> bool {
+    matches!(c,
+        '\u{7f}'
+        | '\u{061c}'
+        | '\u{200e}' | '\u{200f}'
+        | '\u{2028}' | '\u{2029}'
+        | '\u{202a}'..='\u{202e}'
+        | '\u{2066}'..='\u{2069}')
+}
+
 /// `2026-11-23T22:40:05.123Z`.
 fn rfc3339(time: SystemTime) -> String {
     let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs() as i64;
+    rfc3339_of(since.as_secs() as i64, since.subsec_nanos())
+}
+
+/// A protobuf timestamp as RFC 3339, or its raw fields when it is none (out of range).
+pub fn timestamp_text(t: &prost_types::Timestamp) -> String {
+    // 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z.
+    if (-62_135_596_800..=253_402_300_799).contains(&t.seconds)
+        && (0..1_000_000_000).contains(&t.nanos)
+    {
+        rfc3339_of(t.seconds, t.nanos as u32)
+    } else {
+        format!("(seconds {}, nanos {})", t.seconds, t.nanos)
+    }
+}
+
+fn rfc3339_of(secs: i64, nanos: u32) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -442,7 +548,7 @@ fn rfc3339(time: SystemTime) -> String {
         rem / 3600,
         rem / 60 % 60,
         rem % 60,
-        since.subsec_millis()
+        nanos / 1_000_000
     )
 }
 
@@ -538,16 +644,35 @@ mod tests {
             code: huge.clone(),
             reason: huge.clone(),
             duration_ms: 1.0,
+            restore_correction: true,
             admin: Some(AdminAudit {
                 stage: "intent",
                 reason: huge.clone(),
+                backup_time: Some(huge.clone()),
+                expect_cells: vec![huge.clone(); 10_000],
+                epoch: Some(7),
+                lease_ids: vec![huge.clone(); 10_000],
+                lease_count: Some(10_000),
+                claims: Some(3),
                 ..AdminAudit::default()
             }),
         };
         let line = log.line(&record, UNIX_EPOCH);
-        assert!(line.len() < 16 * 1024, "{} bytes", line.len());
+        assert!(line.len() < 64 * 1024, "{} bytes", line.len());
+        assert!(line.contains("\"lease_count\":10000"), "{line}");
+        assert!(line.contains("\"epoch\":7"), "{line}");
+        assert!(line.contains("\"restore_correction\":true"), "{line}");
         assert!(line.contains("\"claim_count\":2000000"), "{line}");
         assert!(line.contains("…[cut "), "{line}");
+    }
+
+    #[test]
+    fn separators_and_bidi_controls_are_escaped() {
+        let text = "a\u{2028}b\u{2029}c\u{202e}d\u{2066}e\u{200f}f\u{7f}g\u{1}h é";
+        assert_eq!(
+            json(text),
+            "\"a\\u2028b\\u2029c\\u202ed\\u2066e\\u200ff\\u007fg\\u0001h é\""
+        );
     }
 
     #[test]

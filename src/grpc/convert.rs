@@ -8,8 +8,8 @@ use crate::domain::{self, MarkRestored, RestoreEpoch, RestoreView};
 use crate::domain::{
     check_record_id, check_value, page_limit, CellId, Claim, ClaimKey, ClaimState, ClaimType,
     ClaimsCursor, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, SlotGrant,
-    SlotHolder, SlotLimit, TableName, CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT, LEASES_DEFAULT_LIMIT,
-    LEASES_MAX_LIMIT,
+    SlotHolder, SlotLimit, TableName, Timestamp, CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT,
+    LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT,
 };
 use crate::error::ClaimsError;
 use crate::grpc::pb::admin as apb;
@@ -301,7 +301,7 @@ pub fn mark_restored_from_pb(
         .as_ref()
         .ok_or_else(|| ClaimsError::invalid("backup_time", "required (RFC 3339)"))?;
     Ok(MarkRestored {
-        backup_time: crate::codec::timestamp_from_pb(backup_time),
+        backup_time: Timestamp::from_wire(backup_time.seconds, backup_time.nanos, "backup_time")?,
         reason: request.reason.clone(),
         expect_cells: request
             .expect_cells

@@ -1,15 +1,26 @@
 //! The tower layer every request passes before any handler: it charges each gRPC message of
-//! the request body against the connection's and the server's budgets of request bytes in
-//! flight, and bounds the whole request (reading the body included) by `--request-timeout`.
+//! the request body against the budgets of request bytes in flight, and bounds the whole request
+//! (reading the body included) by `--request-timeout`.
+//!
+//! Which budgets a request is charged to follows from who the transport says is calling, known
+//! before any byte of the body (decision 075):
+//! - its connection's (`--max-request-bytes-per-connection`), always;
+//! - a verified caller (a cell, a router, an operator): the server's (`--max-request-bytes`) and
+//!   its own share of it (`--cell-max-request-bytes`), so one cell can never spend it all;
+//! - a caller without a verified identity on a TLS listener, and every caller of the plaintext
+//!   `--health-listen` port: a small budget of their own (`--max-anonymous-request-bytes`),
+//!   never the cells';
+//! - a caller of a plaintext server (trusted, decision 061): the server's.
 //!
 //! A message is charged its *declared* length as soon as its 5-byte gRPC prefix arrives,
 //! because that is what the decoder reserves for it; a message over a budget fails at once with
 //! RESOURCE_EXHAUSTED naming the limit. So a client that opens many streams, declares large
 //! messages and sends all but their last byte pins at most the budgets, never more. The charge
 //! is held until the request's body is dropped (when the message is decoded, or the request
-//! ends). A declared length above the message-size limit is refused at once (OUT_OF_RANGE,
-//! naming the limit), before any of its bytes are read: nothing reaches authorization or a
-//! decoder that these budgets did not admit.
+//! ends). A declared length above the method's message-size limit (256 bytes for a health check,
+//! which carries only a service name) is refused at once (OUT_OF_RANGE, naming the limit),
+//! before any of its bytes are read: nothing reaches authorization or a decoder that these
+//! budgets did not admit.
 //!
 //! The same budgets are handed to later layers as a request extension ([`RequestBudget`]):
 //! authorization charges a BeginUpdate's decoded claims to the server's budget
@@ -17,11 +28,13 @@
 //! charged until the handler has answered, so the budget bounds requests being decoded and
 //! handled, not only bytes arriving.
 //!
-//! Owns these two bounds only: no identity, no protocol rules.
+//! Owns these bounds only: it reads the transport's identity, decides nothing from it but the
+//! budget, and knows no protocol rule.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -32,16 +45,28 @@ use tonic::Status;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::grpc::limits::ServerLimits;
+use crate::auth::Caller;
+use crate::grpc::limits::{ServerLimits, MAX_HEALTH_REQUEST_BYTES};
 use crate::grpc::listener::{ConnInfo, ServerStats};
+
+/// The path prefix of `grpc.health.v1.Health`'s methods.
+const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
+
+/// Verified callers whose byte shares are remembered; past it, the shares nobody holds are
+/// forgotten (a share in use is never dropped, so no caller escapes its bound).
+const CALLER_SHARES_KEPT: usize = 4096;
 
 /// Builds [`RequestGuard`]s sharing one server-wide byte budget.
 #[derive(Clone)]
 pub struct RequestGuardLayer {
     total: Arc<Semaphore>,
+    anonymous: Arc<Semaphore>,
+    shares: Arc<Mutex<HashMap<String, Arc<Semaphore>>>>,
     limits: Arc<ServerLimits>,
     max_message_bytes: usize,
     stats: Arc<ServerStats>,
+    /// Every caller is charged to the anonymous budget (the plaintext `--health-listen` port).
+    untrusted_listener: bool,
 }
 
 impl RequestGuardLayer {
@@ -49,11 +74,60 @@ impl RequestGuardLayer {
     pub fn new(limits: &ServerLimits, max_message_bytes: usize, stats: Arc<ServerStats>) -> Self {
         Self {
             total: Arc::new(Semaphore::new(limits.request_bytes_total)),
+            anonymous: Arc::new(Semaphore::new(limits.request_bytes_anonymous)),
+            shares: Arc::default(),
             limits: Arc::new(limits.clone()),
             max_message_bytes,
             stats,
+            untrusted_listener: false,
         }
     }
+
+    /// For a listener nobody is identified on and nobody is trusted on (`--health-listen`):
+    /// every request is charged to the anonymous budget.
+    pub fn untrusted(mut self) -> Self {
+        self.untrusted_listener = true;
+        self
+    }
+
+    /// The budget a caller's bytes come out of, and its own share of it, if any.
+    fn pool_of(&self, caller: Option<&Caller>) -> (Pool, Option<Arc<Semaphore>>) {
+        match caller {
+            _ if self.untrusted_listener => (Pool::Anonymous, None),
+            Some(Caller::Verified(principal)) => (Pool::Server, Some(self.share_of(&principal.id))),
+            Some(Caller::NoCertificate | Caller::Unidentified { .. }) => (Pool::Anonymous, None),
+            Some(Caller::Anonymous { .. }) | None => (Pool::Server, None),
+        }
+    }
+
+    fn share_of(&self, id: &str) -> Arc<Semaphore> {
+        let mut shares = self.shares.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(share) = shares.get(id) {
+            return Arc::clone(share);
+        }
+        if shares.len() >= CALLER_SHARES_KEPT {
+            shares.retain(|_, share| Arc::strong_count(share) > 1);
+        }
+        let share = Arc::new(Semaphore::new(self.limits.request_bytes_per_cell));
+        shares.insert(id.to_owned(), Arc::clone(&share));
+        share
+    }
+
+    /// The largest message `path` may declare.
+    fn max_message_bytes(&self, path: &str) -> usize {
+        if path.starts_with(HEALTH_PATH) {
+            self.max_message_bytes.min(MAX_HEALTH_REQUEST_BYTES)
+        } else {
+            self.max_message_bytes
+        }
+    }
+}
+
+/// The budget a request's bytes come out of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pool {
+    Server,
+    Anonymous,
 }
 
 impl<S> Layer<S> for RequestGuardLayer {
@@ -90,15 +164,17 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
-        let connection = request
-            .extensions()
-            .get::<ConnInfo>()
-            .map(|info| Arc::clone(&info.request_bytes));
+        let info = request.extensions().get::<ConnInfo>();
+        let connection = info.map(|info| Arc::clone(&info.request_bytes));
+        let (pool, share) = self.layer.pool_of(info.map(|info| &info.caller));
         let method = request.uri().path().to_owned();
         let layer = self.layer.clone();
         let budget = RequestBudget {
+            max_message_bytes: layer.max_message_bytes(&method),
             layer: layer.clone(),
             connection,
+            pool,
+            share,
         };
         request.extensions_mut().insert(budget.clone());
         let request = request.map(|body| {
@@ -138,18 +214,25 @@ pub const DECODED_CLAIM_BYTES: usize = 256;
 pub struct RequestBudget {
     layer: RequestGuardLayer,
     connection: Option<Arc<Semaphore>>,
+    pool: Pool,
+    /// The verified caller's own share of the server's budget.
+    share: Option<Arc<Semaphore>>,
+    /// The largest message this request's method may declare.
+    max_message_bytes: usize,
 }
 
 /// Bytes taken from the budgets, given back when dropped.
 #[derive(Default)]
 pub struct Charge {
     total: Option<OwnedSemaphorePermit>,
+    share: Option<OwnedSemaphorePermit>,
     connection: Option<OwnedSemaphorePermit>,
 }
 
 impl Charge {
     fn keep(&mut self, more: Charge) {
         keep(&mut self.total, more.total);
+        keep(&mut self.share, more.share);
         keep(&mut self.connection, more.connection);
     }
 }
@@ -207,36 +290,69 @@ fn keep(slot: &mut Option<OwnedSemaphorePermit>, permit: Option<OwnedSemaphorePe
 }
 
 impl RequestBudget {
-    /// Takes `bytes` from the server's and the connection's budgets, or refuses naming the one
+    /// Takes `bytes` from the caller's budgets and the connection's, or refuses naming the one
     /// that is spent.
     pub fn charge(&self, bytes: usize) -> Result<Charge, Status> {
         let mut charge = self.charge_server(bytes)?;
         if let Some(connection) = &self.connection {
             let limit = self.layer.limits.request_bytes_per_connection;
-            let over = || self.over("--max-request-bytes-per-connection", limit);
-            let n = u32::try_from(bytes).map_err(|_| over())?;
-            charge.connection = Some(
-                Arc::clone(connection)
-                    .try_acquire_many_owned(n)
-                    .map_err(|_| over())?,
-            );
+            charge.connection = Some(self.take(
+                connection,
+                bytes,
+                "--max-request-bytes-per-connection",
+                limit,
+            )?);
         }
         Ok(charge)
     }
 
-    /// Takes `bytes` from the server's budget only (what a request holds beyond its wire
-    /// bytes: a connection's budget bounds what one peer can make the server buffer).
+    /// Takes `bytes` from the caller's budgets only: its pool (the server's, or the anonymous
+    /// callers') and its own share of it. What a request holds beyond its wire bytes is charged
+    /// this way: a connection's budget bounds what one peer can make the server buffer.
     pub fn charge_server(&self, bytes: usize) -> Result<Charge, Status> {
-        let limit = self.layer.limits.request_bytes_total;
-        let over = || self.over("--max-request-bytes", limit);
-        let n = u32::try_from(bytes).map_err(|_| over())?;
-        let total = Arc::clone(&self.layer.total)
-            .try_acquire_many_owned(n)
-            .map_err(|_| over())?;
+        let limits = &self.layer.limits;
+        let share = match &self.share {
+            Some(share) => Some(self.take(
+                share,
+                bytes,
+                "--cell-max-request-bytes",
+                limits.request_bytes_per_cell,
+            )?),
+            None => None,
+        };
+        let total = match self.pool {
+            Pool::Server => self.take(
+                &self.layer.total,
+                bytes,
+                "--max-request-bytes",
+                limits.request_bytes_total,
+            )?,
+            Pool::Anonymous => self.take(
+                &self.layer.anonymous,
+                bytes,
+                "--max-anonymous-request-bytes",
+                limits.request_bytes_anonymous,
+            )?,
+        };
         Ok(Charge {
             total: Some(total),
+            share,
             connection: None,
         })
+    }
+
+    fn take(
+        &self,
+        budget: &Arc<Semaphore>,
+        bytes: usize,
+        flag: &str,
+        limit: usize,
+    ) -> Result<OwnedSemaphorePermit, Status> {
+        let over = || self.over(flag, limit);
+        let n = u32::try_from(bytes).map_err(|_| over())?;
+        Arc::clone(budget)
+            .try_acquire_many_owned(n)
+            .map_err(|_| over())
     }
 
     fn over(&self, flag: &str, limit: usize) -> Status {
@@ -259,12 +375,17 @@ impl HttpBody for BudgetedBody {
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(data) = frame.data_ref() {
                 for length in self.framing.declared(data) {
-                    let limit = self.budget.layer.max_message_bytes;
+                    let limit = self.budget.max_message_bytes;
                     if length > limit {
                         ServerStats::count(&self.budget.layer.stats.requests_over_byte_budget);
+                        let what = if limit < self.budget.layer.max_message_bytes {
+                            "a health check carries only a service name"
+                        } else {
+                            "what a batch of --max-batch claims can need"
+                        };
                         return Poll::Ready(Some(Err(Status::out_of_range(format!(
                             "a request message of {length} bytes is over the server's limit of \
-                             {limit} bytes (what a batch of --max-batch claims can need)"
+                             {limit} bytes ({what})"
                         )))));
                     }
                     match self.budget.charge(5 + length) {
@@ -302,6 +423,9 @@ mod tests {
         let budget = |layer: &RequestGuardLayer| RequestBudget {
             layer: layer.clone(),
             connection: Some(Arc::clone(&connection)),
+            pool: Pool::Server,
+            share: None,
+            max_message_bytes: 4 << 20,
         };
         let mut first = Charge::default();
         first.keep(budget(&layer).charge(60).unwrap());
@@ -334,6 +458,81 @@ mod tests {
         drop(held);
         assert_eq!(connection.available_permits(), 100);
         assert_eq!(layer.total.available_permits(), 150);
+    }
+
+    #[test]
+    fn a_cell_spends_only_its_share_and_anonymous_callers_only_their_own_budget() {
+        let limits = ServerLimits {
+            request_bytes_total: 400,
+            request_bytes_per_cell: 100,
+            request_bytes_anonymous: 300,
+            ..ServerLimits::default()
+        };
+        let layer = RequestGuardLayer::new(&limits, 4 << 20, Arc::default());
+        let budget = |caller: Caller| {
+            let (pool, share) = layer.pool_of(Some(&caller));
+            RequestBudget {
+                layer: layer.clone(),
+                connection: None,
+                pool,
+                share,
+                max_message_bytes: 4 << 20,
+            }
+        };
+        let cell = |name: &str| {
+            Caller::Verified(crate::auth::Principal {
+                role: crate::auth::Role::Cell,
+                name: name.to_owned(),
+                id: format!("spiffe://t/cell/{name}"),
+            })
+        };
+        let held = budget(cell("cell-2")).charge(100).unwrap();
+        let error = budget(cell("cell-2")).charge(1).err().unwrap();
+        assert!(
+            error.message().contains("--cell-max-request-bytes (100"),
+            "{}",
+            error.message()
+        );
+        // Another cell still has its share, from what the first left of the server's budget.
+        let other = budget(cell("cell-1")).charge(100).unwrap();
+        assert_eq!(layer.total.available_permits(), 200);
+        // Callers without an identity spend their own budget, never the server's.
+        let anonymous = budget(Caller::NoCertificate).charge(300).unwrap();
+        let error = budget(Caller::Unidentified { why: "x".into() })
+            .charge(1)
+            .err()
+            .unwrap();
+        assert!(
+            error
+                .message()
+                .contains("--max-anonymous-request-bytes (300"),
+            "{}",
+            error.message()
+        );
+        assert_eq!(layer.total.available_permits(), 200);
+        // A plaintext server's callers are trusted: the server's budget, no share.
+        drop(
+            budget(Caller::Anonymous { loopback: true })
+                .charge(200)
+                .unwrap(),
+        );
+        // On the health port every caller is anonymous.
+        let health = layer.clone().untrusted();
+        assert_eq!(health.pool_of(Some(&cell("cell-1"))).0, Pool::Anonymous);
+        drop((held, other, anonymous));
+        assert_eq!(layer.total.available_permits(), 400);
+        assert_eq!(layer.anonymous.available_permits(), 300);
+    }
+
+    #[test]
+    fn a_health_check_may_declare_256_bytes_at_most() {
+        let layer = RequestGuardLayer::new(&ServerLimits::default(), 1 << 20, Arc::default());
+        assert_eq!(layer.max_message_bytes("/grpc.health.v1.Health/Check"), 256);
+        assert_eq!(layer.max_message_bytes("/grpc.health.v1.Health/Watch"), 256);
+        assert_eq!(
+            layer.max_message_bytes("/topology.claims.v1.ClaimsService/BeginUpdate"),
+            1 << 20
+        );
     }
 
     #[test]

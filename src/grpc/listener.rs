@@ -2,13 +2,19 @@
 //!
 //! - at most `max_connections` open; one over it is accepted, sent an HTTP/2 GOAWAY
 //!   (ENHANCE_YOUR_CALM, with a reason) and closed, so the client sees why instead of hanging in
-//!   the listen backlog (at most 64 refusals are written at once; past that, closed at once);
+//!   the listen backlog (at most 64 refusals are written at once; past that, closed at once). On
+//!   a TLS listener the GOAWAY is sent after the handshake, inside TLS, so the client reads it;
+//! - at most `max_anonymous_connections` TLS connections without a verified identity; one more
+//!   is told GOAWAY naming `--max-anonymous-connections` right after its handshake, so callers
+//!   without a certificate can never take the cells' places;
 //! - a failing `accept` (EMFILE, ENFILE, ENOBUFS, …) backs off (10 ms doubling to 1 s) instead of
 //!   spinning, is counted, and is logged at most every 5 s with the number of failures in between;
 //!   service resumes as soon as descriptors free;
-//! - the peer must send the 24-byte HTTP/2 client preface within `handshake_timeout`, and a peer
-//!   that sends nothing at all for `idle_timeout` is cut off (live clients answer the server's
-//!   keepalive pings, so they never get there);
+//! - the peer must finish its TLS handshake (if any) and send the 24-byte HTTP/2 client preface,
+//!   checked byte for byte on the decrypted stream, within `handshake_timeout` of the accept: a
+//!   total deadline that a trickle of bytes does not extend; a peer that sends nothing at all for
+//!   `idle_timeout` is cut off (live clients answer the server's keepalive pings, so they never
+//!   get there);
 //! - each connection carries its own budget of request bytes in flight ([`ConnInfo`]), which
 //!   `guard` charges.
 //!
@@ -34,8 +40,10 @@ use crate::auth::Caller;
 use crate::grpc::limits::ServerLimits;
 use crate::grpc::tls::ServerTls;
 
-/// The HTTP/2 client connection preface (RFC 9113 §3.4) is this long.
-const PREFACE_LEN: usize = 24;
+/// The HTTP/2 client connection preface (RFC 9113 §3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Longest a refusal may hold its descriptor (its TLS handshake included).
+const REFUSAL_TIME: Duration = Duration::from_secs(2);
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 const LOG_EVERY: Duration = Duration::from_secs(5);
@@ -108,13 +116,19 @@ pub fn incoming(
         refusals: Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT)),
         limits: limits.clone(),
         stats,
+        tls: tls.clone(),
         backoff: Duration::ZERO,
         failures_since_success: 0,
         accept_log: RateLimitedLog::default(),
         refuse_log: Arc::new(RateLimitedLog::default()),
     };
+    let anonymous = Anonymous {
+        permits: Arc::new(Semaphore::new(limits.max_anonymous_connections)),
+        max: limits.max_anonymous_connections,
+        stats: Arc::clone(&acceptor.stats),
+        log: Arc::new(RateLimitedLog::default()),
+    };
     let (ready, connections) = tokio::sync::mpsc::channel::<ServerConn>(64);
-    let handshake_timeout = limits.handshake_timeout;
     tokio::spawn(async move {
         loop {
             let conn = tokio::select! {
@@ -124,14 +138,17 @@ pub fn incoming(
             };
             match &tls {
                 None => {
-                    if ready.send(ServerConn::Plain(conn)).await.is_err() {
+                    let info = conn.info.clone();
+                    let conn = ServerConn::new(Io::Plain(conn), info, None);
+                    if ready.send(conn).await.is_err() {
                         return;
                     }
                 }
                 Some(tls) => {
-                    let (tls, ready) = (Arc::clone(tls), ready.clone());
+                    let (tls, ready, anonymous) =
+                        (Arc::clone(tls), ready.clone(), anonymous.clone());
                     tokio::spawn(async move {
-                        if let Some(conn) = handshake(conn, &tls, handshake_timeout).await {
+                        if let Some(conn) = handshake(conn, &tls, &anonymous).await {
                             let _ = ready.send(conn).await;
                         }
                     });
@@ -145,15 +162,59 @@ pub fn incoming(
     })
 }
 
-/// The TLS handshake of one connection, bounded by `timeout`; `None` (logged at debug) when it
-/// fails: a client with a certificate of another CA, an expired one, or plain HTTP/2.
-async fn handshake(conn: LimitedConn, tls: &ServerTls, timeout: Duration) -> Option<ServerConn> {
+/// The places of TLS connections without a verified identity (`--max-anonymous-connections`).
+#[derive(Clone)]
+struct Anonymous {
+    permits: Arc<Semaphore>,
+    max: usize,
+    stats: Arc<ServerStats>,
+    log: Arc<RateLimitedLog>,
+}
+
+/// The TLS handshake of one connection, by the connection's handshake deadline; `None` (logged
+/// at debug) when it fails (a client with a certificate of another CA, an expired one, or plain
+/// HTTP/2), or when a caller without a verified identity finds no place left (told GOAWAY).
+async fn handshake(
+    conn: LimitedConn,
+    tls: &ServerTls,
+    anonymous: &Anonymous,
+) -> Option<ServerConn> {
     let mut info = conn.info.clone();
+    let deadline = conn.handshake_deadline;
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-    match tokio::time::timeout(timeout, acceptor.accept(conn)).await {
-        Ok(Ok(stream)) => {
+    match tokio::time::timeout_at(deadline, acceptor.accept(conn)).await {
+        Ok(Ok(mut stream)) => {
             info.caller = tls.caller(stream.get_ref().1.peer_certificates());
-            Some(ServerConn::Tls(Box::new(stream), info))
+            let place = if matches!(info.caller, Caller::Verified(_)) {
+                None
+            } else {
+                match Arc::clone(&anonymous.permits).try_acquire_owned() {
+                    Ok(place) => Some(place),
+                    Err(_) => {
+                        ServerStats::count(&anonymous.stats.connections_refused);
+                        if let Some(held_back) = anonymous.log.ready() {
+                            tracing::warn!(
+                                peer = ?info.remote_addr,
+                                max_anonymous_connections = anonymous.max,
+                                refused_since_last_line = held_back,
+                                "connection without a verified identity refused: \
+                                 --max-anonymous-connections reached"
+                            );
+                        }
+                        let reason = format!(
+                            "connection limit for callers without a verified identity reached \
+                             (--max-anonymous-connections {}); present a client certificate, or \
+                             retry with backoff",
+                            anonymous.max
+                        );
+                        let _ =
+                            tokio::time::timeout(REFUSAL_TIME, say_goaway(&mut stream, &reason))
+                                .await;
+                        return None;
+                    }
+                }
+            };
+            Some(ServerConn::new(Io::Tls(Box::new(stream)), info, place))
         }
         Ok(Err(e)) => {
             tracing::debug!(peer = ?info.remote_addr, error = %e, "TLS handshake failed");
@@ -166,20 +227,101 @@ async fn handshake(conn: LimitedConn, tls: &ServerTls, timeout: Duration) -> Opt
     }
 }
 
-/// A connection as the HTTP/2 server sees it: plain, or TLS on top of the bounded connection.
-pub enum ServerConn {
+/// A connection as the HTTP/2 server sees it: plain, or TLS on top of the bounded connection,
+/// with the preface check on what it decrypts.
+pub struct ServerConn {
+    io: Io,
+    info: ConnInfo,
+    preface: Preface,
+    /// Its place among the connections without a verified identity, if it is one.
+    _anonymous: Option<OwnedSemaphorePermit>,
+}
+
+enum Io {
     Plain(LimitedConn),
-    Tls(Box<tokio_rustls::server::TlsStream<LimitedConn>>, ConnInfo),
+    Tls(Box<tokio_rustls::server::TlsStream<LimitedConn>>),
+}
+
+impl ServerConn {
+    fn new(io: Io, info: ConnInfo, anonymous: Option<OwnedSemaphorePermit>) -> Self {
+        let limited = match &io {
+            Io::Plain(conn) => conn,
+            Io::Tls(stream) => stream.get_ref().0,
+        };
+        let preface = Preface {
+            matched: 0,
+            deadline: Some(Box::pin(tokio::time::sleep_until(
+                limited.handshake_deadline,
+            ))),
+            timeout: limited.handshake_timeout,
+            stats: Arc::clone(&limited.stats),
+        };
+        Self {
+            io,
+            info,
+            preface,
+            _anonymous: anonymous,
+        }
+    }
+}
+
+/// The HTTP/2 client preface the peer owes: how much of it came, and by when the rest must.
+struct Preface {
+    matched: usize,
+    /// `None` once the whole preface came.
+    deadline: Option<Pin<Box<Sleep>>>,
+    timeout: Duration,
+    stats: Arc<ServerStats>,
+}
+
+impl Preface {
+    /// Before a read: the error that closes a connection past its deadline.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Result<(), io::Error> {
+        let passed = self
+            .deadline
+            .as_mut()
+            .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+        if passed {
+            ServerStats::count(&self.stats.handshake_timeouts);
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no TLS handshake and HTTP/2 client preface within --handshake-timeout \
+                         {:?}",
+                    self.timeout
+                ),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// After a read of `received` bytes: the error that closes a connection whose first bytes
+    /// are not the preface.
+    fn check(&mut self, received: &[u8]) -> Result<(), io::Error> {
+        if self.deadline.is_none() {
+            return Ok(());
+        }
+        let n = (PREFACE.len() - self.matched).min(received.len());
+        if received[..n] != PREFACE[self.matched..self.matched + n] {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the connection did not open with the HTTP/2 client preface",
+            ));
+        }
+        self.matched += n;
+        if self.matched == PREFACE.len() {
+            self.deadline = None;
+        }
+        Ok(())
+    }
 }
 
 impl Connected for ServerConn {
     type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> ConnInfo {
-        match self {
-            Self::Plain(conn) => conn.info.clone(),
-            Self::Tls(_, info) => info.clone(),
-        }
+        self.info.clone()
     }
 }
 
@@ -189,10 +331,21 @@ impl AsyncRead for ServerConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(conn) => Pin::new(conn).poll_read(cx, buf),
-            Self::Tls(conn, _) => Pin::new(conn.as_mut()).poll_read(cx, buf),
+        let this = self.get_mut();
+        if let Err(error) = this.preface.poll_deadline(cx) {
+            tracing::debug!(peer = ?this.info.remote_addr, "{error}: closing the connection");
+            return Poll::Ready(Err(error));
         }
+        let before = buf.filled().len();
+        let polled = match &mut this.io {
+            Io::Plain(conn) => Pin::new(conn).poll_read(cx, buf),
+            Io::Tls(conn) => Pin::new(conn.as_mut()).poll_read(cx, buf),
+        };
+        if let Err(error) = this.preface.check(&buf.filled()[before..]) {
+            tracing::debug!(peer = ?this.info.remote_addr, "{error}: closing the connection");
+            return Poll::Ready(Err(error));
+        }
+        polled
     }
 }
 
@@ -202,23 +355,23 @@ impl AsyncWrite for ServerConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Self::Plain(conn) => Pin::new(conn).poll_write(cx, buf),
-            Self::Tls(conn, _) => Pin::new(conn.as_mut()).poll_write(cx, buf),
+        match &mut self.get_mut().io {
+            Io::Plain(conn) => Pin::new(conn).poll_write(cx, buf),
+            Io::Tls(conn) => Pin::new(conn.as_mut()).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(conn) => Pin::new(conn).poll_flush(cx),
-            Self::Tls(conn, _) => Pin::new(conn.as_mut()).poll_flush(cx),
+        match &mut self.get_mut().io {
+            Io::Plain(conn) => Pin::new(conn).poll_flush(cx),
+            Io::Tls(conn) => Pin::new(conn.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(conn) => Pin::new(conn).poll_shutdown(cx),
-            Self::Tls(conn, _) => Pin::new(conn.as_mut()).poll_shutdown(cx),
+        match &mut self.get_mut().io {
+            Io::Plain(conn) => Pin::new(conn).poll_shutdown(cx),
+            Io::Tls(conn) => Pin::new(conn.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -229,6 +382,7 @@ struct Acceptor {
     refusals: Arc<Semaphore>,
     limits: ServerLimits,
     stats: Arc<ServerStats>,
+    tls: Option<Arc<ServerTls>>,
     backoff: Duration,
     failures_since_success: u64,
     accept_log: RateLimitedLog,
@@ -266,8 +420,9 @@ impl Acceptor {
                             }
                             if let Ok(permit) = Arc::clone(&self.refusals).try_acquire_owned() {
                                 let max = self.limits.max_connections;
+                                let tls = self.tls.as_ref().map(|tls| tls.current());
                                 tokio::spawn(async move {
-                                    refuse(tcp, max).await;
+                                    refuse(tcp, max, tls).await;
                                     drop(permit);
                                 });
                             }
@@ -320,20 +475,33 @@ fn goaway_frames(reason: &str) -> Vec<u8> {
     frames
 }
 
-async fn refuse(mut tcp: TcpStream, max_connections: usize) {
+/// Refuses a connection over `--max-connections`: a GOAWAY naming the limit, inside TLS on a
+/// TLS listener (after a handshake, so the client can read it), all within [`REFUSAL_TIME`].
+async fn refuse(tcp: TcpStream, max_connections: usize, tls: Option<Arc<rustls::ServerConfig>>) {
     let reason = format!(
         "connection limit reached (--max-connections {max_connections}); retry with backoff"
     );
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        tcp.write_all(&goaway_frames(&reason)).await?;
-        tcp.shutdown().await?;
-        // Read what the client already sent, so closing does not reset the connection before
-        // it has read the GOAWAY.
-        let mut sink = [0u8; 1024];
-        while tcp.read(&mut sink).await? > 0 {}
-        Ok::<(), io::Error>(())
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        match tls {
+            None => say_goaway(&mut { tcp }, &reason).await,
+            Some(config) => {
+                let mut stream = tokio_rustls::TlsAcceptor::from(config).accept(tcp).await?;
+                say_goaway(&mut stream, &reason).await
+            }
+        }
     })
     .await;
+}
+
+/// Writes the server preface and a GOAWAY with `reason`, then reads until the peer closes, so
+/// closing does not reset the connection before the client has read the GOAWAY.
+async fn say_goaway<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, reason: &str) -> io::Result<()> {
+    io.write_all(&goaway_frames(reason)).await?;
+    io.flush().await?;
+    io.shutdown().await?;
+    let mut sink = [0u8; 1024];
+    while io.read(&mut sink).await? > 0 {}
+    Ok(())
 }
 
 /// An accepted connection under its bounds; holds its place under `max_connections` until
@@ -342,8 +510,8 @@ pub struct LimitedConn {
     io: TcpStream,
     _permit: OwnedSemaphorePermit,
     info: ConnInfo,
-    preface_left: usize,
-    handshake: Option<Pin<Box<Sleep>>>,
+    /// The accept + `--handshake-timeout`: by then TLS and the HTTP/2 preface must be done.
+    handshake_deadline: tokio::time::Instant,
     handshake_timeout: Duration,
     idle: Pin<Box<Sleep>>,
     idle_timeout: Duration,
@@ -370,8 +538,7 @@ impl LimitedConn {
             io,
             _permit: permit,
             info,
-            preface_left: PREFACE_LEN,
-            handshake: Some(Box::pin(tokio::time::sleep(limits.handshake_timeout))),
+            handshake_deadline: tokio::time::Instant::now() + limits.handshake_timeout,
             handshake_timeout: limits.handshake_timeout,
             idle: Box::pin(tokio::time::sleep(limits.idle_timeout)),
             idle_timeout: limits.idle_timeout,
@@ -391,16 +558,6 @@ impl AsyncRead for LimitedConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if let Some(handshake) = self.handshake.as_mut() {
-            if handshake.as_mut().poll(cx).is_ready() {
-                ServerStats::count(&self.stats.handshake_timeouts);
-                let what = format!(
-                    "no HTTP/2 client preface within --handshake-timeout {:?}",
-                    self.handshake_timeout
-                );
-                return self.timed_out(what);
-            }
-        }
         if self.idle.as_mut().poll(cx).is_ready() {
             ServerStats::count(&self.stats.idle_timeouts);
             let what = format!(
@@ -414,12 +571,6 @@ impl AsyncRead for LimitedConn {
         let polled = Pin::new(&mut this.io).poll_read(cx, buf);
         let received = buf.filled().len() - before;
         if received > 0 {
-            if this.preface_left > 0 {
-                this.preface_left = this.preface_left.saturating_sub(received);
-                if this.preface_left == 0 {
-                    this.handshake = None;
-                }
-            }
             let deadline = tokio::time::Instant::now() + this.idle_timeout;
             this.idle.as_mut().reset(deadline);
         }

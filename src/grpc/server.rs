@@ -24,7 +24,7 @@ use crate::grpc::authz::AuthorizeLayer;
 use crate::grpc::cell_limits::{CellLimiter, CellLimits};
 use crate::grpc::guard::RequestGuardLayer;
 use crate::grpc::health::{watch_store, HealthConfig};
-use crate::grpc::limits::ServerLimits;
+use crate::grpc::limits::{ServerLimits, MAX_HEALTH_REQUEST_BYTES};
 use crate::grpc::listener::{self, ServerStats};
 use crate::grpc::metrics::MetricsLayer;
 use crate::grpc::pb;
@@ -349,21 +349,26 @@ pub async fn serve(
 
 /// Serves `grpc.health.v1` alone on `listener`, in plaintext, under the main listener's
 /// connection limits, until the drain starts (its statuses are NOT_SERVING by then). It reads
-/// nothing but health requests: no claim, identity or store is reachable through it.
+/// nothing but health requests, of 256 bytes at most, charged to the anonymous callers' byte
+/// budget: no claim, identity or store is reachable through it, and what it buffers is bounded.
 async fn serve_health_only<H: Health>(
     listener: TcpListener,
     health: HealthServer<H>,
     limits: ServerLimits,
     mut draining: watch::Receiver<bool>,
 ) {
-    let incoming = listener::incoming(listener, &limits, Arc::new(ServerStats::default()), None);
+    let stats = Arc::new(ServerStats::default());
+    let incoming = listener::incoming(listener, &limits, Arc::clone(&stats), None);
     let stop = async move {
         let _ = draining.wait_for(|draining| *draining).await;
     };
+    // Nobody is identified here: every request is charged to the anonymous budget, and a health
+    // request may declare MAX_HEALTH_REQUEST_BYTES at most.
+    let guard = RequestGuardLayer::new(&limits, MAX_HEALTH_REQUEST_BYTES, stats).untrusted();
     let served = Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_max_header_list_size(limits.max_header_list_bytes)
-        .timeout(limits.request_timeout)
+        .layer(guard)
         .add_service(health)
         .serve_with_incoming_shutdown(incoming, stop)
         .await;

@@ -15,7 +15,7 @@ use super::wire::{first_message, Fields, Replay, RequestShape, Value};
 use super::{identity_of, status_in};
 use crate::auth::{Caller, Method};
 use crate::domain::ClaimType;
-use crate::grpc::audit::{AdminAudit, AuditLog, AuditRecord, AuditedClaim};
+use crate::grpc::audit::{timestamp_text, AdminAudit, AuditLog, AuditRecord, AuditedClaim};
 use crate::grpc::listener::ConnInfo;
 use crate::grpc::pb;
 use crate::grpc::pb::admin as apb;
@@ -62,6 +62,10 @@ impl Audit {
         match method {
             Method::BeginUpdate => {
                 for (number, value) in Fields::new(message).map_while(Result::ok) {
+                    if let (7, Value::Varint(flag)) = (number, value) {
+                        r.restore_correction = flag != 0;
+                        continue;
+                    }
                     let Value::Bytes(bytes) = value else { continue };
                     let op = match number {
                         1 => {
@@ -120,6 +124,13 @@ impl Audit {
                 if let Ok(request) = apb::MarkRestoredRequest::decode(message) {
                     r.admin = Some(AdminAudit {
                         reason: request.reason,
+                        backup_time: Some(
+                            request
+                                .backup_time
+                                .as_ref()
+                                .map_or_else(|| "(unset)".to_owned(), timestamp_text),
+                        ),
+                        expect_cells: request.expect_cells,
                         ..AdminAudit::default()
                     });
                 }
@@ -128,6 +139,7 @@ impl Audit {
                 if let Ok(request) = apb::LiftQuarantineRequest::decode(message) {
                     r.admin = Some(AdminAudit {
                         reason: request.reason,
+                        epoch: Some(request.epoch),
                         ..AdminAudit::default()
                     });
                 }
@@ -186,6 +198,11 @@ impl Audit {
             Ok(collected) => {
                 let trailers = collected.trailers().cloned().unwrap_or_default();
                 let data = collected.to_bytes();
+                if let (Some(admin), Some(message)) =
+                    (self.record.admin.as_mut(), first_message(&data))
+                {
+                    admin_outcome(admin, method, message);
+                }
                 if method == Method::BeginUpdate && self.record.lease_id.is_empty() {
                     if let Some(lease) = first_message(&data)
                         .and_then(|m| pb::BeginUpdateResponse::decode(m).ok())
@@ -218,6 +235,31 @@ impl Audit {
     pub(super) fn write(&mut self) {
         self.record.duration_ms = self.started.elapsed().as_secs_f64() * 1000.0;
         self.log.write(std::mem::take(&mut self.record));
+    }
+}
+
+/// What an admin call did, from its answer: the leases a ForceRollback rolled back, the claims
+/// it or a DecommissionCell released, the epoch after a MarkRestored or LiftQuarantine.
+fn admin_outcome(admin: &mut AdminAudit, method: Method, message: &[u8]) {
+    match method {
+        Method::ForceRollback => {
+            if let Ok(done) = apb::ForceRollbackResponse::decode(message) {
+                admin.lease_count = Some(done.lease_ids.len() as u64);
+                admin.lease_ids = done.lease_ids;
+                admin.claims = Some(done.claims);
+            }
+        }
+        Method::DecommissionCell => {
+            if let Ok(done) = apb::DecommissionCellResponse::decode(message) {
+                admin.claims = Some(done.claims);
+            }
+        }
+        Method::MarkRestored | Method::LiftQuarantine => {
+            if let Ok(status) = apb::RestoreStatus::decode(message) {
+                admin.epoch = Some(status.epoch);
+            }
+        }
+        _ => {}
     }
 }
 

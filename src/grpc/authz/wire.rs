@@ -114,7 +114,7 @@ impl RequestShape {
 /// A field's value on the wire.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Value<'m> {
-    Varint,
+    Varint(u64),
     Fixed,
     Bytes(&'m [u8]),
 }
@@ -149,10 +149,7 @@ impl<'m> Fields<'m> {
             Ok(())
         };
         let value = match key & 7 {
-            0 => {
-                varint(self.message, &mut self.at).ok_or("a varint is cut short")?;
-                Value::Varint
-            }
+            0 => Value::Varint(varint(self.message, &mut self.at).ok_or("a varint is cut short")?),
             1 => {
                 skip(&mut self.at, 8, self.message.len())?;
                 Value::Fixed
