@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 use common::{command, text, Server};
 use futures::StreamExt;
 use topology_claims::cell::{ClaimsClient, ClientConfig};
+use topology_claims::grpc::pb::admin as apb;
+use topology_claims::grpc::pb::admin::admin_service_client::AdminServiceClient;
 use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::{CellId, ClaimsError, LeaseId};
 
@@ -375,6 +377,21 @@ async fn runbooks(backend: Backend) {
     assert_eq!(acted["admin_reason"], "cell down");
     assert_eq!(acted["cell_id"], "down-cell");
     assert_eq!(acted["identity"], "anonymous");
+    // The `done` line of the acting call says what it did: the leases, their count, the claims.
+    let did = lines
+        .iter()
+        .find(|l| l["method"] == "ForceRollback" && l["stage"] == "done" && l["dry_run"] == false)
+        .unwrap();
+    let count = did["lease_count"]
+        .as_u64()
+        .expect("lease_count on the done line");
+    assert!(count >= 1, "{did}");
+    assert_eq!(
+        did["lease_ids"].as_array().unwrap().len() as u64,
+        count.min(100),
+        "{did}"
+    );
+    assert!(did["released_claims"].as_u64().is_some(), "{did}");
     // Idle clients would hold the drain open.
     drop(claims);
     server.stop_with("TERM");
@@ -691,6 +708,29 @@ async fn restore_marks_and_lifts_are_audited_and_show_in_the_metrics() {
         text(&future.stderr)
     );
 
+    // Impossible times are refused, never clamped or carried into the seconds.
+    let mut raw = AdminServiceClient::connect(server.endpoint())
+        .await
+        .unwrap();
+    for (seconds, nanos) in [
+        (i64::MIN, 0),
+        (-62_135_596_801, 0),
+        (253_402_300_800, 0),
+        (0, -1),
+        (0, 2_000_000_000),
+    ] {
+        let refused = raw
+            .mark_restored(apb::MarkRestoredRequest {
+                backup_time: Some(prost_types::Timestamp { seconds, nanos }),
+                reason: "impossible".into(),
+                expect_cells: vec![],
+            })
+            .await
+            .expect_err("an impossible backup_time");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains("backup_time"), "{refused:?}");
+    }
+
     let mark = admin(
         dir.path(),
         &server,
@@ -803,6 +843,44 @@ async fn restore_marks_and_lifts_are_audited_and_show_in_the_metrics() {
             "{method} not audited:\n{log}"
         );
     }
+    // The lines say what was asked and what came of it.
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let line = |method: &str, stage: &str, reason: &str| {
+        lines
+            .iter()
+            .find(|l| l["method"] == method && l["stage"] == stage && l["admin_reason"] == reason)
+            .unwrap_or_else(|| panic!("no {method} {stage} line:\n{log}"))
+    };
+    let marked = line("MarkRestored", "done", "INC-1");
+    assert_eq!(
+        marked["backup_time"], "2026-01-01T00:00:00.000Z",
+        "{marked}"
+    );
+    assert_eq!(marked["epoch"], 1, "{marked}");
+    assert_eq!(
+        line("LiftQuarantine", "intent", "cell-a is gone")["epoch"],
+        1
+    );
+    assert_eq!(line("LiftQuarantine", "done", "cell-a is gone")["epoch"], 1);
+    let impossible = line("MarkRestored", "intent", "impossible");
+    assert!(
+        impossible["backup_time"]
+            .as_str()
+            .unwrap()
+            .contains("seconds"),
+        "{impossible}"
+    );
+    let corrected = lines
+        .iter()
+        .filter(|l| l["method"] == "BeginUpdate" && l["restore_correction"] == true)
+        .count();
+    assert_eq!(
+        corrected, 1,
+        "the correction is audited with its flag:\n{log}"
+    );
     drop(claims);
     tokio::task::spawn_blocking(move || server.stop_with("TERM"))
         .await

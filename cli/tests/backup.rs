@@ -166,3 +166,104 @@ async fn an_online_backup_restores_every_claim_committed_before_it_and_nothing_i
     assert!(!output.status.success());
     assert!(text(&output.stderr).contains("pg_basebackup"));
 }
+
+/// `restore --replace` refuses a store that a live `serve` uses (it deleted the live server's
+/// `-wal` before, and the server then acknowledged writes that were gone after a restart), and
+/// `backup` never follows a symlink at its target nor touches a `TO.partial` it did not create.
+/// None of the refusals changes anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_refuses_a_live_store_and_backup_never_clobbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let db = d.join("claims.db");
+    let store = format!("sqlite://{}", db.display());
+    let server = tokio::task::spawn_blocking({
+        let (d, store) = (d.clone(), store.clone());
+        move || serve(&d, &store)
+    })
+    .await
+    .unwrap();
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    claim(&client, "before").await;
+    let backup = d.join("b1.db");
+    let output = run(
+        &d,
+        &[
+            "backup",
+            "--store",
+            &store,
+            "--to",
+            backup.to_str().unwrap(),
+        ],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+
+    // Under the live server: refused, and its files are untouched.
+    let wal = d.join("claims.db-wal");
+    assert!(wal.exists());
+    let restore = [
+        "restore",
+        "--from",
+        backup.to_str().unwrap(),
+        "--store",
+        &store,
+        "--replace",
+    ];
+    let refused = run(&d, &restore);
+    assert!(!refused.status.success());
+    let err = text(&refused.stderr);
+    println!("restore under a live serve: {err}");
+    assert!(
+        err.contains("in use") && err.contains("claims.db.lock"),
+        "{err}"
+    );
+    assert!(wal.exists(), "the live server's -wal was removed");
+    claim(&client, "after-the-refusal").await;
+
+    // A dangling symlink at the target is a name that exists: never followed.
+    let link = d.join("link.db");
+    std::os::unix::fs::symlink(d.join("elsewhere.db"), &link).unwrap();
+    let output = run(
+        &d,
+        &["backup", "--store", &store, "--to", link.to_str().unwrap()],
+    );
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains("exists"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(!d.join("elsewhere.db").exists(), "the symlink was followed");
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+
+    // A TO.partial the backup did not create is left as it was.
+    let partial = d.join("b2.db.partial");
+    std::fs::write(&partial, b"another backup's").unwrap();
+    let output = run(
+        &d,
+        &[
+            "backup",
+            "--store",
+            &store,
+            "--to",
+            d.join("b2.db").to_str().unwrap(),
+        ],
+    );
+    assert!(!output.status.success());
+    let err = text(&output.stderr);
+    assert!(err.contains("b2.db.partial exists"), "{err}");
+    assert_eq!(std::fs::read(&partial).unwrap(), b"another backup's");
+    assert!(!d.join("b2.db").exists());
+
+    // Once the server is stopped, the restore goes ahead; and a server cannot start meanwhile
+    // (the lock is held through the replacement, proven by the unit test of `lock`).
+    drop(client);
+    tokio::task::spawn_blocking(move || server.stop_with("TERM"))
+        .await
+        .unwrap();
+    let output = run(&d, &restore);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+}

@@ -237,6 +237,8 @@ pub struct ServerConn {
     _anonymous: Option<OwnedSemaphorePermit>,
 }
 
+// One per connection, never moved after it is made: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Io {
     Plain(LimitedConn),
     Tls(Box<tokio_rustls::server::TlsStream<LimitedConn>>),

@@ -4,11 +4,14 @@
 //! A backup is `VACUUM INTO` from a read-only connection: one read transaction, so the copy is
 //! a consistent snapshot of the store at one commit, taken while `serve` keeps writing (WAL
 //! readers never block writers, and a busy store never makes it start over, as the page-by-page
-//! backup API would). It is written to a temporary file beside the target, checked (integrity,
-//! the schema's migrations), synced and renamed into place, so a crash never leaves a partial
-//! file under the backup's name. A restore checks the backup the same way, then replaces the
-//! store file atomically and removes the old store's `-wal` and `-shm` (SQLite would otherwise
-//! replay the old write-ahead log onto the restored file).
+//! backup API would). It is written to `TO.partial`, created exclusively (never through a
+//! symlink, never a file the backup did not make), checked (integrity, the schema's migrations),
+//! synced and hard-linked as `TO`, which fails if anything is there: a crash never leaves a
+//! partial file under the backup's name, and nothing is ever overwritten, even a file created
+//! at `TO` while the backup ran. A restore checks the backup the same way, takes the store's
+//! lock exclusively (refused while a `serve` uses the store, `lock`), then replaces the store
+//! file atomically and removes the old store's `-wal` and `-shm` (SQLite would otherwise replay
+//! the old write-ahead log onto the restored file).
 //!
 //! Owns the files. Must not decide what a restore means for the claims (the restore epoch).
 
@@ -16,6 +19,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags};
+
+use crate::lock::StoreLock;
 
 /// What a backup holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +67,8 @@ pub async fn restore(from: &Path, store: &Path, replace: bool) -> Result<BackupS
 }
 
 fn backup_blocking(store: &Path, to: &Path) -> Result<BackupSummary, String> {
-    if to.exists() {
+    // symlink_metadata: a symlink at the target, dangling or not, is a name that exists.
+    if std::fs::symlink_metadata(to).is_ok() {
         return Err(format!(
             "backup target {} exists; backups are never overwritten: choose a new file",
             to.display()
@@ -73,7 +79,24 @@ fn backup_blocking(store: &Path, to: &Path) -> Result<BackupSummary, String> {
     }
     summarize(store).map_err(|e| format!("store {}: {e}", store.display()))?;
     let partial = sibling(to, "partial")?;
-    let _ = std::fs::remove_file(&partial);
+    // Created here, exclusively (O_EXCL: never through a symlink, never someone else's file),
+    // so every later removal removes only what this backup made. VACUUM INTO fills an empty file.
+    if let Err(e) = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&partial)
+    {
+        return Err(if e.kind() == std::io::ErrorKind::AlreadyExists {
+            format!(
+                "{} exists: another backup to {} is running, or one crashed; check, remove it, \
+                 and run the backup again",
+                partial.display(),
+                to.display()
+            )
+        } else {
+            format!("cannot create {}: {e}", partial.display())
+        });
+    }
     let copied = (|| {
         let conn = Connection::open_with_flags(store, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
         conn.busy_timeout(std::time::Duration::from_secs(30))?;
@@ -98,7 +121,10 @@ fn backup_blocking(store: &Path, to: &Path) -> Result<BackupSummary, String> {
             return Err(format!("the copy {} is not sound: {e}", partial.display()));
         }
     };
-    sync_and_rename(&partial, to)?;
+    if let Err(e) = sync_and_link(&partial, to) {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
     Ok(BackupSummary {
         path: to.to_path_buf(),
         ..summary
@@ -113,6 +139,8 @@ fn restore_blocking(from: &Path, store: &Path, replace: bool) -> Result<BackupSu
             store.display()
         ));
     }
+    // Held until the restored file is in place: no server uses the store meanwhile.
+    let _restoring = StoreLock::exclusive(store)?;
     let incoming = sibling(store, "restoring")?;
     let _ = std::fs::remove_file(&incoming);
     std::fs::copy(from, &incoming)
@@ -154,11 +182,39 @@ fn sync_and_rename(from: &Path, to: &Path) -> Result<(), String> {
     sync(from).map_err(|e| format!("syncing {}: {e}", from.display()))?;
     std::fs::rename(from, to)
         .map_err(|e| format!("renaming {} to {}: {e}", from.display(), to.display()))?;
-    let dir = match to.parent() {
+    sync_dir(to)
+}
+
+/// fsyncs `from`, links it as `to` (which fails if anything, a symlink included, is at `to`:
+/// never an overwrite, even of a file created while the backup ran), removes `from` and fsyncs
+/// the directory.
+fn sync_and_link(from: &Path, to: &Path) -> Result<(), String> {
+    File::open(from)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("syncing {}: {e}", from.display()))?;
+    std::fs::hard_link(from, to).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            format!(
+                "backup target {} appeared while the backup ran; backups are never overwritten: \
+                 choose a new file",
+                to.display()
+            )
+        } else {
+            format!("linking {} as {}: {e}", from.display(), to.display())
+        }
+    })?;
+    std::fs::remove_file(from).map_err(|e| format!("removing {}: {e}", from.display()))?;
+    sync_dir(to)
+}
+
+fn sync_dir(path: &Path) -> Result<(), String> {
+    let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
-    sync(dir).map_err(|e| format!("syncing directory {}: {e}", dir.display()))
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("syncing directory {}: {e}", dir.display()))
 }
 
 /// Checks that `path` is a sound topology-claims store and says what it holds.
@@ -193,4 +249,33 @@ fn summarize(path: &Path) -> Result<BackupSummary, String> {
         leases: count("leases_outstanding")?,
         schema,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_copy_never_replaces_a_name_that_appeared_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let (partial, to) = (dir.path().join("b.db.partial"), dir.path().join("b.db"));
+        std::fs::write(&partial, b"copy").unwrap();
+        std::fs::write(&to, b"someone else's").unwrap();
+        let refused = sync_and_link(&partial, &to).unwrap_err();
+        assert!(
+            refused.contains("appeared while the backup ran"),
+            "{refused}"
+        );
+        assert_eq!(std::fs::read(&to).unwrap(), b"someone else's");
+        #[cfg(unix)]
+        {
+            let link = dir.path().join("c.db");
+            std::os::unix::fs::symlink(dir.path().join("nowhere"), &link).unwrap();
+            assert!(sync_and_link(&partial, &link).is_err());
+            assert!(
+                !dir.path().join("nowhere").exists(),
+                "the symlink was followed"
+            );
+        }
+    }
 }

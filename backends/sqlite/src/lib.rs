@@ -85,6 +85,7 @@ pub mod cell;
 mod connection;
 mod error;
 mod local;
+pub mod lock;
 mod migrations;
 mod restore;
 mod rows;

@@ -29,6 +29,7 @@ use topology_claims::{
 
 use crate::connection::{open_service_connection, SharedConnection, SqliteOptions};
 use crate::error::{retry, retry_counted, StoreError};
+use crate::lock::StoreLock;
 use crate::migrations;
 use crate::restore;
 use crate::rows::{self, lease_id_text, select_claims, LeaseRow, LEASE_COLUMNS};
@@ -42,6 +43,8 @@ pub struct SqliteClaimStore {
     clock: Arc<dyn Clock>,
     /// Transactions re-run by [`retry_counted`], shared by the clones.
     retries: Arc<AtomicU64>,
+    /// Held while the store is open: `restore` refuses a store in use (`lock`).
+    _in_use: Arc<StoreLock>,
 }
 
 impl fmt::Debug for SqliteClaimStore {
@@ -89,12 +92,15 @@ impl SqliteClaimStore {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ClaimsError> {
         let path = path.to_path_buf();
+        let in_use =
+            StoreLock::shared(&path).map_err(|message| ClaimsError::Unavailable { message })?;
         let (conn, _applied) =
             open_migrated(path.clone(), options, policy, Arc::clone(&clock)).await?;
         Ok(Self {
             conn: SharedConnection::new(conn, path),
             clock,
             retries: Arc::new(AtomicU64::new(0)),
+            _in_use: Arc::new(in_use),
         })
     }
 

@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod anonymous;
 mod audit;
 mod sidecars;
 
