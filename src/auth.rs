@@ -244,6 +244,15 @@ impl Method {
         )
     }
 
+    /// Whether its answer is a page of a listing (or a stream of them) that the server holds
+    /// until the reader takes it: bounded per cell by `--cell-max-streams`.
+    pub const fn is_listing(self) -> bool {
+        matches!(
+            self,
+            Self::ListClaims | Self::StreamClaims | Self::ListOutstandingLeases
+        )
+    }
+
     /// Whether it is an `AdminService` RPC: the admin role's alone, audited before it acts,
     /// never limited per cell.
     pub const fn is_admin(self) -> bool {

@@ -9,7 +9,17 @@
 //!
 //! The queue has no bound of its own: it holds one entry per such call in flight, so the
 //! server's bounds on requests in flight (`--max-connections` × `--max-streams`, the request
-//! byte budget, `--request-timeout`) bound it; a group takes at most `--group-max` entries.
+//! byte budget, `--request-timeout`) bound it; a group takes at most `--group-max` entries and
+//! `--group-max-claims` claims.
+//!
+//! Fairness: a small call must not wait behind another cell's large batches. A BeginUpdate of
+//! more than `--group-max-claims` claims runs in its own store transaction beside the groups,
+//! never in a group and never in a worker's slot, and so do the CommitUpdate and RollbackUpdate
+//! of its lease (the lease ids of such leases are remembered, up to [`LARGE_LEASES_KEPT`]); and
+//! a group stops taking calls at `--group-max-claims` claims. Large begins take turns, one at a
+//! time. So a small call shares its transaction with at most that many claims of others, finds
+//! a worker that is not busy with a large batch, and waits in the store's lock queue behind at
+//! most one large begin (decision 104).
 //!
 //! Every call gets its own answer: a refusal (CLAIM_TAKEN, …) is that call's alone. When the
 //! store transaction itself fails (after the adapter's own retries), every call in it gets that
@@ -41,6 +51,9 @@ pub struct GroupConfig {
     /// Most store transactions in flight at once; `None`: the store's
     /// [`ClaimStore::group_parallelism`] (its pool size).
     pub parallelism: Option<usize>,
+    /// Most claims in one group; a BeginUpdate with more runs alone, beside the groups
+    /// (`--group-max-claims`).
+    pub max_claims: usize,
     /// A group of one call runs the store's own BeginUpdate / CommitUpdate / RollbackUpdate
     /// transaction (tuned for one operation: on PostgreSQL at most 11 statements instead of a
     /// group's 13) rather than `run_group`. `false` sends every call through `run_group` (the suites
@@ -52,6 +65,7 @@ impl Default for GroupConfig {
     fn default() -> Self {
         Self {
             max: domain::DEFAULT_GROUP_MAX,
+            max_claims: domain::DEFAULT_GROUP_MAX_CLAIMS,
             parallelism: None,
             lone_direct: true,
         }
@@ -108,9 +122,20 @@ struct Queue {
     running: usize,
 }
 
+/// Lease ids of large leases remembered, so that their ends run beside the groups too; past it
+/// the set starts again (a forgotten lease's end is grouped: correct, only less fair).
+pub const LARGE_LEASES_KEPT: usize = 4096;
+
 struct Shared {
     store: Arc<dyn ClaimStore>,
     max: usize,
+    max_claims: usize,
+    /// Leases begun alone for their size, whose ends run alone too.
+    large: Mutex<std::collections::HashSet<LeaseId>>,
+    /// Large begins take turns (one at a time, first come first served): a large begin locks
+    /// whole key stripes on PostgreSQL, and the store's lock queue would put a small call
+    /// behind every large one queued before it.
+    large_turn: tokio::sync::Semaphore,
     parallelism: usize,
     lone_direct: bool,
     queue: Mutex<Queue>,
@@ -154,6 +179,9 @@ impl GroupCommit {
             shared: Arc::new(Shared {
                 store,
                 max: config.max.max(1),
+                max_claims: config.max_claims.max(1),
+                large: Mutex::default(),
+                large_turn: tokio::sync::Semaphore::new(1),
                 parallelism,
                 lone_direct: config.lone_direct,
                 queue: Mutex::default(),
@@ -179,6 +207,43 @@ impl GroupCommit {
     /// The store transactions that may run at once.
     pub fn parallelism(&self) -> usize {
         self.shared.parallelism
+    }
+
+    /// Runs a large call in its own store transaction, beside the groups; remembers a large
+    /// lease so that its end runs alone too.
+    async fn alone(&self, op: GroupOp) -> Result<GroupAnswer, ClaimsError> {
+        self.shared.stats.record(1);
+        if let Some(observe) = &self.shared.observer {
+            observe(1);
+        }
+        let answer = match &op {
+            GroupOp::Begin { .. } => {
+                let _turn = self.shared.large_turn.acquire().await.map_err(|_| {
+                    ClaimsError::internal("BeginUpdate: the large batches' turn was closed")
+                })?;
+                run_alone(&*self.shared.store, &op).await
+            }
+            _ => run_alone(&*self.shared.store, &op).await,
+        };
+        let mut large = self.shared.large.lock().unwrap_or_else(|p| p.into_inner());
+        match (&op, &answer) {
+            (GroupOp::Begin { .. }, Ok(GroupAnswer::Begun(lease))) => {
+                if large.len() >= LARGE_LEASES_KEPT {
+                    large.clear();
+                }
+                large.insert(lease.lease_id);
+            }
+            (GroupOp::Commit { lease_id, .. } | GroupOp::Rollback { lease_id, .. }, Ok(_)) => {
+                large.remove(lease_id);
+            }
+            _ => {}
+        }
+        answer
+    }
+
+    fn is_large(&self, lease_id: LeaseId) -> bool {
+        let large = self.shared.large.lock().unwrap_or_else(|p| p.into_inner());
+        large.contains(&lease_id)
     }
 
     async fn submit(&self, op: GroupOp) -> Result<GroupAnswer, ClaimsError> {
@@ -248,7 +313,11 @@ async fn run_worker(shared: Arc<Shared>) {
                 drop(queue);
                 break;
             }
-            let n = queue.pending.len().min(shared.max);
+            let n = group_size(
+                queue.pending.iter().map(|p| p.op.claims()),
+                shared.max,
+                shared.max_claims,
+            );
             queue.pending.drain(..n).collect()
         };
         shared.stats.record(batch.len());
@@ -296,6 +365,20 @@ async fn run_worker(shared: Arc<Shared>) {
     }
 }
 
+/// How many of the queued calls (their claims, in order) the next group takes: at least one, at
+/// most `max`, and no more than `max_claims` claims in all unless the first alone has more.
+fn group_size(claims: impl Iterator<Item = usize>, max: usize, max_claims: usize) -> usize {
+    let (mut n, mut total) = (0, 0);
+    for weight in claims {
+        if n == max || (n > 0 && total + weight > max_claims) {
+            break;
+        }
+        n += 1;
+        total += weight;
+    }
+    n
+}
+
 /// One operation as the store's own lone call: exactly what `--group-commit off` runs (a
 /// BeginUpdate without a client lease id lets the store choose one, as it always has). A group
 /// of one runs this, and so does `ClaimStore::run_group`'s default, op after op.
@@ -330,7 +413,13 @@ impl ClaimStore for GroupCommit {
         domain::check_batch(&request, usize::MAX)?;
         // Fixed before the first attempt, as every store does: a retried group replays.
         let lease_id = request.lease_id.unwrap_or_else(LeaseId::generate);
-        match self.submit(GroupOp::Begin { request, lease_id }).await? {
+        let op = GroupOp::Begin { request, lease_id };
+        let answer = if op.claims() > self.shared.max_claims {
+            self.alone(op).await?
+        } else {
+            self.submit(op).await?
+        };
+        match answer {
             GroupAnswer::Begun(lease) => Ok(lease),
             GroupAnswer::Ended => Err(ClaimsError::internal(
                 "BeginUpdate: the store answered a group's begin as an end",
@@ -339,12 +428,14 @@ impl ClaimStore for GroupCommit {
     }
 
     async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError> {
-        self.submit(GroupOp::Commit {
+        let op = GroupOp::Commit {
             cell_id: cell_id.clone(),
             lease_id,
-        })
-        .await
-        .map(drop)
+        };
+        if self.is_large(lease_id) {
+            return self.alone(op).await.map(drop);
+        }
+        self.submit(op).await.map(drop)
     }
 
     async fn rollback_update(
@@ -353,13 +444,15 @@ impl ClaimStore for GroupCommit {
         lease_id: LeaseId,
         unrenewed_for: Option<Duration>,
     ) -> Result<(), ClaimsError> {
-        self.submit(GroupOp::Rollback {
+        let op = GroupOp::Rollback {
             cell_id: cell_id.clone(),
             lease_id,
             unrenewed_for,
-        })
-        .await
-        .map(drop)
+        };
+        if self.is_large(lease_id) {
+            return self.alone(op).await.map(drop);
+        }
+        self.submit(op).await.map(drop)
     }
 
     async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {
@@ -453,5 +546,20 @@ impl ClaimStore for GroupCommit {
 
     fn retries(&self) -> u64 {
         self.shared.store.retries()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_stops_at_its_calls_or_its_claims_and_always_takes_one() {
+        assert_eq!(group_size([1, 1, 1].into_iter(), 64, 256), 3);
+        assert_eq!(group_size([1; 100].into_iter(), 64, 256), 64);
+        assert_eq!(group_size([100, 100, 100, 1].into_iter(), 64, 256), 2);
+        assert_eq!(group_size([1000, 1].into_iter(), 64, 256), 1);
+        assert_eq!(group_size([1, 1000, 1].into_iter(), 64, 256), 1);
+        assert_eq!(group_size(std::iter::empty(), 64, 256), 0);
     }
 }

@@ -155,6 +155,14 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     group_max: u32,
 
+    /// Most claims one group-commit store transaction carries. A BeginUpdate with more runs in
+    /// a store transaction of its own beside the groups (and so do the CommitUpdate and
+    /// RollbackUpdate of its lease), so that a small call never waits behind another cell's
+    /// large batches (decision 104).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_GROUP_MAX_CLAIMS", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    group_max_claims: u32,
+
     /// Group-commit store transactions in flight at once; more requests queue and share the
     /// next ones. Fewer means larger groups and less store CPU per call. 0: this machine's CPU
     /// count, at most what the store can run at once (PostgreSQL --pg-pool-size, the Spanner
@@ -363,6 +371,19 @@ struct LimitArgs {
           value_parser = parse_nonzero_duration)]
     request_timeout: Duration,
 
+    /// List and stream calls (ListClaims, StreamClaims, ListOutstandingLeases) one cell may have
+    /// open at once, until their responses are read; one more is refused RESOURCE_EXHAUSTED
+    /// (RATE_LIMITED, limit=cell-max-streams).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_MAX_STREAMS", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    cell_max_streams: u32,
+
+    /// A list or stream response whose reader takes nothing for this long is dropped (its page
+    /// freed, the stream ended CANCELLED). Units: ms, s, m.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_STALL_TIMEOUT", default_value = "30s",
+          value_parser = parse_nonzero_duration)]
+    stall_timeout: Duration,
+
     /// How often the store is probed for the ClaimsService health status. Units: ms, s, m.
     #[arg(long, env = "TOPOLOGY_CLAIMS_HEALTH_INTERVAL", default_value = "5s",
           value_parser = parse_nonzero_duration)]
@@ -400,6 +421,8 @@ impl LimitArgs {
             keepalive_interval: self.keepalive_interval,
             keepalive_timeout: self.keepalive_timeout,
             request_timeout: self.request_timeout,
+            cell_max_streams: self.cell_max_streams as usize,
+            stall_timeout: self.stall_timeout,
             ..ServerLimits::default()
         }
     }
@@ -503,6 +526,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let store: Arc<dyn ClaimStore> = if args.group_commit == "on" && store.group_commit_saves() {
         let config = GroupConfig {
             max: args.group_max as usize,
+            max_claims: args.group_max_claims as usize,
             parallelism: Some(if args.group_parallelism > 0 {
                 args.group_parallelism as usize
             } else {
@@ -518,6 +542,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         }
         tracing::info!(
             group_max = config.max,
+            group_max_claims = config.max_claims,
             parallelism = group.parallelism(),
             "group commit on"
         );

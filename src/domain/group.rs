@@ -55,7 +55,21 @@ pub enum GroupOp {
     },
 }
 
+/// `--group-max-claims`' default: claims one group transaction carries at most.
+pub const DEFAULT_GROUP_MAX_CLAIMS: usize = 256;
+
 impl GroupOp {
+    /// The claims it writes, as far as it knows: a begin its batch's; an end 1 (it does not
+    /// know its lease's size).
+    pub fn claims(&self) -> usize {
+        match self {
+            GroupOp::Begin { request, .. } => {
+                request.creates.len() + request.destroys.len() + request.updates.len()
+            }
+            GroupOp::Commit { .. } | GroupOp::Rollback { .. } => 1,
+        }
+    }
+
     /// The lease id the operation is about.
     pub fn lease_id(&self) -> LeaseId {
         match self {

@@ -26,7 +26,7 @@ pub use decide::{
 };
 pub use group::{
     decide_group, GroupAnswer, GroupDecision, GroupOp, GroupReads, GroupResults, GroupSnapshot,
-    GroupWrites, DEFAULT_GROUP_MAX,
+    GroupWrites, DEFAULT_GROUP_MAX, DEFAULT_GROUP_MAX_CLAIMS,
 };
 pub use pages::{
     check_claims_page_followable, claim_encoded_len_bound, claims_page, claims_page_order,

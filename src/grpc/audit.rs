@@ -649,9 +649,9 @@ mod tests {
                 stage: "intent",
                 reason: huge.clone(),
                 backup_time: Some(huge.clone()),
-                expect_cells: vec![huge.clone(); 10_000],
+                expect_cells: vec!["c".repeat(1000); 10_000],
                 epoch: Some(7),
-                lease_ids: vec![huge.clone(); 10_000],
+                lease_ids: vec!["l".repeat(1000); 10_000],
                 lease_count: Some(10_000),
                 claims: Some(3),
                 ..AdminAudit::default()

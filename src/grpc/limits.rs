@@ -49,6 +49,12 @@ pub struct ServerLimits {
     /// Longest time one request may take, reading its body included (`--request-timeout`);
     /// a client's shorter `grpc-timeout` wins.
     pub request_timeout: Duration,
+    /// List and stream calls (ListClaims, StreamClaims, ListOutstandingLeases) one cell may have
+    /// open at once, until their responses are read (`--cell-max-streams`).
+    pub cell_max_streams: usize,
+    /// A listing's response that HTTP/2 does not take for this long is dropped
+    /// (`--stall-timeout`).
+    pub stall_timeout: Duration,
 }
 
 impl Default for ServerLimits {
@@ -67,6 +73,8 @@ impl Default for ServerLimits {
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
             request_timeout: Duration::from_secs(30),
+            cell_max_streams: crate::grpc::responses::DEFAULT_CELL_MAX_STREAMS,
+            stall_timeout: crate::grpc::responses::DEFAULT_STALL_TIMEOUT,
         }
     }
 }
@@ -96,6 +104,9 @@ impl ServerLimits {
         let bad = |message: String| Err(ClaimsError::Configuration { message });
         if self.max_connections == 0 {
             return bad("--max-connections must be at least 1".into());
+        }
+        if self.cell_max_streams == 0 {
+            return bad("--cell-max-streams must be at least 1".into());
         }
         if self.max_concurrent_streams == 0 {
             return bad("--max-streams must be at least 1".into());
@@ -135,6 +146,7 @@ impl ServerLimits {
             ("--keepalive-interval", self.keepalive_interval),
             ("--keepalive-timeout", self.keepalive_timeout),
             ("--request-timeout", self.request_timeout),
+            ("--stall-timeout", self.stall_timeout),
         ] {
             if value.is_zero() {
                 return bad(format!("{flag} must not be zero"));

@@ -13,6 +13,7 @@ pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod page_token;
+pub mod responses;
 pub mod server;
 pub mod service;
 pub mod status;

@@ -30,6 +30,7 @@ use crate::grpc::metrics::MetricsLayer;
 use crate::grpc::pb;
 use crate::grpc::pb::admin::admin_service_server::AdminServiceServer;
 use crate::grpc::pb::claims_service_server::ClaimsServiceServer;
+use crate::grpc::responses::ResponseLimits;
 use crate::grpc::service::{ClaimsServiceImpl, ServiceConfig};
 use crate::grpc::tls::ServerTls;
 use crate::metrics::ServerMetrics;
@@ -314,6 +315,7 @@ pub async fn serve(
             limiter,
             max_batch: config.max_batch,
             max_message_bytes,
+            responses: ResponseLimits::new(limits.cell_max_streams, limits.stall_timeout)?,
         })
         .add_service(health_service)
         .add_service(reflection)

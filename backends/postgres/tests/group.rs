@@ -211,6 +211,7 @@ async fn random_concurrent_operations_through_the_combiner_keep_the_store_consis
         max: GROUP_MAX,
         parallelism: None,
         lone_direct: false,
+        ..GroupConfig::default()
     };
     let group = GroupCommit::new(store.clone(), config);
     assert_eq!(group.parallelism(), common::options(&schema).pool_size);

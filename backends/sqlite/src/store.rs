@@ -92,6 +92,8 @@ impl SqliteClaimStore {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ClaimsError> {
         let path = path.to_path_buf();
+        // A path that cannot be a store is named as such, before its lock file is looked for.
+        crate::connection::check_path(&path)?;
         let in_use =
             StoreLock::shared(&path).map_err(|message| ClaimsError::Unavailable { message })?;
         let (conn, _applied) =

@@ -446,3 +446,139 @@ async fn a_tls_connection_over_the_limit_is_told_the_limit_inside_tls() {
     println!("over --max-connections 2 on TLS: {reason}");
     assert!(reason.contains("--max-connections 2"), "{reason}");
 }
+
+/// A gRPC message frame of `message`.
+fn grpc_frame(message: &impl prost::Message) -> Bytes {
+    let body = message.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&body);
+    Bytes::from(framed)
+}
+
+/// One cell opens 4 connections × 100 ListClaims streams of ~1 MiB pages and never reads them
+/// (a flow-control window of 0, PINGs answered): 376 MiB were pinned before. Now at most
+/// `--cell-max-streams` (64) are open, the rest refused RESOURCE_EXHAUSTED, and after
+/// `--stall-timeout` the unread pages are dropped and the cell's places given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_list_pages_are_bounded_per_cell_and_dropped_when_stalled() {
+    let pki = Pki::new();
+    pki.cell("cell-1");
+    let server = pki.start_with(&["--stall-timeout", "10s"]);
+    let addr = server.addr.clone();
+    let channel = pki.channel(&server, Some("cell-1")).await.unwrap();
+    let mut client = ClaimsServiceClient::new(channel.clone());
+    let long = "x".repeat(248);
+    for batch in 0..2 {
+        let records = (0..1000)
+            .map(|i| pb::ClaimRecord {
+                claim_value: format!("{batch}-{i:04}-{long}"),
+                owner_value: long.clone(),
+                table_record_id: batch * 1000 + i + 1,
+                ..claim("")
+            })
+            .collect();
+        let lease = client
+            .begin_update(begin("cell-1", records, vec![]))
+            .await
+            .unwrap()
+            .into_inner()
+            .lease_payload
+            .unwrap()
+            .lease_id;
+        client
+            .commit_update(pb::CommitUpdateRequest {
+                cell_id: "cell-1".into(),
+                lease_id: lease,
+            })
+            .await
+            .unwrap();
+    }
+    let list = pb::ListClaimsRequest {
+        cell_id: "cell-1".into(),
+        table_name: 1,
+        limit: 10_000,
+        ..Default::default()
+    };
+    let page = client.list_claims(list.clone()).await.unwrap().into_inner();
+    let page_bytes = prost::Message::encoded_len(&page);
+    let baseline = rss_mib(&server);
+
+    let opened = Instant::now();
+    let mut responses = Vec::new();
+    let mut connections = Vec::new();
+    for _ in 0..4 {
+        let tls = pki.tls(&addr, Some("cell-1")).await.unwrap();
+        let (mut send, connection) = h2::client::Builder::new()
+            .initial_window_size(0)
+            .handshake::<_, Bytes>(tls)
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        for _ in 0..100 {
+            send = send.ready().await.unwrap();
+            let request = http::Request::post(format!(
+                "https://{addr}/topology.claims.v1.ClaimsService/ListClaims"
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+            let (response, mut stream) = send.send_request(request, false).unwrap();
+            stream.send_data(grpc_frame(&list), true).unwrap();
+            responses.push(response);
+        }
+        connections.push(send);
+    }
+    // The answers are kept: dropping one would reset its stream and free the server of it.
+    let (mut held, mut refused, mut other, mut kept) = (0, 0, Vec::new(), Vec::new());
+    for response in responses {
+        match tokio::time::timeout(Duration::from_secs(10), response).await {
+            Ok(Ok(response)) => {
+                match response.headers().get("grpc-status") {
+                    None => held += 1,
+                    Some(status) if status == "8" => refused += 1,
+                    Some(status) => other.push(format!("{status:?}")),
+                }
+                kept.push(response);
+            }
+            answer => other.push(format!("{answer:?}")),
+        }
+    }
+    let answered = opened.elapsed();
+    let mut peak = rss_mib(&server);
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        peak = peak.max(rss_mib(&server));
+    }
+    // While the pages are held, the cell's next listing is refused; once --stall-timeout has
+    // dropped them, it is served again (the connections are still open, unread).
+    let started = Instant::now();
+    let served = loop {
+        match client.list_claims(list.clone()).await {
+            Ok(_) => break started.elapsed(),
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                assert!(status.message().contains("cell-max-streams"), "{status:?}");
+                assert!(started.elapsed() < Duration::from_secs(60), "never freed");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let after = rss_mib(&server);
+    println!(
+        "4 x 100 unread ListClaims of {page_bytes} B pages, all answered in {answered:?}: {held} \
+         held, {refused} refused RESOURCE_EXHAUSTED; RSS {baseline:.1} MiB before, peak {peak:.1} MiB (+{:.1} MiB), \
+         {after:.1} MiB once --stall-timeout 10s dropped them; the cell listed again after \
+         {served:?}",
+        peak - baseline
+    );
+    assert!(other.is_empty(), "{other:?}");
+    assert!(page_bytes > 900_000, "pages of {page_bytes} B");
+    assert_eq!(held, 64, "--cell-max-streams 64");
+    assert_eq!(refused, 336);
+    assert!(peak - baseline < 150.0, "+{:.1} MiB", peak - baseline);
+    drop((kept, connections));
+}

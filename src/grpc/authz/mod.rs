@@ -61,6 +61,7 @@ use crate::grpc::audit::{AuditLog, REFUSED_CLAIMS_LOGGED};
 use crate::grpc::cell_limits::{CellLimiter, Holding, InFlight};
 use crate::grpc::guard::{Charge, RequestBudget, DECODED_CLAIM_BYTES};
 use crate::grpc::listener::ConnInfo;
+use crate::grpc::responses::{ResponseLimits, StreamSlot};
 use crate::grpc::status::{code_name, to_status};
 use record::Audit;
 use wire::{read_message, the_message, with_cell_id, Replay, RequestShape};
@@ -75,6 +76,8 @@ pub struct AuthorizeLayer {
     pub max_batch: usize,
     /// The largest request message the server reads (`server::max_request_message_bytes`).
     pub max_message_bytes: usize,
+    /// `--cell-max-streams` and `--stall-timeout`.
+    pub responses: Arc<ResponseLimits>,
 }
 
 impl<S> Layer<S> for AuthorizeLayer {
@@ -145,23 +148,27 @@ where
                 || (method.has_cell_id()
                     && (!anonymous
                         || (record.is_some() && method.mutates())
-                        || layer.limiter.is_some()))
+                        || layer.limiter.is_some()
+                        || method.is_listing()))
                 || (method.is_admin() && record.is_some());
             if !needs_body {
                 return match authorize(&caller, method, "") {
-                    Decision::Allow { .. } => {
-                        match admit(layer.limiter.as_ref(), &caller, method, "") {
-                            Ok(slot) => {
-                                let held = slot.map(|slot| Held {
-                                    _read: Body::empty(),
-                                    _decoded: None,
-                                    _slot: Some(slot),
-                                });
-                                run(inner, request, method, record, held).await
-                            }
-                            Err(error) => Ok(refuse(error, limited(record.as_mut(), method))),
+                    Decision::Allow { .. } => match admit(&layer, &caller, method, "") {
+                        Ok((slot, stream)) => {
+                            let held = (slot.is_some() || stream.is_some()).then(|| Held {
+                                _read: Body::empty(),
+                                _decoded: None,
+                                _slot: slot,
+                                _stream: stream,
+                            });
+                            watched(
+                                run(inner, request, method, record, held).await,
+                                &layer,
+                                method,
+                            )
                         }
-                    }
+                        Err(error) => Ok(refuse(error, limited(record.as_mut(), method))),
+                    },
                     refusal => Ok(refuse(refused(refusal), record.as_mut())),
                 };
             }
@@ -225,9 +232,8 @@ where
                         }
                         _ => None,
                     };
-                    let slot = match admit(layer.limiter.as_ref(), &caller, method, &shape.cell_id)
-                    {
-                        Ok(slot) => slot,
+                    let (slot, stream) = match admit(&layer, &caller, method, &shape.cell_id) {
+                        Ok(slots) => slots,
                         Err(error) => return Ok(refuse(error, limited(record.as_mut(), method))),
                     };
                     let request = http::Request::from_parts(parts, Body::new(Replay::data(bytes)));
@@ -235,8 +241,13 @@ where
                         _read: body,
                         _decoded: decoded,
                         _slot: slot,
+                        _stream: stream,
                     };
-                    run(inner, request, method, record, Some(held)).await
+                    watched(
+                        run(inner, request, method, record, Some(held)).await,
+                        &layer,
+                        method,
+                    )
                 }
                 refusal => {
                     if let Some(record) = record.as_mut() {
@@ -275,6 +286,8 @@ struct Held {
     _read: Body,
     _decoded: Option<Charge>,
     _slot: Option<InFlight>,
+    /// A listing's place under `--cell-max-streams`.
+    _stream: Option<StreamSlot>,
 }
 
 /// Calls the handler. A mutating call runs on a task of its own, so that it ends (and its audit
@@ -385,17 +398,27 @@ fn limited_cell<'a>(caller: &'a Caller, method: Method, cell_id: &'a str) -> Opt
     }
 }
 
-/// Applies the per-cell limits to an allowed request: its in-flight slot, or the refusal.
+/// Applies the per-cell limits to an allowed request: its in-flight slot and, for a listing,
+/// its place under `--cell-max-streams`; or the refusal.
 fn admit(
-    limiter: Option<&Arc<CellLimiter>>,
+    layer: &AuthorizeLayer,
     caller: &Caller,
     method: Method,
     cell_id: &str,
-) -> Result<Option<InFlight>, ClaimsError> {
-    match (limiter, limited_cell(caller, method, cell_id)) {
-        (Some(limiter), Some(cell)) => limiter.admit(cell, method.mutates()),
-        _ => Ok(None),
-    }
+) -> Result<(Option<InFlight>, Option<StreamSlot>), ClaimsError> {
+    let Some(cell) = limited_cell(caller, method, cell_id) else {
+        return Ok((None, None));
+    };
+    let stream = if method.is_listing() {
+        Some(layer.responses.admit(cell)?)
+    } else {
+        None
+    };
+    let slot = match &layer.limiter {
+        Some(limiter) => limiter.admit(cell, method.mutates())?,
+        None => None,
+    };
+    Ok((slot, stream))
 }
 
 /// The audit line of a request a per-cell limit refused: written like that of the call it
@@ -416,6 +439,18 @@ fn hold<E>(
         None => response,
         Some(held) => response.map(|r| r.map(|body| Body::new(Holding::new(body, held)))),
     }
+}
+
+/// A listing's response under the stall watchdog (`--stall-timeout`); others as they are.
+fn watched<E>(
+    response: Result<http::Response<Body>, E>,
+    layer: &AuthorizeLayer,
+    method: Method,
+) -> Result<http::Response<Body>, E> {
+    if !method.is_listing() {
+        return response;
+    }
+    response.map(|r| r.map(|body| layer.responses.watch(body)))
 }
 
 /// The error a refusal of the table stands for.
