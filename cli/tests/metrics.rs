@@ -402,7 +402,18 @@ async fn rate_limited_requests_and_failed_audit_writes_are_counted() {
         }
     }
     assert!(limited >= 3, "{limited} of 5 limited");
-    let text = scrape(metrics);
+    // Audit lines are written by a thread of their own, after the answers: wait for the failures
+    // to be counted (a few seconds at most) before reading every series.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = scrape(metrics);
+        let counted = value(&text, "topology_claims_audit_write_failures_total", &[])
+            .is_some_and(|n| n >= 1.0);
+        if counted || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(
         value(
             &text,
