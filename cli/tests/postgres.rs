@@ -169,6 +169,27 @@ async fn serve_on_postgres_keeps_data_across_a_restart_and_reconcile_uses_a_post
     db.drop_database().await;
 }
 
+/// `serve` with its defaults on `db`, from async code.
+async fn serve_with_defaults(dir: &std::path::Path, db: &FreshDb) -> Server {
+    let (dir, store) = (dir.to_owned(), db.url.clone());
+    tokio::task::spawn_blocking(move || {
+        Server::start(&dir, &["--listen", "127.0.0.1:0", "--store", &store])
+    })
+    .await
+    .unwrap()
+}
+
+/// A client that makes one attempt per call: a failure must surface in the test, not be retried
+/// away by the client.
+fn one_attempt_client(server: &Server) -> ClaimsClient {
+    let config = ClientConfig {
+        max_attempts: 1,
+        call_timeout: Duration::from_secs(60),
+        ..ClientConfig::default()
+    };
+    ClaimsClient::connect_lazy(&server.endpoint(), config).unwrap()
+}
+
 /// Concurrent BeginUpdates of a cell's largest batches on a PostgreSQL with the default lock
 /// settings (`max_locks_per_transaction` 64, `max_connections` 100): 48 batches of 1,000 claims,
 /// released together against a server with its defaults (group commit on, `--max-batch` 1000,
@@ -184,20 +205,8 @@ async fn concurrent_thousand_claim_batches_fit_in_the_default_lock_table() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let store = db.url.clone();
-    let server = tokio::task::spawn_blocking({
-        let dir = dir.path().to_owned();
-        move || Server::start(&dir, &["--listen", "127.0.0.1:0", "--store", &store])
-    })
-    .await
-    .unwrap();
-    // One attempt per call: a failure must surface here, not be retried away by the client.
-    let config = ClientConfig {
-        max_attempts: 1,
-        call_timeout: Duration::from_secs(60),
-        ..ClientConfig::default()
-    };
-    let connect = || ClaimsClient::connect_lazy(&server.endpoint(), config.clone()).unwrap();
+    let server = serve_with_defaults(dir.path(), &db).await;
+    let connect = || one_attempt_client(&server);
 
     let stop = Arc::new(AtomicBool::new(false));
     let other_cell = tokio::spawn({
@@ -707,19 +716,8 @@ async fn a_small_cells_begins_keep_their_tail_beside_another_cells_large_batches
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let store = db.url.clone();
-    let server = tokio::task::spawn_blocking({
-        let dir = dir.path().to_owned();
-        move || Server::start(&dir, &["--listen", "127.0.0.1:0", "--store", &store])
-    })
-    .await
-    .unwrap();
-    let config = ClientConfig {
-        max_attempts: 1,
-        call_timeout: Duration::from_secs(60),
-        ..ClientConfig::default()
-    };
-    let connect = || ClaimsClient::connect_lazy(&server.endpoint(), config.clone()).unwrap();
+    let server = serve_with_defaults(dir.path(), &db).await;
+    let connect = || one_attempt_client(&server);
     let client = connect();
     // Warm the connections and statements, then the quiet run.
     small_loop(&client, "warm", Duration::from_secs(1)).await;

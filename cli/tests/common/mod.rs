@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use topology_claims_harness::serve::{clean_command, ServeChild};
 
+pub mod attack;
 pub mod pg;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_topology-claims");

@@ -212,15 +212,4 @@ pub async fn h2_client(addr: &str) -> h2::client::SendRequest<Bytes> {
     send
 }
 
-/// Whether the peer has closed `tcp` (a read returns 0 or an error) within `patience`.
-pub async fn closed_by_peer(tcp: &mut TcpStream, patience: Duration) -> bool {
-    let mut sink = [0u8; 4096];
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
-        match tokio::time::timeout_at(deadline, tcp.read(&mut sink)).await {
-            Err(_) => return false,
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            Ok(Ok(_)) => continue,
-        }
-    }
-}
+pub use common::attack::closed_by_peer;

@@ -13,7 +13,6 @@ use h2::SendStream;
 use super::*;
 
 const DECLARED: usize = 1024 * 1024;
-static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
 /// How a stream ended: refused by the server with this grpc-status, or still held open.
 #[derive(Debug, PartialEq)]
@@ -22,51 +21,15 @@ enum Fate {
     Held,
 }
 
-/// Sends the 5-byte gRPC prefix declaring `DECLARED` bytes, then data as flow control allows,
-/// until all but the last byte are out, the server answers, or `patience` ends.
+/// [`common::attack::push_partial`] of a `DECLARED`-byte message, as a [`Fate`].
 async fn push_partial(
-    mut stream: SendStream<Bytes>,
+    stream: SendStream<Bytes>,
     response: h2::client::ResponseFuture,
     patience: Duration,
 ) -> Fate {
-    let mut prefix = vec![0u8];
-    prefix.extend_from_slice(&(DECLARED as u32).to_be_bytes());
-    let _ = stream.send_data(Bytes::from(prefix), false);
-    let sending = async {
-        let mut sent = 0;
-        while sent < DECLARED - 1 {
-            stream.reserve_capacity((DECLARED - 1 - sent).min(ZEROS.len()));
-            match futures::future::poll_fn(|cx| stream.poll_capacity(cx)).await {
-                Some(Ok(n)) if n > 0 => {
-                    let n = n.min(DECLARED - 1 - sent);
-                    if stream
-                        .send_data(Bytes::from_static(&ZEROS[..n]), false)
-                        .is_err()
-                    {
-                        break;
-                    }
-                    sent += n;
-                }
-                Some(Ok(_)) => continue,
-                _ => break,
-            }
-        }
-        // Hold: never send the last byte.
-        std::future::pending::<()>().await;
-    };
-    tokio::select! {
-        answer = response => match answer {
-            Ok(response) => Fate::Refused(
-                response
-                    .headers()
-                    .get("grpc-status")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("(none)")
-                    .to_owned(),
-            ),
-            Err(e) => Fate::Refused(format!("stream error: {e}")),
-        },
-        _ = tokio::time::timeout(patience, sending) => Fate::Held,
+    match common::attack::push_partial(stream, response, DECLARED, patience).await {
+        Some(status) => Fate::Refused(status),
+        None => Fate::Held,
     }
 }
 

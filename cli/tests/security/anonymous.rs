@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use common::attack::closed_by_peer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -94,44 +95,12 @@ async fn hold_partial_bodies(
             .header("te", "trailers")
             .body(())
             .unwrap();
-        let Ok((response, mut stream)) = client.send_request(request, false) else {
+        let Ok((response, stream)) = client.send_request(request, false) else {
             break;
         };
-        tasks.push(tokio::spawn(async move {
-            let mut prefix = vec![0u8];
-            prefix.extend_from_slice(&(declared as u32).to_be_bytes());
-            let _ = stream.send_data(Bytes::from(prefix), false);
-            let sending = async {
-                let mut sent = 0;
-                while sent < declared - 1 {
-                    stream.reserve_capacity((declared - 1 - sent).min(64 * 1024));
-                    match futures::future::poll_fn(|cx| stream.poll_capacity(cx)).await {
-                        Some(Ok(n)) if n > 0 => {
-                            let n = n.min(declared - 1 - sent);
-                            if stream.send_data(Bytes::from(vec![0u8; n]), false).is_err() {
-                                break;
-                            }
-                            sent += n;
-                        }
-                        Some(Ok(_)) => continue,
-                        _ => break,
-                    }
-                }
-                std::future::pending::<()>().await;
-            };
-            tokio::select! {
-                answer = response => Some(match answer {
-                    Ok(response) => response
-                        .headers()
-                        .get("grpc-status")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("(none)")
-                        .to_owned(),
-                    Err(e) => format!("stream error: {e}"),
-                }),
-                _ = tokio::time::timeout(patience, sending) => None,
-            }
-        }));
+        tasks.push(tokio::spawn(common::attack::push_partial(
+            stream, response, declared, patience,
+        )));
     }
     let mut refused = Vec::new();
     let mut held = 0;
@@ -309,9 +278,9 @@ async fn a_silent_or_dripping_tls_connection_is_closed_by_the_handshake_deadline
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        closed(&mut dripping, Duration::from_secs(10)).await
+        closed_by_peer(&mut dripping, Duration::from_secs(10)).await
     });
-    let silent_closed = closed(&mut silent, Duration::from_secs(10)).await;
+    let silent_closed = closed_by_peer(&mut silent, Duration::from_secs(10)).await;
     let silent_after = started.elapsed();
     let dripping_closed = drip.await.unwrap();
     let dripping_after = started.elapsed();
@@ -321,19 +290,6 @@ async fn a_silent_or_dripping_tls_connection_is_closed_by_the_handshake_deadline
     );
     assert!(silent_closed && silent_after < Duration::from_secs(6));
     assert!(dripping_closed && dripping_after < Duration::from_secs(6));
-}
-
-/// Whether the peer closed `stream` (a read returns 0 or fails) within `patience`.
-async fn closed<S: AsyncReadExt + Unpin>(stream: &mut S, patience: Duration) -> bool {
-    let mut sink = [0u8; 4096];
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
-        match tokio::time::timeout_at(deadline, stream.read(&mut sink)).await {
-            Err(_) => return false,
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            Ok(Ok(_)) => continue,
-        }
-    }
 }
 
 /// The GOAWAY's debug text, read from a TLS connection the server refuses.
@@ -387,7 +343,7 @@ async fn callers_without_a_certificate_cannot_take_the_cells_connections() {
     // The server refuses the connections past the anonymous places right after their handshake.
     let mut open = Vec::new();
     for mut stream in held {
-        if closed(&mut stream, Duration::from_millis(300)).await {
+        if closed_by_peer(&mut stream, Duration::from_millis(300)).await {
             reasons.push(());
         } else {
             open.push(stream);
