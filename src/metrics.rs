@@ -115,6 +115,9 @@ pub struct ServerMetrics {
     pub oldest_lease_age: GaugeVec,
     pub store_retries: IntCounter,
     pub rate_limited: IntCounterVec,
+    /// List and stream responses dropped because their reader took nothing for
+    /// `--stall-timeout` (`grpc::responses`).
+    pub responses_stalled: IntCounter,
     pub audit_write_failures: IntCounter,
     pub audit_lines_dropped: IntCounter,
     pub store_up: IntGauge,
@@ -198,6 +201,12 @@ impl ServerMetrics {
                 "topology_claims_rate_limited_total",
                 "Requests refused by a per-cell limit (--cell-rate, --cell-max-in-flight).",
                 &["cell_id"],
+            ),
+            responses_stalled: counter(
+                &registry,
+                "topology_claims_responses_stalled_total",
+                "List and stream responses dropped because their reader took nothing for \
+                 --stall-timeout.",
             ),
             audit_write_failures: counter(
                 &registry,
@@ -636,6 +645,7 @@ mod tests {
             "topology_claims_leases_outstanding{cell_id=\"cell-a\"} 2",
             "topology_claims_oldest_lease_age_seconds{cell_id=\"cell-a\"} 3.5",
             "topology_claims_store_retries_total 0",
+            "topology_claims_responses_stalled_total 0",
             "topology_claims_rate_limited_total{cell_id=\"cell-a\"} 1",
             "topology_claims_audit_write_failures_total 0",
             "topology_claims_audit_lines_dropped_total 0",

@@ -174,8 +174,8 @@ async fn small_loop(client: &ClaimsClient, tag: &str, duration: Duration) -> Vec
     latencies
 }
 
-/// Fairness (issue 34, decision 104): beside 8 loops of another cell's 1,000-claim BeginUpdate
-/// + RollbackUpdate, a small cell's 1-claim BeginUpdate p99 over 10 s stays within max(100 ms,
+/// Fairness (issue 34, decision 104): beside 8 loops of another cell's 1,000-claim begin and
+/// rollback pairs, a small cell's 1-claim BeginUpdate p99 over 10 s stays within max(100 ms,
 /// 3 × its quiet p99), on a server with its defaults (group commit on) on `store`. Returns
 /// (quiet p99, loaded p99, small pairs loaded, large pairs).
 async fn small_cell_beside_large_batches(store: &str) -> (f64, f64, usize, usize) {

@@ -44,10 +44,17 @@ pub struct ResponseLimits {
     open: Mutex<HashMap<String, usize>>,
     /// Responses dropped for a stalled reader, since start.
     pub stalled: AtomicU64,
+    /// `topology_claims_responses_stalled_total`, when the server has metrics.
+    metric: Option<prometheus::IntCounter>,
 }
 
 impl ResponseLimits {
-    pub fn new(max_streams: usize, stall_timeout: Duration) -> Result<Arc<Self>, ClaimsError> {
+    /// The bounds; `metric` counts the responses dropped for a stalled reader.
+    pub fn new(
+        max_streams: usize,
+        stall_timeout: Duration,
+        metric: Option<prometheus::IntCounter>,
+    ) -> Result<Arc<Self>, ClaimsError> {
         if max_streams == 0 {
             return Err(ClaimsError::Configuration {
                 message: "--cell-max-streams must be at least 1".into(),
@@ -63,6 +70,7 @@ impl ResponseLimits {
             stall_timeout,
             open: Mutex::default(),
             stalled: AtomicU64::new(0),
+            metric,
         }))
     }
 
@@ -126,6 +134,9 @@ impl ResponseLimits {
                     .take();
                 if dropped.is_some() {
                     limits.stalled.fetch_add(1, Ordering::Relaxed);
+                    if let Some(metric) = &limits.metric {
+                        metric.inc();
+                    }
                     tracing::info!(
                         ?timeout,
                         "a response's reader took nothing for --stall-timeout: response dropped"
@@ -257,7 +268,7 @@ mod tests {
 
     #[test]
     fn a_cell_holds_at_most_its_streams_and_gets_them_back() {
-        let limits = ResponseLimits::new(2, DEFAULT_STALL_TIMEOUT).unwrap();
+        let limits = ResponseLimits::new(2, DEFAULT_STALL_TIMEOUT, None).unwrap();
         let a = limits.admit("cell-a").unwrap();
         let b = limits.admit("cell-a").unwrap();
         let refused = limits.admit("cell-a").unwrap_err();
@@ -281,7 +292,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_response_nobody_polls_is_dropped_after_the_stall_timeout() {
-        let limits = ResponseLimits::new(1, Duration::from_millis(100)).unwrap();
+        let metric = prometheus::IntCounter::new("stalled_total", "stalled").unwrap();
+        let limits =
+            ResponseLimits::new(1, Duration::from_millis(100), Some(metric.clone())).unwrap();
         let slot = limits.admit("cell-a").unwrap();
         let inner = Body::new(crate::grpc::cell_limits::Holding::new(
             http_body_util::Full::new(Bytes::from_static(b"page")),
@@ -306,7 +319,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_response_that_is_read_is_left_alone() {
-        let limits = ResponseLimits::new(1, Duration::from_millis(300)).unwrap();
+        let limits = ResponseLimits::new(1, Duration::from_millis(300), None).unwrap();
         // A page larger than a chunk comes out whole, a chunk at a time.
         let page: Vec<u8> = (0..CHUNK_BYTES * 2 + 7).map(|i| i as u8).collect();
         let mut watched = limits.watch(Body::new(http_body_util::Full::new(Bytes::from(

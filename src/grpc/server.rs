@@ -315,7 +315,11 @@ pub async fn serve(
             limiter,
             max_batch: config.max_batch,
             max_message_bytes,
-            responses: ResponseLimits::new(limits.cell_max_streams, limits.stall_timeout)?,
+            responses: ResponseLimits::new(
+                limits.cell_max_streams,
+                limits.stall_timeout,
+                config.metrics.as_ref().map(|m| m.responses_stalled.clone()),
+            )?,
         })
         .add_service(health_service)
         .add_service(reflection)
