@@ -25,8 +25,14 @@ async fn claim(client: &ClaimsClient, name: &str) {
         .unwrap_or_else(|e| panic!("CommitUpdate {name}: {e}"));
 }
 
-fn serve(dir: &std::path::Path, store: &str) -> Server {
-    Server::start(dir, &["--listen", "127.0.0.1:0", "--store", store])
+/// `serve` on `store`, from async code.
+async fn serve(dir: &std::path::Path, store: &str) -> Server {
+    let (dir, store) = (dir.to_owned(), store.to_owned());
+    tokio::task::spawn_blocking(move || {
+        Server::start(&dir, &["--listen", "127.0.0.1:0", "--store", &store])
+    })
+    .await
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,12 +40,7 @@ async fn an_online_backup_restores_every_claim_committed_before_it_and_nothing_i
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_owned();
     let store = format!("sqlite://{}", d.join("claims.db").display());
-    let server = tokio::task::spawn_blocking({
-        let (d, store) = (d.clone(), store.clone());
-        move || serve(&d, &store)
-    })
-    .await
-    .unwrap();
+    let server = serve(&d, &store).await;
     let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
     for i in 0..20 {
         claim(&client, &format!("before-{i}")).await;
@@ -117,12 +118,7 @@ async fn an_online_backup_restores_every_claim_committed_before_it_and_nothing_i
     let replaced = run(&d, &[&restore[..], &["--replace"]].concat());
     assert!(replaced.status.success(), "{}", text(&replaced.stderr));
 
-    let server = tokio::task::spawn_blocking({
-        let (d, store) = (d.clone(), restored_store.clone());
-        move || serve(&d, &store)
-    })
-    .await
-    .unwrap();
+    let server = serve(&d, &restored_store).await;
     let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
     for i in 0..20 {
         let name = format!("before-{i}");
@@ -177,12 +173,7 @@ async fn restore_refuses_a_live_store_and_backup_never_clobbers() {
     let d = dir.path().to_owned();
     let db = d.join("claims.db");
     let store = format!("sqlite://{}", db.display());
-    let server = tokio::task::spawn_blocking({
-        let (d, store) = (d.clone(), store.clone());
-        move || serve(&d, &store)
-    })
-    .await
-    .unwrap();
+    let server = serve(&d, &store).await;
     let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
     claim(&client, "before").await;
     let backup = d.join("b1.db");
