@@ -176,17 +176,14 @@ async fn restore_refuses_a_live_store_and_backup_never_clobbers() {
     let server = serve(&d, &store).await;
     let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
     claim(&client, "before").await;
+    let backup_to = |to: &std::path::Path| {
+        run(
+            &d,
+            &["backup", "--store", &store, "--to", to.to_str().unwrap()],
+        )
+    };
     let backup = d.join("b1.db");
-    let output = run(
-        &d,
-        &[
-            "backup",
-            "--store",
-            &store,
-            "--to",
-            backup.to_str().unwrap(),
-        ],
-    );
+    let output = backup_to(&backup);
     assert!(output.status.success(), "{}", text(&output.stderr));
 
     // Under the live server: refused, and its files are untouched.
@@ -214,10 +211,7 @@ async fn restore_refuses_a_live_store_and_backup_never_clobbers() {
     // A dangling symlink at the target is a name that exists: never followed.
     let link = d.join("link.db");
     std::os::unix::fs::symlink(d.join("elsewhere.db"), &link).unwrap();
-    let output = run(
-        &d,
-        &["backup", "--store", &store, "--to", link.to_str().unwrap()],
-    );
+    let output = backup_to(&link);
     assert!(!output.status.success());
     assert!(
         text(&output.stderr).contains("exists"),
@@ -233,16 +227,7 @@ async fn restore_refuses_a_live_store_and_backup_never_clobbers() {
     // A TO.partial the backup did not create is left as it was.
     let partial = d.join("b2.db.partial");
     std::fs::write(&partial, b"another backup's").unwrap();
-    let output = run(
-        &d,
-        &[
-            "backup",
-            "--store",
-            &store,
-            "--to",
-            d.join("b2.db").to_str().unwrap(),
-        ],
-    );
+    let output = backup_to(&d.join("b2.db"));
     assert!(!output.status.success());
     let err = text(&output.stderr);
     assert!(err.contains("b2.db.partial exists"), "{err}");
