@@ -4,6 +4,11 @@
 
 use crate::domain::{CellId, ClaimKey, LeaseId};
 
+/// PERMISSION_DENIED reason: a cell acted for another cell.
+pub const CELL_ID_MISMATCH: &str = "CELL_ID_MISMATCH";
+/// PERMISSION_DENIED reason: the caller's role may not call this method.
+pub const ROLE_NOT_ALLOWED: &str = "ROLE_NOT_ALLOWED";
+
 /// Why a request was refused (or could not be served).
 ///
 /// The variants mirror the API's status table: a client can act on each one (show "already
@@ -149,8 +154,8 @@ impl ClaimsError {
             Self::LeaseIdConflict { .. } => "LEASE_ID_CONFLICT",
             Self::Unauthenticated { .. } => "UNAUTHENTICATED",
             Self::PermissionDenied { reason, .. } => match reason.as_str() {
-                crate::auth::CELL_ID_MISMATCH => crate::auth::CELL_ID_MISMATCH,
-                _ => crate::auth::ROLE_NOT_ALLOWED,
+                CELL_ID_MISMATCH => CELL_ID_MISMATCH,
+                _ => ROLE_NOT_ALLOWED,
             },
             Self::CellDecommissioned { .. } => "CELL_DECOMMISSIONED",
             Self::CellHasOutstandingLeases { .. } => "CELL_HAS_OUTSTANDING_LEASES",

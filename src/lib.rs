@@ -8,26 +8,25 @@
 //! 3. `CommitUpdate` (or `RollbackUpdate`) finalises the lease. Both are idempotent.
 //!
 //! The crate is the core: the pure lease state machine ([`domain`]), the storage ports
-//! ([`ports`]), the in-memory reference adapters ([`memory`]) and the gRPC front end ([`grpc`]).
-//! Storage backends live in their own crates and prove themselves with the shared suite in
-//! `testing` (feature `testing`).
+//! ([`ports`]), the in-memory reference adapters ([`memory`]), the stored lease codec and the
+//! protobuf messages ([`pb`]). It carries no transport. The other crates, by role (decision 105):
+//!
+//! - `topology-claims-proto`: the tonic service stubs, pb ↔ domain, errors ↔ gRPC status;
+//! - `topology-claims-client`: what a cell links (client, three-phase transaction, reconciler,
+//!   verifier);
+//! - `topology-claims-server`: the gRPC front end, authorization, audit, limits, metrics;
+//! - `topology-claims-testkit`: the conformance and model-based suites every store passes.
 
-pub mod auth;
-pub mod cell;
 pub mod codec;
 pub mod config;
 pub mod domain;
 pub mod error;
-pub mod group;
-pub mod grpc;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod memory;
-pub mod metrics;
 pub mod migrations;
 pub mod pb;
 pub mod ports;
-pub mod restore;
-#[cfg(feature = "testing")]
-pub mod testing;
 
 pub use domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimState, ClaimType,

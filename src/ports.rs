@@ -115,7 +115,7 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// lifting a lifted epoch changes nothing. Returns the epoch as written.
     async fn lift_quarantine(&self, epoch: u64, reason: &str) -> Result<RestoreEpoch, ClaimsError>;
 
-    /// Group commit (`crate::group`): runs `ops` in **one** store transaction. Lock and read
+    /// Group commit (the server's combiner, `topology_claims_server::group`): runs `ops` in **one** store transaction. Lock and read
     /// every row of `domain::GroupReads::of(ops)` in one go, decide them with
     /// `domain::decide_group` at the store's clock, write its `GroupWrites`, commit once, and
     /// return its per-operation results. Contention is retried like any transaction (the whole
@@ -126,7 +126,7 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// result, and the earlier parts' operations keep their (committed) answers.
     ///
     /// The default runs the operations one by one, each as its own lone call
-    /// ([`crate::group::run_alone`]) under the group's lease ids: a store without group commit.
+    /// ([`run_alone`]) under the group's lease ids: a store without group commit.
     async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {
         let mut results = Vec::with_capacity(ops.len());
         for op in ops {
@@ -141,17 +141,15 @@ pub trait ClaimStore: Send + Sync + 'static {
                         },
                         lease_id: *lease_id,
                     };
-                    crate::group::run_alone(self, &fixed)
-                        .await
-                        .map(|answer| match answer {
-                            GroupAnswer::Begun(mut lease) => {
-                                lease.request.lease_id = None;
-                                GroupAnswer::Begun(lease)
-                            }
-                            ended => ended,
-                        })
+                    run_alone(self, &fixed).await.map(|answer| match answer {
+                        GroupAnswer::Begun(mut lease) => {
+                            lease.request.lease_id = None;
+                            GroupAnswer::Begun(lease)
+                        }
+                        ended => ended,
+                    })
                 }
-                op => crate::group::run_alone(self, op).await,
+                op => run_alone(self, op).await,
             });
         }
         Ok(results)
@@ -279,4 +277,31 @@ pub trait LocalLock: Send + Sync {
         name: &str,
         holder: &str,
     ) -> impl Future<Output = Result<(), ClaimsError>> + Send;
+}
+
+/// One operation as the store's own lone call: exactly what `--group-commit off` runs (a
+/// BeginUpdate without a client lease id lets the store choose one, as it always has). A group
+/// of one runs this, and so does `ClaimStore::run_group`'s default, op after op.
+pub async fn run_alone<S: ClaimStore + ?Sized>(
+    store: &S,
+    op: &GroupOp,
+) -> Result<GroupAnswer, ClaimsError> {
+    match op {
+        GroupOp::Begin { request, .. } => store
+            .begin_update(request.clone())
+            .await
+            .map(GroupAnswer::Begun),
+        GroupOp::Commit { cell_id, lease_id } => store
+            .commit_update(cell_id, *lease_id)
+            .await
+            .map(|()| GroupAnswer::Ended),
+        GroupOp::Rollback {
+            cell_id,
+            lease_id,
+            unrenewed_for,
+        } => store
+            .rollback_update(cell_id, *lease_id, *unrenewed_for)
+            .await
+            .map(|()| GroupAnswer::Ended),
+    }
 }

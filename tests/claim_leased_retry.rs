@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use topology_claims::cell::{ClaimsClient, ClientConfig, LeasedRetry};
 use topology_claims::domain::CLAIM_LEASED_RETRY_AFTER;
-use topology_claims::grpc::status;
 use topology_claims::memory::MemoryClaimStore;
-use topology_claims::testing::fixtures::{cell, creates, username};
-use topology_claims::testing::TestServer;
 use topology_claims::ClaimsError;
+use topology_claims_client::{ClaimsClient, ClientConfig, LeasedRetry};
+use topology_claims_proto::status;
+use topology_claims_testkit::fixtures::{cell, creates, username};
+use topology_claims_testkit::TestServer;
 
 async fn server() -> TestServer {
     TestServer::start(Arc::new(MemoryClaimStore::new())).await
@@ -38,7 +38,7 @@ async fn claim_leased_carries_a_retry_info_delay() {
     let refusal = server
         .client()
         .await
-        .begin_update(topology_claims::grpc::convert::begin_update_to_pb(&request))
+        .begin_update(topology_claims_proto::convert::begin_update_to_pb(&request))
         .await
         .unwrap_err();
     assert_eq!(refusal.code(), tonic::Code::FailedPrecondition);
@@ -56,7 +56,7 @@ async fn claim_leased_carries_a_retry_info_delay() {
     let lease = server
         .client()
         .await
-        .list_outstanding_leases(topology_claims::grpc::pb::ListOutstandingLeasesRequest {
+        .list_outstanding_leases(topology_claims_proto::pb::ListOutstandingLeasesRequest {
             cell_id: "cell-a".into(),
             ..Default::default()
         })

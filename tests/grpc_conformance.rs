@@ -4,10 +4,10 @@
 //! memory run: each history starts its own server.
 
 use topology_claims::memory::MemoryClaimStore;
-use topology_claims::testing::{GrpcClaimStore, GrpcStoreGuard};
+use topology_claims_testkit::{GrpcClaimStore, GrpcStoreGuard};
 
 async fn store() -> (GrpcClaimStore, GrpcStoreGuard<()>) {
     GrpcClaimStore::serve((MemoryClaimStore::new(), ())).await
 }
 
-topology_claims::claim_store_conformance!(store, model_cases = 32);
+topology_claims_testkit::claim_store_conformance!(store, model_cases = 32);

@@ -1,22 +1,22 @@
 //! The in-memory adapters through the shared suite.
 
 use topology_claims::memory::{MemoryClaimStore, MemoryLocalLeaseStore};
-use topology_claims::testing::LocalLeaseFixture;
 use topology_claims::{ClaimsError, LeaseId, LocalLeaseStore};
+use topology_claims_testkit::LocalLeaseFixture;
 
 async fn store() -> (MemoryClaimStore, ()) {
     (MemoryClaimStore::new(), ())
 }
 
-topology_claims::claim_store_conformance!(store, model_cases = 256);
+topology_claims_testkit::claim_store_conformance!(store, model_cases = 256);
 
 /// The same suite through the group-commit combiner.
 mod grouped {
-    async fn store() -> (topology_claims::group::GroupCommit, ()) {
-        topology_claims::testing::grouped(super::store().await)
+    async fn store() -> (topology_claims_server::group::GroupCommit, ()) {
+        topology_claims_testkit::grouped(super::store().await)
     }
 
-    topology_claims::claim_store_conformance!(store, model_cases = 256);
+    topology_claims_testkit::claim_store_conformance!(store, model_cases = 256);
 }
 
 struct Fixture(MemoryLocalLeaseStore);
@@ -46,4 +46,4 @@ async fn fixture() -> Fixture {
     Fixture(MemoryLocalLeaseStore::new())
 }
 
-topology_claims::local_lease_store_conformance!(fixture);
+topology_claims_testkit::local_lease_store_conformance!(fixture);

@@ -111,7 +111,7 @@ impl ClaimStore for ForgivingCommits {
 #[test]
 #[should_panic(expected = "adapter diverged from the model")]
 fn model_test_catches_a_store_that_accepts_commits_of_unknown_leases() {
-    topology_claims::testing::model::check_against_model(
+    topology_claims_testkit::model::check_against_model(
         || async { (ForgivingCommits(MemoryClaimStore::new()), ()) },
         256,
     );

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use topology_claims::cell::{ClaimsClient, ClientConfig, Reconciler, ReconcilerConfig};
 use topology_claims::memory::{MemoryClaimStore, MemoryLocalLeaseStore, MemoryLocalTx};
 use topology_claims::ports::{LocalLease, LocalLock};
-use topology_claims::testing::fixtures::{cell, creates, username};
-use topology_claims::testing::TestServer;
 use topology_claims::{ClaimState, ClaimsError, Clock, Lease, LeaseId, LocalLeaseStore, Timestamp};
+use topology_claims_client::{ClaimsClient, ClientConfig, Reconciler, ReconcilerConfig};
+use topology_claims_testkit::fixtures::{cell, creates, username};
+use topology_claims_testkit::TestServer;
 
 const STALENESS: Duration = Duration::from_secs(600);
 
@@ -110,7 +110,7 @@ async fn race() -> Race {
 /// A reconciler of cell-a with `STALENESS`, started on its own task; it pauses after listing.
 fn reconcile_in_background(
     race: &Race,
-) -> tokio::task::JoinHandle<Result<topology_claims::cell::ReconcileReport, ClaimsError>> {
+) -> tokio::task::JoinHandle<Result<topology_claims_client::ReconcileReport, ClaimsError>> {
     let config = ReconcilerConfig {
         staleness: STALENESS,
         ..ReconcilerConfig::new(cell("cell-a"))
@@ -126,7 +126,7 @@ async fn stale_lease_listed(
     name: &str,
 ) -> (
     Lease,
-    tokio::task::JoinHandle<Result<topology_claims::cell::ReconcileReport, ClaimsError>>,
+    tokio::task::JoinHandle<Result<topology_claims_client::ReconcileReport, ClaimsError>>,
 ) {
     let lease = race
         .client

@@ -1,17 +1,15 @@
-//! Runs `examples/signup.rs` against the real gRPC server: two cells register users; a taken
+//! Runs the Rust cell example (`examples/rust-cell`) against the real gRPC server: two cells register users; a taken
 //! username or email is reported by name and leaves the cell's database untouched.
 
 use std::sync::Arc;
 
-use topology_claims::cell::{ClaimsClient, ClientConfig};
 use topology_claims::memory::MemoryClaimStore;
-use topology_claims::testing::fixtures::cell;
-use topology_claims::testing::TestServer;
 use topology_claims::{ClaimKey, ClaimState, ClaimType};
+use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_testkit::fixtures::cell;
+use topology_claims_testkit::TestServer;
 
-#[path = "../examples/signup.rs"]
-#[allow(dead_code)]
-mod example;
+use rust_cell as example;
 
 #[tokio::test]
 async fn signup_example_registers_users_and_names_the_taken_attribute() {

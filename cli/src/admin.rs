@@ -7,17 +7,17 @@
 //! for confirmation (unless `--yes`) and show progress while they work in bounded calls. Owns
 //! the calls and the printing; every rule is the server's.
 
-use std::io::{BufRead, IsTerminal, Write};
+use crate::confirm::confirm;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use tonic::transport::Channel;
 use topology_claims::config::{format_duration, parse_duration};
-use topology_claims::grpc::admin::duration_to_pb;
-use topology_claims::grpc::pb::admin as apb;
-use topology_claims::grpc::pb::admin::admin_service_client::AdminServiceClient;
-use topology_claims::grpc::status::from_status;
+use topology_claims_proto::convert::duration_to_pb;
+use topology_claims_proto::pb::admin as apb;
+use topology_claims_proto::pb::admin::admin_service_client::AdminServiceClient;
+use topology_claims_proto::status::from_status;
 
 use crate::client_tls::TlsArgs;
 use crate::ops::{channel, describe};
@@ -234,26 +234,6 @@ async fn leases(
     }
     eprintln!("{count} outstanding lease(s)");
     Ok(Outcome::Done)
-}
-
-/// Asks on the terminal; without one, only `--yes` goes ahead.
-pub(crate) fn confirm(question: &str, yes: bool) -> Result<bool, String> {
-    if yes {
-        return Ok(true);
-    }
-    if !std::io::stdin().is_terminal() {
-        return Err(format!(
-            "{question}: stdin is not a terminal to confirm on; run again with --yes"
-        ));
-    }
-    eprint!("{question} [y/N] ");
-    std::io::stderr().flush().ok();
-    let mut answer = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut answer)
-        .map_err(|e| format!("cannot read the confirmation: {e}"))?;
-    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES"))
 }
 
 async fn force_rollback(

@@ -4,8 +4,8 @@
 
 use clap::Args;
 use tonic::transport::Channel;
-use topology_claims::grpc::pb::admin as apb;
-use topology_claims::grpc::pb::admin::admin_service_client::AdminServiceClient;
+use topology_claims_proto::pb::admin as apb;
+use topology_claims_proto::pb::admin::admin_service_client::AdminServiceClient;
 
 use crate::ops::describe;
 
@@ -106,7 +106,7 @@ pub async fn mark_restored(
         before.epoch + 1
     );
     eprintln!("until every cell's verifier has reported a whole pass, creates of claims that do not exist are refused (RESTORE_QUARANTINE)");
-    if !super::admin::confirm("mark the store restored?", args.yes)? {
+    if !crate::confirm::confirm("mark the store restored?", args.yes)? {
         return Ok(false);
     }
     let status = client
@@ -138,7 +138,7 @@ pub async fn lift_quarantine(
             before.pending_cells.join(", ")
         );
     }
-    if !super::admin::confirm(
+    if !crate::confirm::confirm(
         &format!("lift the quarantine of restore epoch {}?", args.epoch),
         args.yes,
     )? {

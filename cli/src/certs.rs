@@ -20,7 +20,8 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use time::{Duration, OffsetDateTime};
-use topology_claims::{auth, CellId};
+use topology_claims::CellId;
+use topology_claims_server::auth;
 
 #[derive(Args, Debug)]
 pub struct CertsArgs {
@@ -125,7 +126,7 @@ enum Role {
 }
 
 impl Role {
-    /// The name the server's identity table reads (`topology_claims::auth`).
+    /// The name the server's identity table reads (`topology_claims_server::auth`).
     fn name(self) -> &'static str {
         match self {
             Role::Cell => auth::Role::Cell,

@@ -2,13 +2,13 @@
 //! `verify`): one struct flattened into each, so the names, env vars and help are the same
 //! everywhere.
 //!
-//! Owns the flags only; reading and checking the files is `topology_claims::cell::TlsFiles`.
+//! Owns the flags only; reading and checking the files is `topology_claims_client::TlsFiles`.
 
 use std::path::PathBuf;
 
 use clap::Args;
-use topology_claims::cell::{ClientTls, TlsFiles};
 use topology_claims::ClaimsError;
+use topology_claims_client::{ClientTls, TlsFiles};
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct TlsArgs {

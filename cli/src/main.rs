@@ -12,6 +12,7 @@ mod admin_restore;
 mod backup;
 mod certs;
 mod client_tls;
+mod confirm;
 mod metrics_args;
 mod ops;
 mod serve;

@@ -33,13 +33,13 @@ impl MetricsArgs {
         let Some(addr) = &self.metrics_listen else {
             return Ok(None);
         };
-        let listener = topology_claims::metrics::bind(addr)
+        let listener = topology_claims_server::metrics::bind(addr)
             .await
             .map_err(|e| e.to_string())?;
         let bound = listener
             .local_addr()
             .map_err(|e| format!("--metrics-listen {addr}: cannot read the bound address: {e}"))?;
-        tokio::spawn(topology_claims::metrics::serve_metrics(
+        tokio::spawn(topology_claims_server::metrics::serve_metrics(
             listener,
             render,
             std::future::pending(),

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use clap::Args;
 use tonic::transport::Channel;
-use topology_claims::cell::server_endpoint;
-use topology_claims::grpc::convert::timestamp_from_pb;
-use topology_claims::grpc::decode::claims_client;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
-use topology_claims::grpc::status::from_status;
 use topology_claims::{ClaimType, ClaimsError, OwnerType, TableName};
+use topology_claims_client::decode::claims_client;
+use topology_claims_client::server_endpoint;
+use topology_claims_proto::convert::timestamp_from_pb;
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
+use topology_claims_proto::status::from_status;
 
 use topology_claims::config::format_duration;
 use topology_claims::error::error_chain;

@@ -1,5 +1,5 @@
 //! `topology-claims serve`: opens the store (applying or refusing pending migrations), binds the
-//! listener, runs `topology_claims::grpc::server::serve` until SIGINT/SIGTERM, and exits 0 after
+//! listener, runs `topology_claims_server::grpc::server::serve` until SIGINT/SIGTERM, and exits 0 after
 //! the drain.
 //!
 //! Owns process wiring only; the server itself is the core's.
@@ -13,18 +13,18 @@ use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use topology_claims::auth::{IdentityFrom, DEFAULT_TRUST_DOMAIN};
-use topology_claims::group::{GroupCommit, GroupConfig};
-use topology_claims::grpc::audit::AuditLog;
-use topology_claims::grpc::cell_limits::{CellLimits, CellRate};
-use topology_claims::grpc::health::HealthConfig;
-use topology_claims::grpc::limits::{ServerLimits, DEFAULT_ANONYMOUS_REQUEST_BYTES};
-use topology_claims::grpc::server::{
+use topology_claims::{ClaimStore, MigrationPolicy};
+use topology_claims_server::auth::{IdentityFrom, DEFAULT_TRUST_DOMAIN};
+use topology_claims_server::group::{GroupCommit, GroupConfig};
+use topology_claims_server::grpc::audit::AuditLog;
+use topology_claims_server::grpc::cell_limits::{CellLimits, CellRate};
+use topology_claims_server::grpc::health::HealthConfig;
+use topology_claims_server::grpc::limits::{ServerLimits, DEFAULT_ANONYMOUS_REQUEST_BYTES};
+use topology_claims_server::grpc::server::{
     max_request_message_bytes, serve, HealthListener, ServerConfig,
 };
-use topology_claims::grpc::tls::{ServerTls, TlsFiles};
-use topology_claims::metrics::{catch_up, render, ServerMetrics};
-use topology_claims::{ClaimStore, MigrationPolicy};
+use topology_claims_server::grpc::tls::{ServerTls, TlsFiles};
+use topology_claims_server::metrics::{catch_up, render, ServerMetrics};
 
 use crate::metrics_args::MetricsArgs;
 

@@ -3,7 +3,7 @@
 //! records with the service and correct drift). Both talk to the service over gRPC and to the
 //! cell's own database (`--local-db sqlite://PATH` or `postgres://…`).
 //!
-//! Owns flags, local-database wiring and progress printing; the logic is `topology_claims::cell`.
+//! Owns flags, local-database wiring and progress printing; the logic is `topology_claims_client`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -12,15 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use topology_claims::cell::{
+use topology_claims::domain::SlotCap;
+use topology_claims::{CellId, ClaimsError, LocalLeaseStore, LocalLock, TableName};
+use topology_claims_client::{
     ClaimSource, ClaimsClient, ClientConfig, Reconciler, ReconcilerConfig, SlotEvent, Verifier,
     VerifierConfig, VerifyReport,
 };
-use topology_claims::domain::SlotCap;
-use topology_claims::{CellId, ClaimsError, LocalLeaseStore, LocalLock, TableName};
 
 use topology_claims::config::{parse_duration, parse_nonzero_duration, StoreUrl};
-use topology_claims::metrics::{render, ReconcileMetrics, VerifyMetrics};
+use topology_claims_client::metrics::{ReconcileMetrics, VerifyMetrics};
+use topology_claims_server::metrics::render;
 
 use crate::client_tls::TlsArgs;
 use crate::metrics_args::MetricsArgs;

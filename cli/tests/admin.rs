@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 
 use common::{command, text, Server};
 use futures::StreamExt;
-use topology_claims::cell::{ClaimsClient, ClientConfig};
-use topology_claims::grpc::pb::admin as apb;
-use topology_claims::grpc::pb::admin::admin_service_client::AdminServiceClient;
-use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::{CellId, ClaimsError, LeaseId};
+use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_proto::pb::admin as apb;
+use topology_claims_proto::pb::admin::admin_service_client::AdminServiceClient;
+use topology_claims_testkit::fixtures::{cell, creates, username};
 
 /// Claims of the decommissioned cell (the figure); the Spanner emulator, which runs one
 /// transaction at a time at a few seconds per 1,000-claim batch, gets a tenth of it (see

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::{run, text, Server};
-use topology_claims::cell::{ClaimsClient, ClientConfig};
-use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::ClaimState;
+use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_testkit::fixtures::{cell, creates, username};
 
 /// Begin + commit of username `name` for cell-a.
 async fn claim(client: &ClaimsClient, name: &str) {

@@ -15,13 +15,13 @@ use common::Server;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 use tonic_types::StatusExt;
-use topology_claims::cell::{ClaimsClient, ClientConfig};
 use topology_claims::domain::{CellId, LeaseId, LeasesQuery};
 use topology_claims::error::ClaimsError;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
-use topology_claims::grpc::status::from_status;
+use topology_claims_client::{ClaimsClient, ClientConfig};
 use topology_claims_harness::pki::DevPki;
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
+use topology_claims_proto::status::from_status;
 
 /// The tests of this file run one at a time: one of them measures latencies, which the others'
 /// floods would disturb on a 2-core machine.

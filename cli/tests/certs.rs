@@ -19,11 +19,11 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-use topology_claims::cell::{server_endpoint, ClaimsClient, ClientConfig, ClientTls};
-use topology_claims::grpc::pb::claims_service_server::ClaimsServiceServer;
-use topology_claims::grpc::service::{ClaimsServiceImpl, ServiceConfig};
 use topology_claims::memory::MemoryClaimStore;
 use topology_claims::{ClaimKey, ClaimType, ClaimsError};
+use topology_claims_client::{server_endpoint, ClaimsClient, ClientConfig, ClientTls};
+use topology_claims_proto::pb::claims_service_server::ClaimsServiceServer;
+use topology_claims_server::grpc::service::{ClaimsServiceImpl, ServiceConfig};
 
 fn certs(dir: &Path, args: &[&str]) -> std::process::Output {
     let dir_text = dir.to_str().expect("a UTF-8 temp dir");

@@ -23,12 +23,12 @@ use std::time::{Duration, Instant};
 
 use common::command;
 use common::pg::PgCell;
-use topology_claims::cell::{ClaimsClient, ClientConfig, PendingUpdate, UpdateConfig};
-use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::{ClaimState, ClaimsError};
+use topology_claims_client::{ClaimsClient, ClientConfig, PendingUpdate, UpdateConfig};
 use topology_claims_postgres::cell::local_transaction_of;
 use topology_claims_postgres::record_in;
 use topology_claims_postgres::tokio_postgres::{self, NoTls};
+use topology_claims_testkit::fixtures::{cell, creates, username};
 
 /// How the killed cell process leaves its work.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

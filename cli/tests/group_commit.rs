@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{run, scrape, text, value, Server, PATIENCE};
-use topology_claims::cell::{ClaimsClient, ClientConfig};
-use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::ClaimState;
+use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_testkit::fixtures::{cell, creates, username};
 
 const TASKS: usize = 24;
 const PAIRS_PER_TASK: usize = 8;

@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 use common::Server;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::Code;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims_harness::pki::DevPki;
 use topology_claims_harness::proc_stats::rss_kib;
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
 
 /// The service path prefix `raw::raw_call` sends to.
 pub const SERVICE: &str = "/topology.claims.v1.ClaimsService/";

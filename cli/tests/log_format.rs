@@ -10,9 +10,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Endpoint;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims_harness::serve::ServeChild;
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
 
 fn list(cell: &str, request_id: Option<&str>) -> tonic::Request<pb::ListOutstandingLeasesRequest> {
     let mut request = tonic::Request::new(pb::ListOutstandingLeasesRequest {

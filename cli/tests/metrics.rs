@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{command, get, scrape, value, Server, PATIENCE};
-use topology_claims::cell::{ClaimsClient, ClientConfig};
 use topology_claims::memory::MemoryClaimStore;
-use topology_claims::testing::fixtures::{cell, creates, destroys, username};
-use topology_claims::testing::TestServer;
+use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_testkit::fixtures::{cell, creates, destroys, username};
+use topology_claims_testkit::TestServer;
 
 /// Runs `promtool check metrics` on `text` and fails with its complaints.
 fn promtool_accepts(text: &str) {
@@ -384,14 +384,14 @@ async fn rate_limited_requests_and_failed_audit_writes_are_counted() {
     .await
     .unwrap();
     let metrics = server.child.metrics_addr(PATIENCE).unwrap();
-    let mut raw = topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient::connect(
+    let mut raw = topology_claims_proto::pb::claims_service_client::ClaimsServiceClient::connect(
         server.endpoint(),
     )
     .await
     .unwrap();
     let mut limited = 0;
     for n in 0..5 {
-        let request = topology_claims::grpc::pb::RollbackUpdateRequest {
+        let request = topology_claims_proto::pb::RollbackUpdateRequest {
             cell_id: "cell-a".into(),
             lease_id: format!("00000000-0000-4000-8000-00000000000{n}"),
             unrenewed_for: None,

@@ -16,13 +16,13 @@ use std::time::Duration;
 
 use common::pg::{base_url, with_database, FreshDb, PgCell};
 use common::{command, run, text, Server};
-use topology_claims::cell::{ClaimsClient, ClientConfig};
-use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::{
     BeginUpdate, ClaimState, ClaimsError, LeaseId, LeasesQuery, LocalTransaction,
     PgLocalTransaction,
 };
+use topology_claims_client::{ClaimsClient, ClientConfig};
 use topology_claims_postgres::tokio_postgres::{self, NoTls};
+use topology_claims_testkit::fixtures::{cell, creates, username};
 
 #[tokio::test]
 async fn serve_on_postgres_keeps_data_across_a_restart_and_reconcile_uses_a_postgres_cell_db() {

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use tonic::transport::Channel;
 use topology_claims::domain::MAX_VALUE_LEN;
-use topology_claims::grpc::decode::claims_client;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims::{ClaimType, OwnerType, TableName};
+use topology_claims_client::decode::claims_client;
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
 
 mod common;
 

@@ -20,11 +20,11 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::{command, pg::FreshDb, text, Server};
-use topology_claims::cell::{ClaimsClient, ClientConfig};
-use topology_claims::testing::fixtures::{cell, creates, destroys, record_in};
 use topology_claims::{
     CellId, ClaimKey, ClaimRecord, ClaimState, ClaimType, ClaimsError, LeaseId, TableName,
 };
+use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_testkit::fixtures::{cell, creates, destroys, record_in};
 
 /// A cell: its SQLite database (a `users` table and `leases_outstanding`) and its client.
 struct Cell {

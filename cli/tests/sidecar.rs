@@ -12,11 +12,11 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
-use topology_claims::cell::{ClaimsClient, ClientConfig};
 use topology_claims::memory::MemoryClaimStore;
-use topology_claims::testing::fixtures::{cell, creates, record_in};
-use topology_claims::testing::TestServer;
 use topology_claims::{ClaimKey, ClaimType, ClaimsError, TableName};
+use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_testkit::fixtures::{cell, creates, record_in};
+use topology_claims_testkit::TestServer;
 
 fn run(args: &[&str]) -> Output {
     let output = Command::new(env!("CARGO_BIN_EXE_topology-claims"))

@@ -11,9 +11,9 @@ use std::process::Command;
 
 use common::{command, text, Server};
 use emulator::{Emulator, Mode};
-use topology_claims::cell::{ClaimsClient, ClientConfig};
-use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::ClaimState;
+use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_testkit::fixtures::{cell, creates, username};
 
 fn with_emulator(mut command: Command, emulator: &Emulator) -> Command {
     command.env("SPANNER_EMULATOR_HOST", &emulator.host);

@@ -17,10 +17,10 @@ use std::process::Stdio;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::{run, text, BIN, PATIENCE};
-use topology_claims::cell::{ClaimsClient, ClientConfig};
-use topology_claims::testing::fixtures::{cell, creates, username};
+use topology_claims_client::{ClaimsClient, ClientConfig};
 use topology_claims_harness::process::{find_program, signal};
 use topology_claims_harness::serve::{clean_command, ServeChild};
+use topology_claims_testkit::fixtures::{cell, creates, username};
 
 /// BeginUpdate + CommitUpdate pairs run one after the other: `2 * PAIRS` write transactions.
 const PAIRS: usize = 20;

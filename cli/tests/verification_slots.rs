@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 use common::{command, Server, PATIENCE};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
-use topology_claims::grpc::status::{from_status, retry_delay};
 use topology_claims::{domain::SlotCap, ClaimsError};
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
+use topology_claims_proto::status::{from_status, retry_delay};
 
 /// A cell's SQLite database with `users` users (none claimed yet: each is a correction) and its
 /// verify.toml.

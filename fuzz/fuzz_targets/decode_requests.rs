@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use topology_claims::codec;
 use topology_claims::domain::{self, MAX_CELL_ID_LEN, MAX_LOCAL_TRANSACTION_LEN, MAX_VALUE_LEN};
-use topology_claims::grpc::{convert, pb};
+use topology_claims_proto::{convert, pb};
 use topology_claims::BeginUpdate;
 
 fn check_accepted_begin(request: &BeginUpdate) {
@@ -49,7 +49,7 @@ fuzz_target!(|data: &[u8]| {
                             check_accepted_begin(&request);
                         }
                         Err(error) => assert_eq!(
-                            topology_claims::grpc::status::code_of(&error),
+                            topology_claims_proto::status::code_of(&error),
                             tonic::Code::InvalidArgument
                         ),
                     }

@@ -396,7 +396,7 @@ mod tests {
     }
 
     fn batch(creates: &[&str], destroys: &[&str]) -> BeginUpdate {
-        use crate::testing::fixtures::{self, cell, username};
+        use crate::fixtures::{self, cell, username};
         let records = |values: &[&str]| values.iter().map(|v| username(v)).collect::<Vec<_>>();
         BeginUpdate {
             destroys: records(destroys),

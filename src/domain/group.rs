@@ -1,7 +1,7 @@
 //! Group commit, decided one operation at a time.
 //!
 //! A store that runs several concurrent BeginUpdate / CommitUpdate / RollbackUpdate calls in one
-//! store transaction (the combiner in `crate::group`) does it in three steps:
+//! store transaction (the server's combiner, `topology_claims_server::group`) does it in three steps:
 //!
 //! 1. [`GroupReads::of`]: which rows the batch touches. The store locks and reads them in one
 //!    go: the lease and outcome rows of every lease id, the claim rows of every key a BeginUpdate
@@ -23,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+pub use crate::domain::tables::GroupWrites;
 use crate::domain::tables::Tables;
 use crate::domain::types::{
     BeginUpdate, CellId, Claim, ClaimKey, Lease, LeaseId, Outcome, Timestamp,
@@ -139,32 +140,6 @@ pub struct GroupSnapshot {
     pub outcomes: Vec<Outcome>,
     /// The read cells that are decommissioned, with when.
     pub decommissioned: Vec<(CellId, Timestamp)>,
-}
-
-/// The net writes of a decided batch: the snapshot's rows that changed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GroupWrites {
-    /// Claims that did not exist in the snapshot (created by a BeginUpdate).
-    pub insert_claims: Vec<Claim>,
-    /// Claims that exist before and after but differ: write every column (lease marker, owner,
-    /// table, record id, cell, timestamps).
-    pub update_claims: Vec<Claim>,
-    /// Claims that existed and are gone.
-    pub delete_claims: Vec<ClaimKey>,
-    pub insert_leases: Vec<Lease>,
-    pub delete_leases: Vec<LeaseId>,
-    pub insert_outcomes: Vec<Outcome>,
-}
-
-impl GroupWrites {
-    pub fn is_empty(&self) -> bool {
-        self.insert_claims.is_empty()
-            && self.update_claims.is_empty()
-            && self.delete_claims.is_empty()
-            && self.insert_leases.is_empty()
-            && self.delete_leases.is_empty()
-            && self.insert_outcomes.is_empty()
-    }
 }
 
 /// A decided batch: each operation's result and the writes of the accepted ones.

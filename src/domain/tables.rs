@@ -10,7 +10,6 @@ use crate::domain::admin::{
     self, DecommissionPlan, DecommissionState, DecommissionStep, LeaseSummary,
 };
 use crate::domain::decide::{self, BeginPlan, EndPlan, EndWrites};
-use crate::domain::group::GroupWrites;
 use crate::domain::pages;
 use crate::domain::restore::{self, MarkRestored, RestoreEpoch};
 use crate::domain::slots::{self, SlotGrant, SlotHolder, SlotLimit, SlotRow};
@@ -20,6 +19,32 @@ use crate::domain::types::{
     Timestamp,
 };
 use crate::error::ClaimsError;
+
+/// The net writes of a decided batch: the snapshot's rows that changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupWrites {
+    /// Claims that did not exist in the snapshot (created by a BeginUpdate).
+    pub insert_claims: Vec<Claim>,
+    /// Claims that exist before and after but differ: write every column (lease marker, owner,
+    /// table, record id, cell, timestamps).
+    pub update_claims: Vec<Claim>,
+    /// Claims that existed and are gone.
+    pub delete_claims: Vec<ClaimKey>,
+    pub insert_leases: Vec<Lease>,
+    pub delete_leases: Vec<LeaseId>,
+    pub insert_outcomes: Vec<Outcome>,
+}
+
+impl GroupWrites {
+    pub fn is_empty(&self) -> bool {
+        self.insert_claims.is_empty()
+            && self.update_claims.is_empty()
+            && self.delete_claims.is_empty()
+            && self.insert_leases.is_empty()
+            && self.delete_leases.is_empty()
+            && self.insert_outcomes.is_empty()
+    }
+}
 
 /// The three tables of the service: claims (one row per key), outstanding leases, and the
 /// remembered outcomes of ended leases. The fields are public for reading; every write goes
@@ -102,7 +127,7 @@ impl Tables {
         tables
     }
 
-    /// Writes a decided group's net writes (`domain::group::GroupWrites`).
+    /// Writes a decided group's net writes ([`GroupWrites`], decided by `domain::group`).
     pub(crate) fn apply_group_writes(&mut self, writes: &GroupWrites) {
         for key in &writes.delete_claims {
             self.remove_claim(key);

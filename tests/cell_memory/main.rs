@@ -9,20 +9,20 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use topology_claims::cell::{
-    ClaimSource, ClaimsClient, ClientConfig, LocalClaim, LocalEnd, PendingUpdate, TransactionError,
-    UpdateConfig, Verifier, VerifierConfig,
-};
 use topology_claims::domain::{DecommissionStep, LeaseSummary};
 use topology_claims::memory::{MemoryClaimStore, MemoryLocalLeaseStore};
-use topology_claims::testing::cell::LocalDb;
-use topology_claims::testing::fixtures::{cell, creates, record_in, username};
-use topology_claims::testing::TestServer;
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, ClaimState, ClaimStore, ClaimType,
     ClaimsError, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, LocalLeaseStore,
     OwnerType, TableName, Timestamp,
 };
+use topology_claims_client::{
+    ClaimSource, ClaimsClient, ClientConfig, LocalClaim, LocalEnd, PendingUpdate, TransactionError,
+    UpdateConfig, Verifier, VerifierConfig,
+};
+use topology_claims_testkit::cell::LocalDb;
+use topology_claims_testkit::fixtures::{cell, creates, record_in, username};
+use topology_claims_testkit::TestServer;
 
 struct MemoryDb {
     store: MemoryLocalLeaseStore,
@@ -63,7 +63,7 @@ async fn memory_db() -> MemoryDb {
     }
 }
 
-topology_claims::cell_scenarios!(memory_db);
+topology_claims_testkit::cell_scenarios!(memory_db);
 
 async fn server() -> TestServer {
     TestServer::start(Arc::new(MemoryClaimStore::new())).await
@@ -346,7 +346,7 @@ async fn renewal_keeps_a_long_local_transaction_alive() {
         .finish::<(), String, _>(LocalEnd::Committed(()), &local)
         .await
         .unwrap();
-    assert_eq!(outcome, topology_claims::cell::CommitOutcome::Committed);
+    assert_eq!(outcome, topology_claims_client::CommitOutcome::Committed);
     assert_eq!(
         client
             .lookup_claim(&username("long").key)

@@ -585,8 +585,8 @@ async fn a_correction_the_records_no_longer_call_for_is_withdrawn_not_committed(
         (0, 2, 0),
         "{report}"
     );
-    use topology_claims::cell::verifier::CorrectionCall::{Begin, Rollback};
     use topology_claims::LeaseOp::{Create, Destroy};
+    use topology_claims_client::verifier::CorrectionCall::{Begin, Rollback};
     assert_eq!(
         *calls.lock().unwrap(),
         [
@@ -645,8 +645,8 @@ async fn a_record_moved_to_another_table_is_corrected_by_one_update_in_either_or
             .run(|_| {})
             .await
             .unwrap();
-        use topology_claims::cell::verifier::CorrectionCall::{Begin, Commit};
         use topology_claims::LeaseOp::Update;
+        use topology_claims_client::verifier::CorrectionCall::{Begin, Commit};
         assert_eq!(
             *committed.lock().unwrap(),
             [(Update, Begin), (Update, Commit)],

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use topology_claims::testing::race::racing_clients_get_one_winner_each;
 use topology_claims::ClaimStore;
+use topology_claims_testkit::race::racing_clients_get_one_winner_each;
 
 use crate::support::*;
 

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use topology_claims::testing::TestServer;
 use topology_claims::ClaimStore;
+use topology_claims_testkit::TestServer;
 
 use crate::support::*;
 

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 use tonic::{Code, Response};
-use topology_claims::grpc::server::ServerConfig;
-use topology_claims::testing::TestServer;
 use topology_claims::ClaimsError;
 use topology_claims::{ClaimStore, ClaimType};
+use topology_claims_server::grpc::server::ServerConfig;
+use topology_claims_testkit::TestServer;
 
 use crate::support::*;
 
@@ -158,7 +158,7 @@ async fn shutdown_drains_with_idle_clients_still_connected() {
     // mid-call, CANCELLED; a client sees either as a retryable Unavailable.
     assert!(
         matches!(
-            topology_claims::grpc::status::from_status(&status),
+            topology_claims_proto::status::from_status(&status),
             ClaimsError::Unavailable { .. }
         ),
         "{status:?}"

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use tonic::Code;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::server::ServerConfig;
-use topology_claims::testing::TestServer;
 use topology_claims::{ClaimStore, ClaimType, TableName};
+use topology_claims_proto::pb;
+use topology_claims_server::grpc::server::ServerConfig;
+use topology_claims_testkit::TestServer;
 
 use crate::support::*;
 

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 use tonic_types::StatusExt;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims::memory::MemoryClaimStore;
 use topology_claims::{ClaimStore, ClaimType, MigrationPolicy, OwnerType, TableName};
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
 
 pub type Client = ClaimsServiceClient<Channel>;
 

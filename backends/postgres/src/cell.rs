@@ -3,20 +3,20 @@
 //! inside the local transaction ([`transact_in_transaction`]), and a verifier
 //! [`ClaimSource`] made of one SQL query per table ([`PostgresQuerySource`]).
 //!
-//! The protocol itself (phases, staleness guard, reconciliation) is `topology_claims::cell`'s;
+//! The protocol itself (phases, staleness guard, reconciliation) is `topology_claims_client`'s;
 //! this module only opens, commits and rolls back PostgreSQL transactions around it.
 
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 use tokio_postgres::{Row, Transaction};
-use topology_claims::cell::{
-    check_verify_query_columns, ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd,
-    PendingUpdate, TransactionError, UpdateConfig,
-};
 use topology_claims::{
     BeginUpdate, ClaimKey, ClaimRecord, ClaimType, ClaimsError, LocalTransaction, OwnerType,
     TableName, Timestamp,
+};
+use topology_claims_client::{
+    check_verify_query_columns, ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd,
+    PendingUpdate, TransactionError, UpdateConfig,
 };
 
 use crate::error::{final_error, pool_error};
@@ -31,7 +31,7 @@ use crate::PostgresLocalLeaseStore;
 /// left to the reconciler ([`TransactionError::Indeterminate`]).
 ///
 /// ```no_run
-/// # use topology_claims::cell::{ClaimsClient, TransactionError, UpdateConfig};
+/// # use topology_claims_client::{ClaimsClient, TransactionError, UpdateConfig};
 /// # use topology_claims::BeginUpdate;
 /// # use topology_claims_postgres::{cell::transact, tokio_postgres, PostgresLocalLeaseStore};
 /// # async fn signup(
@@ -137,7 +137,7 @@ pub async fn local_transaction_of(
 /// back in its next pass (decision 080).
 ///
 /// ```no_run
-/// # use topology_claims::cell::{ClaimsClient, TransactionError, UpdateConfig};
+/// # use topology_claims_client::{ClaimsClient, TransactionError, UpdateConfig};
 /// # use topology_claims::BeginUpdate;
 /// # use topology_claims_postgres::{cell::transact_in_transaction, tokio_postgres, PostgresLocalLeaseStore};
 /// # async fn signup(

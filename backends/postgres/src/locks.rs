@@ -200,7 +200,7 @@ fn fnv1a(bytes: impl Iterator<Item = u8>) -> i32 {
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
-    use topology_claims::testing::fixtures::{cell, username};
+    use topology_claims_testkit::fixtures::{cell, username};
 
     fn lease(n: u128) -> LeaseId {
         LeaseId::from_uuid(uuid::Uuid::from_u128(n))

@@ -39,7 +39,7 @@
 //!
 //! ## Group commit
 //! [`ClaimStore::run_group`] runs a batch of BeginUpdate / CommitUpdate / RollbackUpdate (the
-//! combiner's, `topology_claims::group`) as one transaction of the same two flights. Flight 1
+//! combiner's, `topology_claims_server::group`) as one transaction of the same two flights. Flight 1
 //! locks and reads every row of `domain::GroupReads`: every advisory lock (lease ids, claim
 //! keys, cells; "lock budget") in one statement, the clock (`now()`, the transaction's time every write of this
 //! store is stamped with) with the decommission marks, the lease and the outcome rows

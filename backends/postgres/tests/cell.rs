@@ -5,9 +5,9 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use topology_claims::testing::cell::LocalDb;
 use topology_claims::{ClaimsError, LeaseId, LocalLeaseStore};
 use topology_claims_postgres::{tokio_postgres, PostgresLocalLeaseStore};
+use topology_claims_testkit::cell::LocalDb;
 
 /// A cell database: the lease store's schema plus an application table of users.
 struct CellDb {
@@ -65,22 +65,22 @@ async fn cell_db() -> CellDb {
     CellDb { store }
 }
 
-topology_claims::cell_scenarios!(cell_db);
+topology_claims_testkit::cell_scenarios!(cell_db);
 
 mod transact {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use topology_claims::cell::{
+    use topology_claims::memory::MemoryClaimStore;
+    use topology_claims::{ClaimState, ClaimsError, LocalLeaseStore, Timestamp};
+    use topology_claims_client::{
         ClaimsClient, ClientConfig, CommitOutcome, TransactionError, UpdateConfig,
     };
-    use topology_claims::memory::MemoryClaimStore;
-    use topology_claims::testing::cell::LocalDb;
-    use topology_claims::testing::fixtures::{cell, creates, username};
-    use topology_claims::testing::TestServer;
-    use topology_claims::{ClaimState, ClaimsError, LocalLeaseStore, Timestamp};
     use topology_claims_postgres::cell::transact;
     use topology_claims_postgres::tokio_postgres;
+    use topology_claims_testkit::cell::LocalDb;
+    use topology_claims_testkit::fixtures::{cell, creates, username};
+    use topology_claims_testkit::TestServer;
 
     async fn setup() -> (TestServer, ClaimsClient, super::CellDb) {
         let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
@@ -230,20 +230,20 @@ mod in_transaction {
         }
     }
 
-    use topology_claims::cell::{
-        ClaimsClient, ClientConfig, CommitOutcome, Reconciler, ReconcilerConfig, TransactionError,
-        UpdateConfig,
-    };
     use topology_claims::memory::MemoryClaimStore;
-    use topology_claims::testing::cell::LocalDb;
-    use topology_claims::testing::fixtures::{cell, creates, username};
-    use topology_claims::testing::TestServer;
     use topology_claims::{
         ClaimState, ClaimsError, LeasesQuery, LocalLeaseStore, LocalTransaction, LocalTxStatus,
         PgLocalTransaction, Timestamp,
     };
+    use topology_claims_client::{
+        ClaimsClient, ClientConfig, CommitOutcome, Reconciler, ReconcilerConfig, TransactionError,
+        UpdateConfig,
+    };
     use topology_claims_postgres::cell::{local_transaction_of, transact_in_transaction};
     use topology_claims_postgres::tokio_postgres;
+    use topology_claims_testkit::cell::LocalDb;
+    use topology_claims_testkit::fixtures::{cell, creates, username};
+    use topology_claims_testkit::TestServer;
 
     async fn setup() -> (TestServer, ClaimsClient, super::CellDb) {
         let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;

@@ -3,9 +3,9 @@
 
 mod common;
 
-use topology_claims::testing::LocalLeaseFixture;
 use topology_claims::{ClaimsError, LeaseId, LocalLeaseStore};
 use topology_claims_postgres::{tokio_postgres, PostgresClaimStore, PostgresLocalLeaseStore};
+use topology_claims_testkit::LocalLeaseFixture;
 
 async fn store() -> (PostgresClaimStore, ()) {
     match common::fresh_store().await {
@@ -14,15 +14,15 @@ async fn store() -> (PostgresClaimStore, ()) {
     }
 }
 
-topology_claims::claim_store_conformance!(store);
+topology_claims_testkit::claim_store_conformance!(store);
 
 /// The same suite through the group-commit combiner.
 mod grouped {
-    async fn store() -> (topology_claims::group::GroupCommit, ()) {
-        topology_claims::testing::grouped(super::store().await)
+    async fn store() -> (topology_claims_server::group::GroupCommit, ()) {
+        topology_claims_testkit::grouped(super::store().await)
     }
 
-    topology_claims::claim_store_conformance!(store);
+    topology_claims_testkit::claim_store_conformance!(store);
 }
 
 struct Fixture {
@@ -61,4 +61,4 @@ async fn fixture() -> Fixture {
     }
 }
 
-topology_claims::local_lease_store_conformance!(fixture);
+topology_claims_testkit::local_lease_store_conformance!(fixture);

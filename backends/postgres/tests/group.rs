@@ -12,17 +12,17 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 use topology_claims::domain::{GroupAnswer, GroupOp, GroupResults};
-use topology_claims::group::{GroupCommit, GroupConfig};
-use topology_claims::testing::fixtures::{cell, creates, destroys, moved, record_in, username};
 use topology_claims::{
     BeginUpdate, CellId, ClaimRecord, ClaimStore, ClaimType, ClaimsError, LeaseId, TableName,
 };
 use topology_claims_postgres::{PostgresClaimStore, PostgresOptions};
+use topology_claims_server::group::{GroupCommit, GroupConfig};
+use topology_claims_testkit::fixtures::{cell, creates, destroys, moved, record_in, username};
 
 fn begin(request: BeginUpdate, n: u128) -> GroupOp {
     GroupOp::Begin {
         request,
-        lease_id: topology_claims::testing::fixtures::lease_id(n),
+        lease_id: topology_claims_testkit::fixtures::lease_id(n),
     }
 }
 
@@ -50,7 +50,7 @@ async fn a_group_of_any_size_takes_two_round_trips_and_decides_each_operation_al
         begin(creates(&b, &[username("x")]), 2),
         GroupOp::Commit {
             cell_id: a.clone(),
-            lease_id: topology_claims::testing::fixtures::lease_id(1),
+            lease_id: topology_claims_testkit::fixtures::lease_id(1),
         },
     ];
     let (results, _) = run_group(&store, &warm).await;
@@ -84,14 +84,14 @@ async fn a_group_of_any_size_takes_two_round_trips_and_decides_each_operation_al
         201,
     ));
     for n in 0..4 {
-        let lease_id = topology_claims::testing::fixtures::lease_id(100 + n);
+        let lease_id = topology_claims_testkit::fixtures::lease_id(100 + n);
         ops.push(GroupOp::Commit {
             cell_id: a.clone(),
             lease_id,
         });
         ops.push(GroupOp::Rollback {
             cell_id: a.clone(),
-            lease_id: topology_claims::testing::fixtures::lease_id(110 + n),
+            lease_id: topology_claims_testkit::fixtures::lease_id(110 + n),
             unrenewed_for: None,
         });
     }
@@ -104,11 +104,11 @@ async fn a_group_of_any_size_takes_two_round_trips_and_decides_each_operation_al
         &[
             GroupOp::Commit {
                 cell_id: a.clone(),
-                lease_id: topology_claims::testing::fixtures::lease_id(201),
+                lease_id: topology_claims_testkit::fixtures::lease_id(201),
             },
             GroupOp::Commit {
                 cell_id: a.clone(),
-                lease_id: topology_claims::testing::fixtures::lease_id(200),
+                lease_id: topology_claims_testkit::fixtures::lease_id(200),
             },
         ],
     )
@@ -131,11 +131,11 @@ async fn a_group_of_any_size_takes_two_round_trips_and_decides_each_operation_al
             begin(creates(&a, &[username("new-5")]), 105),
             GroupOp::Commit {
                 cell_id: a.clone(),
-                lease_id: topology_claims::testing::fixtures::lease_id(100),
+                lease_id: topology_claims_testkit::fixtures::lease_id(100),
             },
             GroupOp::Rollback {
                 cell_id: a.clone(),
-                lease_id: topology_claims::testing::fixtures::lease_id(100),
+                lease_id: topology_claims_testkit::fixtures::lease_id(100),
                 unrenewed_for: None,
             },
         ],

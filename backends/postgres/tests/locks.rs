@@ -10,12 +10,12 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use topology_claims::domain::{GroupAnswer, GroupOp};
-use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::{ClaimRecord, ClaimStore, ClaimType, LeaseId, MigrationPolicy};
 use topology_claims_postgres::tokio_postgres::{self, Client, NoTls};
 use topology_claims_postgres::{
     PostgresClaimStore, PostgresOptions, ADVISORY_LOCKS_PER_TRANSACTION,
 };
+use topology_claims_testkit::fixtures::{cell, creates, username};
 
 /// Lock table entries a store transaction may hold besides its advisory locks: the four tables
 /// it touches, their nine indexes, the TOAST tables and indexes of long values, and its own

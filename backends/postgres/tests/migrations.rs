@@ -4,9 +4,9 @@
 
 mod common;
 
-use topology_claims::testing::migrations::MigrationFixture;
 use topology_claims::{ClaimStore, ClaimsError, MigrationPolicy};
 use topology_claims_postgres::{migrate_with, PostgresClaimStore};
+use topology_claims_testkit::migrations::MigrationFixture;
 
 const ALL_MIGRATIONS: &[&str] = &[
     "0001_initial",
@@ -75,7 +75,7 @@ async fn migrated_schema() -> MigratedSchema {
     MigratedSchema { admin, schema }
 }
 
-topology_claims::migration_conformance!(migrated_schema);
+topology_claims_testkit::migration_conformance!(migrated_schema);
 
 #[tokio::test]
 async fn refuse_reports_pending_migrations_until_migrate_applies_them() {
@@ -110,7 +110,7 @@ async fn refuse_reports_pending_migrations_until_migrate_applies_them() {
     )
     .await
     .expect("an up-to-date schema opens under Refuse");
-    let absent = topology_claims::testing::fixtures::username("nobody").key;
+    let absent = topology_claims_testkit::fixtures::username("nobody").key;
     assert!(matches!(
         store.lookup_claim(&absent).await,
         Err(ClaimsError::ClaimNotFound { .. })

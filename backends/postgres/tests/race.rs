@@ -12,16 +12,16 @@ use std::sync::Arc;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 use tonic::Code;
-use topology_claims::group::{GroupCommit, GroupConfig};
-use topology_claims::grpc::convert::begin_update_to_pb;
-use topology_claims::grpc::pb::CommitUpdateRequest;
-use topology_claims::testing::fixtures::{cell, record_in};
-use topology_claims::testing::TestServer;
 use topology_claims::{
     BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimState, ClaimStore, ClaimType, ClaimsError,
     TableName,
 };
 use topology_claims_postgres::{PostgresClaimStore, PostgresOptions};
+use topology_claims_proto::convert::begin_update_to_pb;
+use topology_claims_proto::pb::CommitUpdateRequest;
+use topology_claims_server::group::{GroupCommit, GroupConfig};
+use topology_claims_testkit::fixtures::{cell, record_in};
+use topology_claims_testkit::TestServer;
 
 const TASKS: usize = 32;
 const CELLS: usize = 4;

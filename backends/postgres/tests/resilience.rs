@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
-use topology_claims::group::{GroupCommit, GroupConfig};
-use topology_claims::testing::fixtures::{cell, username};
 use topology_claims::{BeginUpdate, ClaimStore, ClaimsError, LeaseId};
 use topology_claims_postgres::tokio_postgres::config::Host;
 use topology_claims_postgres::tokio_postgres::{Client, Config};
 use topology_claims_postgres::{PostgresClaimStore, PostgresOptions};
+use topology_claims_server::group::{GroupCommit, GroupConfig};
+use topology_claims_testkit::fixtures::{cell, username};
 
 /// What the store holds for one lease id: (outstanding?, outcome, claims carrying it).
 async fn lease_rows(admin: &Client, schema: &str, lease_id: LeaseId) -> (bool, Option<i16>, i64) {
@@ -209,7 +209,7 @@ async fn terminated_backends_mid_run(grouped: bool) {
     // The next requests work, without any help.
     let after = BeginUpdate {
         lease_id: None,
-        ..topology_claims::testing::fixtures::creates(
+        ..topology_claims_testkit::fixtures::creates(
             &cell("cell-a"),
             &[username("after-the-storm")],
         )
@@ -329,7 +329,7 @@ async fn requests_fail_unavailable_while_postgres_is_down_and_recover_when_it_is
         .expect("open through the proxy");
     let a = cell("cell-a");
     let lease = store
-        .begin_update(topology_claims::testing::fixtures::creates(
+        .begin_update(topology_claims_testkit::fixtures::creates(
             &a,
             &[username("before")],
         ))
@@ -339,7 +339,7 @@ async fn requests_fail_unavailable_while_postgres_is_down_and_recover_when_it_is
 
     proxy.stop().await;
     let down = store
-        .begin_update(topology_claims::testing::fixtures::creates(
+        .begin_update(topology_claims_testkit::fixtures::creates(
             &a,
             &[username("while-down")],
         ))
@@ -360,7 +360,7 @@ async fn requests_fail_unavailable_while_postgres_is_down_and_recover_when_it_is
 
     proxy.restart().await;
     let lease = store
-        .begin_update(topology_claims::testing::fixtures::creates(
+        .begin_update(topology_claims_testkit::fixtures::creates(
             &a,
             &[username("after")],
         ))
@@ -404,7 +404,7 @@ async fn a_statement_over_the_timeout_fails_unavailable_and_releases_its_locks()
     };
     let a = cell("cell-a");
     let lease = store
-        .begin_update(topology_claims::testing::fixtures::creates(
+        .begin_update(topology_claims_testkit::fixtures::creates(
             &a,
             &[username("held")],
         ))
@@ -421,7 +421,7 @@ async fn a_statement_over_the_timeout_fails_unavailable_and_releases_its_locks()
         .await
         .unwrap();
     let blocked = store
-        .begin_update(topology_claims::testing::fixtures::destroys(
+        .begin_update(topology_claims_testkit::fixtures::destroys(
             &a,
             &[username("held")],
         ))
@@ -434,7 +434,7 @@ async fn a_statement_over_the_timeout_fails_unavailable_and_releases_its_locks()
     }
     admin.batch_execute("ROLLBACK").await.unwrap();
     let lease = store
-        .begin_update(topology_claims::testing::fixtures::destroys(
+        .begin_update(topology_claims_testkit::fixtures::destroys(
             &a,
             &[username("held")],
         ))

@@ -5,9 +5,9 @@
 mod common;
 
 use topology_claims::domain::MarkRestored;
-use topology_claims::testing::fixtures::{cell, creates, username};
 use topology_claims::{ClaimStore, Timestamp};
 use topology_claims_postgres::{PostgresClaimStore, PostgresOptions};
+use topology_claims_testkit::fixtures::{cell, creates, username};
 
 fn mark(reason: &str) -> MarkRestored {
     MarkRestored {

@@ -3,9 +3,9 @@
 
 mod common;
 
-use topology_claims::testing::fixtures::{cell, creates, destroys, moved, username};
 use topology_claims::{BeginUpdate, ClaimStore, ClaimsError, TableName};
 use topology_claims_postgres::PostgresOptions;
+use topology_claims_testkit::fixtures::{cell, creates, destroys, moved, username};
 
 #[tokio::test]
 async fn begin_and_commit_take_two_round_trips_each() {

@@ -49,7 +49,7 @@ const CELL_SEPARATOR: char = '\n';
 
 /// One of the restore writes of the port.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum RestoreWrite<'a> {
+enum RestoreWrite<'a> {
     Mark(&'a MarkRestored),
     Report { cell: &'a CellId, epoch: u64 },
     Lift { epoch: u64, reason: &'a str },
@@ -75,12 +75,37 @@ impl SpannerClaimStore {
             .map_err(|e| tx_error(context, e))
     }
 
-    /// `ClaimStore::mark_restored`, `report_verification_pass` and `lift_quarantine`: one
-    /// read-write transaction, re-run from its first read when Spanner aborts it.
-    pub(crate) async fn write_restore(
+    /// `ClaimStore::mark_restored`.
+    pub(crate) async fn write_mark(
         &self,
-        write: RestoreWrite<'_>,
+        request: &MarkRestored,
     ) -> Result<RestoreEpoch, ClaimsError> {
+        self.write_restore(RestoreWrite::Mark(request)).await
+    }
+
+    /// `ClaimStore::report_verification_pass`.
+    pub(crate) async fn write_report(
+        &self,
+        cell: &CellId,
+        epoch: u64,
+    ) -> Result<RestoreEpoch, ClaimsError> {
+        self.write_restore(RestoreWrite::Report { cell, epoch })
+            .await
+    }
+
+    /// `ClaimStore::lift_quarantine`.
+    pub(crate) async fn write_lift(
+        &self,
+        epoch: u64,
+        reason: &str,
+    ) -> Result<RestoreEpoch, ClaimsError> {
+        self.write_restore(RestoreWrite::Lift { epoch, reason })
+            .await
+    }
+
+    /// The three restore writes: one read-write transaction, re-run from its first read when
+    /// Spanner aborts it.
+    async fn write_restore(&self, write: RestoreWrite<'_>) -> Result<RestoreEpoch, ClaimsError> {
         let mut attempts = self.attempts(write.what());
         let (answer, _) = loop {
             let Some(mut tx) = attempts.begin(&self.client).await? else {
@@ -298,7 +323,7 @@ fn lift_epoch(epoch: u64, at: Timestamp, reason: &str) -> Result<Mutation, Claim
 #[cfg(test)]
 mod tests {
     use super::*;
-    use topology_claims::testing::fixtures::cell;
+    use topology_claims_testkit::fixtures::cell;
 
     #[test]
     fn expected_cells_round_trip_through_their_column() {

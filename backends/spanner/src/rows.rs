@@ -539,7 +539,7 @@ pub(crate) fn rows_written(writes: &GroupWrites) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use topology_claims::testing::fixtures::username;
+    use topology_claims_testkit::fixtures::username;
 
     #[test]
     fn a_mutation_counts_the_rows_it_writes_or_deletes() {

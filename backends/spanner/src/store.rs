@@ -32,7 +32,6 @@ use topology_claims::{
 
 use crate::config::{DatabaseName, SpannerOptions};
 use crate::error::{client_error, status_error, TxError};
-use crate::restore::RestoreWrite;
 use crate::rows::{
     self, CLAIMS, CLAIM_COLUMNS, DECOMMISSIONED, LEASES, LEASE_COLUMNS, OUTCOMES, OUTCOME_COLUMNS,
     SLOTS,
@@ -824,7 +823,7 @@ impl ClaimStore for SpannerClaimStore {
     }
 
     async fn mark_restored(&self, request: &MarkRestored) -> Result<RestoreEpoch, ClaimsError> {
-        self.write_restore(RestoreWrite::Mark(request)).await
+        self.write_mark(request).await
     }
 
     async fn report_verification_pass(
@@ -832,16 +831,11 @@ impl ClaimStore for SpannerClaimStore {
         cell_id: &CellId,
         epoch: u64,
     ) -> Result<RestoreEpoch, ClaimsError> {
-        self.write_restore(RestoreWrite::Report {
-            cell: cell_id,
-            epoch,
-        })
-        .await
+        self.write_report(cell_id, epoch).await
     }
 
     async fn lift_quarantine(&self, epoch: u64, reason: &str) -> Result<RestoreEpoch, ClaimsError> {
-        self.write_restore(RestoreWrite::Lift { epoch, reason })
-            .await
+        self.write_lift(epoch, reason).await
     }
 
     /// One read-write transaction per group (`group_attempt`). A group that would write more

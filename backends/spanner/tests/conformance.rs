@@ -10,13 +10,13 @@ async fn store() -> (SpannerClaimStore, ()) {
     (common::fresh_store(common::Mode::Plain).await, ())
 }
 
-topology_claims::claim_store_conformance!(store, model_cases = 8);
+topology_claims_testkit::claim_store_conformance!(store, model_cases = 8);
 
 /// The same suite through the group-commit combiner.
 mod grouped {
-    async fn store() -> (topology_claims::group::GroupCommit, ()) {
-        topology_claims::testing::grouped(super::store().await)
+    async fn store() -> (topology_claims_server::group::GroupCommit, ()) {
+        topology_claims_testkit::grouped(super::store().await)
     }
 
-    topology_claims::claim_store_conformance!(store, model_cases = 8);
+    topology_claims_testkit::claim_store_conformance!(store, model_cases = 8);
 }

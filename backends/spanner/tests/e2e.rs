@@ -1,4 +1,4 @@
-//! End-to-end through the real gRPC server (`topology_claims::testing::TestServer`) over a
+//! End-to-end through the real gRPC server (`topology_claims_testkit::TestServer`) over a
 //! Spanner-backed store on the emulator: the design's happy path (and its rollback), and sixteen
 //! concurrent clients racing for the same claims with exactly one winner per claim.
 
@@ -9,11 +9,11 @@ use std::sync::Arc;
 use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 use tonic_types::StatusExt;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
-use topology_claims::testing::race::racing_clients_get_one_winner_each;
-use topology_claims::testing::TestServer;
 use topology_claims::{ClaimStore, ClaimType, OwnerType, TableName};
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
+use topology_claims_testkit::race::racing_clients_get_one_winner_each;
+use topology_claims_testkit::TestServer;
 
 type Client = ClaimsServiceClient<Channel>;
 

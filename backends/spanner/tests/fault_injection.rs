@@ -12,16 +12,16 @@ async fn store() -> (SpannerClaimStore, ()) {
     (common::fresh_store(common::Mode::FaultInjection).await, ())
 }
 
-topology_claims::claim_store_conformance!(store, model_cases = 8);
+topology_claims_testkit::claim_store_conformance!(store, model_cases = 8);
 
 /// The same suite through the group-commit combiner: an aborted group is re-run whole and
 /// decided afresh.
 mod grouped {
-    pub(super) async fn store() -> (topology_claims::group::GroupCommit, ()) {
-        topology_claims::testing::grouped(super::store().await)
+    pub(super) async fn store() -> (topology_claims_server::group::GroupCommit, ()) {
+        topology_claims_testkit::grouped(super::store().await)
     }
 
-    topology_claims::claim_store_conformance!(store, model_cases = 8);
+    topology_claims_testkit::claim_store_conformance!(store, model_cases = 8);
 }
 
 /// Guards the guard: the emulator of this binary really aborts commits, so the suite above ran
@@ -35,7 +35,7 @@ fn the_emulator_really_aborts_commits() {
     use gcloud_spanner::mutation::insert_or_update;
     use gcloud_spanner::value::CommitTimestamp;
 
-    topology_claims::testing::run_async(async {
+    topology_claims_testkit::run_async(async {
         let emulator = common::shared(common::Mode::FaultInjection);
         let url = common::fresh_url();
         topology_claims_spanner::migrate(&url, common::options(emulator), true)
@@ -77,10 +77,10 @@ fn the_emulator_really_aborts_commits() {
 /// `ClaimStore::retries` (read by the metrics), without a store query.
 #[test]
 fn aborted_transactions_are_counted_as_retries() {
-    use topology_claims::testing::fixtures::{cell, creates, username};
     use topology_claims::ClaimStore;
+    use topology_claims_testkit::fixtures::{cell, creates, username};
 
-    topology_claims::testing::run_async(async {
+    topology_claims_testkit::run_async(async {
         let store = common::fresh_store(common::Mode::FaultInjection).await;
         assert_eq!(store.retries(), 0, "a fresh store has retried nothing");
         let a = cell("cell-a");
@@ -105,7 +105,7 @@ fn aborted_transactions_are_counted_as_retries() {
 
 #[test]
 fn aborted_groups_are_rerun_whole_and_leave_consistent_tables() {
-    topology_claims::testing::run_async(async {
+    topology_claims_testkit::run_async(async {
         // A share of commits aborts at random: run histories until some group was re-run (and
         // at least three of them).
         let mut retries = 0;

@@ -9,14 +9,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use topology_claims::domain::{GroupAnswer, GroupOp};
-use topology_claims::testing::fixtures::{
-    cell, creates, destroys, lease_id, moved, updates, username,
-};
-use topology_claims::testing::run_async;
 use topology_claims::{
     BeginUpdate, ClaimStore, ClaimsError, Lease, LeaseId, LeaseOp, MigrationPolicy, TableName,
 };
 use topology_claims_spanner::{SpannerClaimStore, SpannerOptions};
+use topology_claims_testkit::fixtures::{
+    cell, creates, destroys, lease_id, moved, updates, username,
+};
+use topology_claims_testkit::run_async;
 
 fn begin(request: BeginUpdate, id: LeaseId) -> GroupOp {
     GroupOp::Begin {
@@ -259,7 +259,7 @@ fn concurrent_operations_through_the_combiner_form_groups_and_keep_the_tables_co
     run_async(async {
         let store = common::fresh_store(common::Mode::Plain).await;
         // Every call through `run_group`, lone ones too (`grouped`).
-        let (combiner, ()) = topology_claims::testing::grouped((store, ()));
+        let (combiner, ()) = topology_claims_testkit::grouped((store, ()));
         common::concurrent::random_operations(&combiner, 17).await;
     });
 }

@@ -10,12 +10,12 @@ use gcloud_gax::conn::Environment;
 use gcloud_googleapis::spanner::admin::database::v1::{CreateDatabaseRequest, DatabaseDialect};
 use gcloud_spanner::admin::client::Client as AdminClient;
 use gcloud_spanner::admin::AdminClientConfig;
-use topology_claims::testing::fixtures::{cell, creates, username};
-use topology_claims::testing::migrations::MigrationFixture;
 use topology_claims::{
     ClaimStore, ClaimsCursor, ClaimsError, ClaimsQuery, LeasesQuery, MigrationPolicy, TableName,
 };
 use topology_claims_spanner::{SpannerClaimStore, SpannerOptions};
+use topology_claims_testkit::fixtures::{cell, creates, username};
+use topology_claims_testkit::migrations::MigrationFixture;
 
 /// A migrated database on the shared emulator, for the shared migration-rule cases.
 struct MigratedDatabase {
@@ -68,7 +68,7 @@ async fn migrated_database() -> MigratedDatabase {
     MigratedDatabase { url, emulator }
 }
 
-topology_claims::migration_conformance!(migrated_database);
+topology_claims_testkit::migration_conformance!(migrated_database);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

@@ -3,7 +3,7 @@
 //! local transaction ([`transact_in_transaction`]), and a verifier [`ClaimSource`] made of
 //! one SQL query per table ([`SqliteQuerySource`]).
 //!
-//! The protocol itself (phases, staleness guard, reconciliation) is `topology_claims::cell`'s;
+//! The protocol itself (phases, staleness guard, reconciliation) is `topology_claims_client`'s;
 //! this module only opens, commits and rolls back SQLite transactions around it.
 
 use std::collections::BTreeMap;
@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, DropBehavior, TransactionBehavior};
-use topology_claims::cell::{
-    check_verify_query_columns, ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd,
-    PendingUpdate, TransactionError, UpdateConfig,
-};
 use topology_claims::{
     BeginUpdate, ClaimKey, ClaimRecord, ClaimType, ClaimsError, OwnerType, TableName, Timestamp,
+};
+use topology_claims_client::{
+    check_verify_query_columns, ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd,
+    PendingUpdate, TransactionError, UpdateConfig,
 };
 
 use crate::error::{open_error, sqlite_to_claims};
@@ -29,7 +29,7 @@ use crate::SqliteLocalLeaseStore;
 /// and then the lease. `leases` must be the `leases_outstanding` store of the same database.
 ///
 /// ```no_run
-/// # use topology_claims::cell::{ClaimsClient, TransactionError, UpdateConfig};
+/// # use topology_claims_client::{ClaimsClient, TransactionError, UpdateConfig};
 /// # use topology_claims::BeginUpdate;
 /// # use topology_claims_sqlite::{cell::transact, SqliteLocalLeaseStore};
 /// # async fn signup(
@@ -153,7 +153,7 @@ impl Drop for OpenTransaction<'_> {
 /// about, so the lease carries no `local_transaction` and a crash here is healed by staleness.
 ///
 /// ```no_run
-/// # use topology_claims::cell::{ClaimsClient, TransactionError, UpdateConfig};
+/// # use topology_claims_client::{ClaimsClient, TransactionError, UpdateConfig};
 /// # use topology_claims::BeginUpdate;
 /// # use topology_claims_sqlite::{cell::transact_in_transaction, SqliteLocalLeaseStore};
 /// # async fn signup(

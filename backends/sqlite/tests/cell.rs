@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rusqlite::Connection;
-use topology_claims::cell::{
+use topology_claims::memory::MemoryClaimStore;
+use topology_claims::{ClaimState, ClaimsError, LeaseId, LocalLeaseStore, Timestamp};
+use topology_claims_client::{
     ClaimsClient, ClientConfig, CommitOutcome, TransactionError, UpdateConfig,
 };
-use topology_claims::memory::MemoryClaimStore;
-use topology_claims::testing::cell::LocalDb;
-use topology_claims::testing::fixtures::{cell, creates, email, username};
-use topology_claims::testing::TestServer;
-use topology_claims::{ClaimState, ClaimsError, LeaseId, LocalLeaseStore, Timestamp};
 use topology_claims_sqlite::cell::transact;
 use topology_claims_sqlite::{ensure_local_schema, SqliteLocalLeaseStore};
+use topology_claims_testkit::cell::LocalDb;
+use topology_claims_testkit::fixtures::{cell, creates, email, username};
+use topology_claims_testkit::TestServer;
 
 struct SqliteDb {
     _dir: tempfile::TempDir,
@@ -77,7 +77,7 @@ async fn sqlite_db() -> SqliteDb {
     }
 }
 
-topology_claims::cell_scenarios!(sqlite_db);
+topology_claims_testkit::cell_scenarios!(sqlite_db);
 
 #[tokio::test]
 async fn transact_commits_the_local_rows_and_the_claims_together() {
@@ -402,7 +402,7 @@ mod in_transaction {
     {
         let server = TestServer::start(Arc::new(MemoryClaimStore::new())).await;
         let config = ClientConfig {
-            retry_claim_leased: Some(topology_claims::cell::LeasedRetry::default()),
+            retry_claim_leased: Some(topology_claims_client::LeasedRetry::default()),
             ..ClientConfig::default()
         };
         let client = ClaimsClient::connect_lazy(&server.endpoint(), config).unwrap();

@@ -3,9 +3,9 @@
 
 use rusqlite::Connection;
 use tempfile::TempDir;
-use topology_claims::testing::LocalLeaseFixture;
 use topology_claims::{ClaimsError, LeaseId, LocalLeaseStore, MigrationPolicy};
 use topology_claims_sqlite::{SqliteClaimStore, SqliteLocalLeaseStore};
+use topology_claims_testkit::LocalLeaseFixture;
 
 /// A store on a fresh file, and its directory as the guard: the suite drops the store, then the
 /// directory is deleted (the model test opens hundreds of stores; none may be left behind).
@@ -17,15 +17,18 @@ async fn store() -> (SqliteClaimStore, TempDir) {
     (store, dir)
 }
 
-topology_claims::claim_store_conformance!(store);
+topology_claims_testkit::claim_store_conformance!(store);
 
 /// The same suite through the group-commit combiner.
 mod grouped {
-    async fn store() -> (topology_claims::group::GroupCommit, tempfile::TempDir) {
-        topology_claims::testing::grouped(super::store().await)
+    async fn store() -> (
+        topology_claims_server::group::GroupCommit,
+        tempfile::TempDir,
+    ) {
+        topology_claims_testkit::grouped(super::store().await)
     }
 
-    topology_claims::claim_store_conformance!(store);
+    topology_claims_testkit::claim_store_conformance!(store);
 }
 
 /// A cell's SQLite database: the store under test plus the application's own connection, on
@@ -71,4 +74,4 @@ async fn fixture() -> Fixture {
     }
 }
 
-topology_claims::local_lease_store_conformance!(fixture);
+topology_claims_testkit::local_lease_store_conformance!(fixture);

@@ -3,10 +3,10 @@
 
 use rusqlite::Connection;
 use tempfile::TempDir;
-use topology_claims::testing::fixtures::{cell, creates, destroys, email, username};
-use topology_claims::testing::migrations::MigrationFixture;
 use topology_claims::{ClaimState, ClaimStore, ClaimsError, LeasesQuery, MigrationPolicy};
 use topology_claims_sqlite::{migrate, SqliteClaimStore, SqliteLocalLeaseStore};
+use topology_claims_testkit::fixtures::{cell, creates, destroys, email, username};
+use topology_claims_testkit::migrations::MigrationFixture;
 
 const ALL_MIGRATIONS: &[&str] = &[
     "0001_initial",
@@ -121,7 +121,7 @@ async fn migrated_file() -> MigratedFile {
     MigratedFile { path, _dir: dir }
 }
 
-topology_claims::migration_conformance!(migrated_file);
+topology_claims_testkit::migration_conformance!(migrated_file);
 
 #[tokio::test]
 async fn data_survives_closing_and_reopening_the_file() {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use tempfile::TempDir;
 use topology_claims::codec::decode_request;
-use topology_claims::testing::fixtures::{cell, creates, email, lease_id, username};
 use topology_claims::{ClaimStore, ClaimsError, Clock, LeasesQuery, MigrationPolicy, Timestamp};
 use topology_claims_sqlite::SqliteClaimStore;
+use topology_claims_testkit::fixtures::{cell, creates, email, lease_id, username};
 
 /// A clock that only moves when told to.
 struct ManualClock(AtomicI64);

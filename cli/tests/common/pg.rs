@@ -2,7 +2,7 @@
 //! cell's local database): `TOPOLOGY_CLAIMS_TEST_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test` (scripts/ensure-services.sh starts it).
 
-use topology_claims::cell::{ClaimsClient, ClientConfig};
+use topology_claims_client::{ClaimsClient, ClientConfig};
 use topology_claims_postgres::tokio_postgres::{self, NoTls};
 
 use super::Server;

@@ -30,10 +30,10 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims_harness::proc_stats::rss_kib;
 use topology_claims_harness::serve::ServeChild;
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
 
 /// The HTTP/2 client connection preface.
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

@@ -2,8 +2,8 @@
 //! the field, or accepted by validation.
 
 use tonic::{Code, Status};
-use topology_claims::grpc::status::from_status;
 use topology_claims::ClaimsError;
+use topology_claims_proto::status::from_status;
 
 use super::*;
 

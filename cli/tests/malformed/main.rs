@@ -18,9 +18,9 @@ use std::path::Path;
 use std::process::Stdio;
 
 use tonic::transport::Channel;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims_harness::serve::{clean_command, ServeChild};
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_topology-claims");
 pub const SERVICE: &str = "/topology.claims.v1.ClaimsService/";

@@ -25,8 +25,8 @@ use time::OffsetDateTime;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::Code;
 use tonic_types::StatusExt;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
 
 const SOME_LEASE: &str = "0b6a4cf6-3f5e-4a47-9c1e-2b8c2d9a7e10";
 

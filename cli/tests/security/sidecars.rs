@@ -6,11 +6,11 @@ use super::*;
 /// (its local database on PostgreSQL), then `reconcile` and `verify` with `--tls-*` flags.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cell_side_and_its_sidecars_run_over_mtls_against_postgres() {
-    use topology_claims::cell::{ClaimsClient, ClientConfig, ClientTls, UpdateConfig};
-    use topology_claims::testing::fixtures::{cell, creates, record_in};
     use topology_claims::{ClaimState, ClaimType, TableName};
+    use topology_claims_client::{ClaimsClient, ClientConfig, ClientTls, UpdateConfig};
     use topology_claims_harness::postgres::{self as pg, TempSchema};
     use topology_claims_postgres::{PostgresLocalLeaseStore, PostgresOptions};
+    use topology_claims_testkit::fixtures::{cell, creates, record_in};
 
     let pki = Pki::new();
     pki.client(

@@ -1,4 +1,4 @@
-//! The `noop` baseline: the claims gRPC service (the generated `topology_claims::grpc::pb`
+//! The `noop` baseline: the claims gRPC service (the generated `topology_claims_proto::pb`
 //! server, the same messages) with handlers that only answer — BeginUpdate returns a lease
 //! payload echoing the request under its lease id, CommitUpdate says OK. No store, no domain, no
 //! layers: the ceiling of the RPC stack (tonic, HTTP/2, protobuf, loopback TCP) on this machine,
@@ -14,10 +14,10 @@ use std::time::SystemTime;
 
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_server::{ClaimsService, ClaimsServiceServer};
 use topology_claims::LeaseId;
 use topology_claims_harness::serve::ServeChild;
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_server::{ClaimsService, ClaimsServiceServer};
 
 /// `topology-claims-bench noop-server`: not a user-facing command (absent from `--help`).
 pub const SUBCOMMAND: &str = "noop-server";

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
 use serde_json::{json, Value};
-use topology_claims::grpc::convert::begin_update_to_pb;
-use topology_claims::grpc::pb;
 use topology_claims::{
     BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, LeaseId, OwnerType, TableName,
 };
+use topology_claims_proto::convert::begin_update_to_pb;
+use topology_claims_proto::pb;
 
 use super::procs;
 use super::raw_sql;

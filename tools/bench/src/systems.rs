@@ -10,13 +10,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use tonic::transport::Channel;
-use topology_claims::cell::{server_endpoint, ClientTls};
-use topology_claims::grpc::convert::begin_update_to_pb;
-use topology_claims::grpc::decode::claims_client;
-use topology_claims::grpc::pb;
-use topology_claims::grpc::pb::claims_service_client::ClaimsServiceClient;
-use topology_claims::grpc::status::from_status;
 use topology_claims::LeaseId;
+use topology_claims_client::decode::claims_client;
+use topology_claims_client::{server_endpoint, ClientTls};
+use topology_claims_proto::convert::begin_update_to_pb;
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
+use topology_claims_proto::status::from_status;
 
 use super::etcd::{EtcdConn, EtcdServer};
 pub use super::raw_sql::PgSchema;

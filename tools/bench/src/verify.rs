@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use topology_claims::grpc::convert::begin_update_to_pb;
-use topology_claims::grpc::pb;
 use topology_claims::{
     BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, LeaseId, OwnerType, TableName,
 };
 use topology_claims_harness::serve::{clean_command, product_binary};
+use topology_claims_proto::convert::begin_update_to_pb;
+use topology_claims_proto::pb;
 
 use super::raw_sql;
 use super::scale::{self, SCALE_CELL, SCALE_OWNER};

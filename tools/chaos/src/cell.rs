@@ -21,10 +21,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, TransactionBehavior};
-use topology_claims::cell::{
+use topology_claims::{CellId, ClaimsError, LeaseId, LocalLeaseStore, Timestamp};
+use topology_claims_client::{
     ClaimsClient, CommitOutcome, LocalEnd, PendingUpdate, TransactionError, UpdateConfig,
 };
-use topology_claims::{CellId, ClaimsError, LeaseId, LocalLeaseStore, Timestamp};
 use topology_claims_sqlite::cell::transact;
 use topology_claims_sqlite::{ensure_local_schema, SqliteLocalLeaseStore};
 

@@ -1,5 +1,5 @@
 //! The concurrent model test of group commit: many tasks issue random BeginUpdate / CommitUpdate
-//! / RollbackUpdate / LookupClaim calls at once, through the combiner (`topology_claims::group`),
+//! / RollbackUpdate / LookupClaim calls at once, through the combiner (`topology_claims_server::group`),
 //! over a few keys, against a real store. Then:
 //! - every key's history must be linearizable against the pure model (the campaign's checker,
 //!   [`crate::linearizability`]);
@@ -21,11 +21,11 @@ use topology_claims::domain::{
     self, group, DecommissionStep, GroupOp, GroupResults, GroupSnapshot, LeaseSummary, SlotGrant,
     SlotHolder, SlotLimit, Tables,
 };
-use topology_claims::group::{GroupCommit, GroupConfig};
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
     LeaseId, LeasesPage, LeasesQuery, Timestamp,
 };
+use topology_claims_server::group::{GroupCommit, GroupConfig};
 
 use crate::history::{Answer, Call, Event, History, TxOp};
 use crate::linearizability::{self, Verdict};

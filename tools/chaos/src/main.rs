@@ -45,10 +45,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use futures::StreamExt;
 use tokio::sync::watch;
-use topology_claims::cell::{
+use topology_claims::LeasesQuery;
+use topology_claims_client::{
     Backoff, ClaimsClient, ClientConfig, ClientTls, Reconciler, ReconcilerConfig, UpdateConfig,
 };
-use topology_claims::LeasesQuery;
 
 use crate::cell::{Boundary, CellContext, Crash, Sabotage, SimCell, Tally};
 use crate::faults::{FaultKind, Injector};

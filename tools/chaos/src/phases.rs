@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use topology_claims::cell::Reconciler;
+use topology_claims_client::Reconciler;
 
 use crate::cell::{Boundary, Crash, Drift, SimCell, Tally};
 use crate::faults::{FaultKind, Injector};

@@ -21,8 +21,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use topology_claims::cell::ClaimsClient;
 use topology_claims::{LeaseId, LeasesQuery};
+use topology_claims_client::ClaimsClient;
 
 use crate::model;
 

@@ -25,12 +25,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
-use topology_claims::cell::ClaimsClient;
 use topology_claims::domain::RestoreView;
-use topology_claims::restore::DEFAULT_RESTORE_REFRESH;
 use topology_claims::{LeaseId, LeasesQuery};
+use topology_claims_client::ClaimsClient;
 use topology_claims_harness::pki::DevPki;
 use topology_claims_harness::serve::{clean_command, product_binary};
+use topology_claims_server::restore::DEFAULT_RESTORE_REFRESH;
 
 use crate::faults::{FaultKind, Injector};
 use crate::fleet::{Backing, Fleet};

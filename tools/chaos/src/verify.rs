@@ -1,4 +1,4 @@
-//! The cells' verifiers: the real `topology_claims::cell::Verifier` (what the `verify` sidecar
+//! The cells' verifiers: the real `topology_claims_client::Verifier` (what the `verify` sidecar
 //! runs), one per cell, reading the cell's SQLite database through the sidecar's own query
 //! source (`SqliteQuerySource` with a verify query over `records`), taking a verification slot
 //! from the servers, and run again and again while faults are injected, racing the cell's
@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use tokio::sync::watch;
-use topology_claims::cell::verifier::{CorrectionCall, CorrectionEvent};
-use topology_claims::cell::{
+use topology_claims::{ClaimsError, LeaseId, LeaseOp, TableName};
+use topology_claims_client::verifier::{CorrectionCall, CorrectionEvent};
+use topology_claims_client::{
     ClaimsClient, Discrepancy, SlotSettings, Verifier, VerifierConfig, VerifyReport,
 };
-use topology_claims::{ClaimsError, LeaseId, LeaseOp, TableName};
 use topology_claims_sqlite::cell::SqliteQuerySource;
 
 use crate::cell::begin_answer;

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use topology_claims::cell::ClientTls;
+use topology_claims_client::ClientTls;
 
 use crate::serve::{clean_command, product_binary};
 

@@ -5,12 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use topology_claims::group::GroupCommit;
-use topology_claims::testing::fixtures::{cell, creates, destroys, moved, updates, username};
 use topology_claims::{
     BeginUpdate, CellId, ClaimRecord, ClaimStore, ClaimsError, Lease, LeaseId, LeasesQuery,
     TableName,
 };
+use topology_claims_server::group::GroupCommit;
+use topology_claims_testkit::fixtures::{cell, creates, destroys, moved, updates, username};
 
 /// Every outstanding lease of `cell_id`.
 pub async fn outstanding(store: &impl ClaimStore, cell_id: &CellId) -> Vec<Lease> {

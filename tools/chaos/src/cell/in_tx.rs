@@ -12,8 +12,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use topology_claims::cell::{LocalEnd, PendingUpdate, TransactionError};
 use topology_claims::LeaseId;
+use topology_claims_client::{LocalEnd, PendingUpdate, TransactionError};
 use topology_claims_postgres::cell::{local_transaction_of, transact_in_transaction};
 use topology_claims_postgres::{record_in, tokio_postgres};
 

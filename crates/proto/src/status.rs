@@ -1,0 +1,568 @@
+//! The one mapping between [`ClaimsError`] and gRPC statuses, both ways.
+//!
+//! [`to_status`] is the only place where the server picks a status code: every status carries a
+//! `google.rpc.ErrorInfo` (domain [`ERROR_DOMAIN`], reason [`ClaimsError::reason`], metadata
+//! naming the claim or lease involved), and malformed requests also a `google.rpc.BadRequest`
+//! field violation. [`from_status`] reads those details back for clients.
+//!
+//! Must not decide protocol questions: it translates errors the domain already decided.
+
+use std::collections::HashMap;
+
+use std::sync::LazyLock;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::log::RateLimitedLog;
+use topology_claims::domain::{
+    CellId, ClaimKey, ClaimType, LeaseId, SlotCap, TableName, Timestamp,
+};
+use topology_claims::error::ClaimsError;
+
+/// The `google.rpc.ErrorInfo.domain` of every error this service returns.
+pub const ERROR_DOMAIN: &str = "topology-claims";
+
+/// ErrorInfo metadata keys.
+pub const META_CLAIM_TYPE: &str = "claim_type";
+pub const META_CLAIM_VALUE: &str = "claim_value";
+pub const META_LEASE_ID: &str = "lease_id";
+pub const META_FIELD: &str = "field";
+pub const META_PENDING: &str = "pending";
+pub const META_CELL_ID: &str = "cell_id";
+pub const META_OUTSTANDING: &str = "outstanding";
+pub const META_LIMIT: &str = "limit";
+pub const META_IN_USE: &str = "in_use";
+pub const META_MAX: &str = "max";
+/// CLAIM_LEASED: when the claim's lease began (RFC 3339, the store's clock).
+pub const META_LEASED_SINCE: &str = "leased_since";
+pub const META_TABLE_NAME: &str = "table_name";
+pub const META_TABLE_RECORD_ID: &str = "table_record_id";
+/// RESTORE_QUARANTINE and RESTORE_EPOCH_MISMATCH: the store's restore epoch.
+pub const META_EPOCH: &str = "epoch";
+/// RESTORE_EPOCH_MISMATCH: the epoch the request named.
+pub const META_SENT_EPOCH: &str = "sent_epoch";
+
+/// The status code of each error (the status table of the API, docs/api.md).
+pub fn code_of(error: &ClaimsError) -> Code {
+    match error {
+        ClaimsError::InvalidRequest { .. } | ClaimsError::BatchConflict { .. } => {
+            Code::InvalidArgument
+        }
+        ClaimsError::ClaimTaken { .. } | ClaimsError::LeaseIdConflict { .. } => Code::AlreadyExists,
+        ClaimsError::ClaimLeased { .. }
+        | ClaimsError::LeaseRolledBack { .. }
+        | ClaimsError::LeaseCommitted { .. }
+        | ClaimsError::LeaseRenewed { .. } => Code::FailedPrecondition,
+        ClaimsError::ClaimNotFound { .. } | ClaimsError::LeaseNotFound { .. } => Code::NotFound,
+        ClaimsError::NotClaimOwner { .. }
+        | ClaimsError::NotLeaseOwner { .. }
+        | ClaimsError::PermissionDenied { .. } => Code::PermissionDenied,
+        ClaimsError::CellDecommissioned { .. } => Code::PermissionDenied,
+        ClaimsError::CellHasOutstandingLeases { .. }
+        | ClaimsError::RestoreQuarantine { .. }
+        | ClaimsError::RestoreEpochMismatch { .. } => Code::FailedPrecondition,
+        ClaimsError::RecordExceedsPage { .. } => Code::FailedPrecondition,
+        ClaimsError::RateLimited { .. } | ClaimsError::VerificationSlotsBusy { .. } => {
+            Code::ResourceExhausted
+        }
+        ClaimsError::AuditUnavailable { .. } => Code::Unavailable,
+        // Client-side only (the verifier's own slot bookkeeping); never on the wire.
+        ClaimsError::VerificationSlotLost { .. } => Code::Aborted,
+        ClaimsError::Unauthenticated { .. } => Code::Unauthenticated,
+        ClaimsError::Unavailable { .. } => Code::Unavailable,
+        ClaimsError::MigrationsPending { .. }
+        | ClaimsError::Configuration { .. }
+        | ClaimsError::Internal { .. } => Code::Internal,
+        // `ClaimsError` is `#[non_exhaustive]` (and defined in the core): a variant added there
+        // without a row here is INTERNAL until it gets one; `every_error` in the tests lists
+        // every variant with the code it must have.
+        _ => Code::Internal,
+    }
+}
+
+/// The canonical gRPC name of a code.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// The gRPC status of an error, with its ErrorInfo (and BadRequest for malformed fields).
+///
+/// Server-side details of `Internal`, `Configuration` and `Unavailable` errors (SQL, hosts,
+/// paths) are logged here and never sent to the client.
+pub fn to_status(error: &ClaimsError) -> Status {
+    to_status_with(error, None)
+}
+
+/// [`to_status`] of a `ClaimLeased` refusal, saying when the claim's lease began (the claim
+/// row's `updated_at`, which every store sets to the lease's start: the store's clock).
+pub fn claim_leased_status(error: &ClaimsError, leased_since: Option<Timestamp>) -> Status {
+    to_status_with(error, leased_since)
+}
+
+fn to_status_with(error: &ClaimsError, leased_since: Option<Timestamp>) -> Status {
+    let mut metadata = HashMap::new();
+    if let Some(claim) = error.claim() {
+        metadata.insert(
+            META_CLAIM_TYPE.to_owned(),
+            claim.claim_type.name().to_owned(),
+        );
+        metadata.insert(META_CLAIM_VALUE.to_owned(), claim.value.clone());
+    }
+    if let Some(lease_id) = error.lease_id() {
+        metadata.insert(META_LEASE_ID.to_owned(), lease_id.to_string());
+    }
+    let message = match error {
+        ClaimsError::Internal { .. } | ClaimsError::Configuration { .. } => {
+            tracing::error!(error = %error, "request failed");
+            "internal error".to_owned()
+        }
+        ClaimsError::Unavailable { .. } => {
+            // An outage fails every request: the health watcher logs when the store goes and
+            // comes back; here one line every few seconds says how many requests it cost.
+            static UNAVAILABLE: LazyLock<RateLimitedLog> = LazyLock::new(RateLimitedLog::default);
+            if let Some(held_back) = UNAVAILABLE.ready() {
+                tracing::warn!(error = %error, failed_since_last_line = held_back,
+                    "request failed: store unavailable");
+            }
+            "store unavailable; retry later".to_owned()
+        }
+        ClaimsError::MigrationsPending { pending } => {
+            tracing::error!(error = %error, "request failed");
+            metadata.insert(META_PENDING.to_owned(), pending.join(","));
+            error.to_string()
+        }
+        _ => error.to_string(),
+    };
+    let mut details = ErrorDetails::new();
+    match error {
+        ClaimsError::InvalidRequest { field, description } => {
+            metadata.insert(META_FIELD.to_owned(), field.clone());
+            details.add_bad_request_violation(field.clone(), description.clone());
+        }
+        ClaimsError::CellDecommissioned { cell_id } => {
+            metadata.insert(META_CELL_ID.to_owned(), cell_id.to_string());
+        }
+        ClaimsError::RecordExceedsPage {
+            table_name,
+            record_id,
+        } => {
+            metadata.insert(META_TABLE_NAME.to_owned(), table_name.name().to_owned());
+            metadata.insert(META_TABLE_RECORD_ID.to_owned(), record_id.to_string());
+        }
+        ClaimsError::CellHasOutstandingLeases {
+            cell_id,
+            outstanding,
+        } => {
+            metadata.insert(META_CELL_ID.to_owned(), cell_id.to_string());
+            metadata.insert(META_OUTSTANDING.to_owned(), outstanding.to_string());
+        }
+        // Temporary: the lease usually ends within a second (`CLAIM_LEASED_RETRY_AFTER`). When
+        // it began is the front end's one extra read on this refusal (`leased_since`); its age
+        // would need a second clock, so the client judges it (docs/api.md).
+        ClaimsError::ClaimLeased { .. } => {
+            details.set_retry_info(Some(topology_claims::domain::CLAIM_LEASED_RETRY_AFTER));
+            if let Some(since) = leased_since {
+                metadata.insert(META_LEASED_SINCE.to_owned(), rfc3339_micros(since));
+            }
+        }
+        ClaimsError::RestoreQuarantine {
+            epoch, retry_after, ..
+        } => {
+            metadata.insert(META_EPOCH.to_owned(), epoch.to_string());
+            details.set_retry_info(Some(*retry_after));
+        }
+        ClaimsError::RestoreEpochMismatch { sent, current } => {
+            metadata.insert(META_EPOCH.to_owned(), current.to_string());
+            metadata.insert(META_SENT_EPOCH.to_owned(), sent.to_string());
+        }
+        ClaimsError::RateLimited {
+            limit,
+            cell_id,
+            retry_after,
+        } => {
+            metadata.insert(META_CELL_ID.to_owned(), cell_id.clone());
+            metadata.insert(META_LIMIT.to_owned(), (*limit).to_owned());
+            details.set_retry_info(Some(*retry_after));
+        }
+        ClaimsError::VerificationSlotsBusy {
+            in_use,
+            max,
+            limit,
+            retry_after,
+        } => {
+            metadata.insert(META_IN_USE.to_owned(), in_use.to_string());
+            metadata.insert(META_MAX.to_owned(), max.to_string());
+            metadata.insert(META_LIMIT.to_owned(), limit.name().to_owned());
+            details.set_retry_info(Some(*retry_after));
+        }
+        _ => {}
+    }
+    details.set_error_info(error.reason(), ERROR_DOMAIN, metadata);
+    Status::with_error_details(code_of(error), message, details)
+}
+
+/// `2026-11-25T17:04:05.123456Z`.
+fn rfc3339_micros(time: Timestamp) -> String {
+    let micros = time.as_unix_micros();
+    let seconds = micros.div_euclid(1_000_000);
+    let nanos = (micros.rem_euclid(1_000_000) * 1000) as i32;
+    prost_types::Timestamp { seconds, nanos }.to_string()
+}
+
+/// Reads a status back into the error the server meant (for clients and tests).
+///
+/// A status without this service's ErrorInfo (a transport failure, a proxy, another server) is
+/// `Unavailable` when the call may be retried (UNAVAILABLE, DEADLINE_EXCEEDED: the request may
+/// or may not have been applied) and `Internal` otherwise.
+pub fn from_status(status: &Status) -> ClaimsError {
+    let details = status.get_error_details();
+    let Some(info) = details
+        .error_info()
+        .filter(|info| info.domain == ERROR_DOMAIN)
+    else {
+        return without_error_info(status);
+    };
+    let meta = |key: &str| info.metadata.get(key).map(String::as_str);
+    let claim = || -> Option<ClaimKey> {
+        let claim_type = ClaimType::from_name(meta(META_CLAIM_TYPE)?)?;
+        Some(ClaimKey::new(claim_type, meta(META_CLAIM_VALUE)?))
+    };
+    let lease_id = || meta(META_LEASE_ID).and_then(|id| LeaseId::parse(id).ok());
+    let message = status.message().to_owned();
+    let malformed = || {
+        ClaimsError::internal(format!(
+            "status {:?} with reason {} lacks its metadata: {message}",
+            status.code(),
+            info.reason
+        ))
+    };
+    let with_claim =
+        |make: fn(ClaimKey) -> ClaimsError| claim().map(make).unwrap_or_else(malformed);
+    let with_lease =
+        |make: fn(LeaseId) -> ClaimsError| lease_id().map(make).unwrap_or_else(malformed);
+    match info.reason.as_str() {
+        "INVALID_REQUEST" => {
+            let violation = details
+                .bad_request()
+                .and_then(|b| b.field_violations.first());
+            match violation {
+                Some(v) => ClaimsError::invalid(v.field.clone(), v.description.clone()),
+                None => ClaimsError::invalid(meta(META_FIELD).unwrap_or_default(), message),
+            }
+        }
+        "BATCH_CONFLICT" => with_claim(|claim| ClaimsError::BatchConflict { claim }),
+        "CLAIM_TAKEN" => with_claim(|claim| ClaimsError::ClaimTaken { claim }),
+        "CLAIM_LEASED" => with_claim(|claim| ClaimsError::ClaimLeased { claim }),
+        "CLAIM_NOT_FOUND" => with_claim(|claim| ClaimsError::ClaimNotFound { claim }),
+        "NOT_CLAIM_OWNER" => with_claim(|claim| ClaimsError::NotClaimOwner { claim }),
+        "NOT_LEASE_OWNER" => with_lease(|lease_id| ClaimsError::NotLeaseOwner { lease_id }),
+        "LEASE_ROLLED_BACK" => with_lease(|lease_id| ClaimsError::LeaseRolledBack { lease_id }),
+        "LEASE_COMMITTED" => with_lease(|lease_id| ClaimsError::LeaseCommitted { lease_id }),
+        "LEASE_RENEWED" => with_lease(|lease_id| ClaimsError::LeaseRenewed { lease_id }),
+        "LEASE_NOT_FOUND" => with_lease(|lease_id| ClaimsError::LeaseNotFound { lease_id }),
+        "LEASE_ID_CONFLICT" => with_lease(|lease_id| ClaimsError::LeaseIdConflict { lease_id }),
+        "STORE_UNAVAILABLE" => ClaimsError::unavailable(message),
+        "MIGRATIONS_PENDING" => ClaimsError::MigrationsPending {
+            pending: meta(META_PENDING)
+                .unwrap_or_default()
+                .split(',')
+                .filter(|name| !name.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        },
+        "CONFIGURATION" => ClaimsError::Configuration { message },
+        "UNAUTHENTICATED" => ClaimsError::Unauthenticated { message },
+        "CELL_DECOMMISSIONED" => meta(META_CELL_ID)
+            .and_then(|cell| CellId::parse(cell).ok())
+            .map(|cell_id| ClaimsError::CellDecommissioned { cell_id })
+            .unwrap_or_else(malformed),
+        "CELL_HAS_OUTSTANDING_LEASES" => meta(META_CELL_ID)
+            .and_then(|cell| CellId::parse(cell).ok())
+            .zip(meta(META_OUTSTANDING).and_then(|n| n.parse().ok()))
+            .map(
+                |(cell_id, outstanding)| ClaimsError::CellHasOutstandingLeases {
+                    cell_id,
+                    outstanding,
+                },
+            )
+            .unwrap_or_else(malformed),
+        "RECORD_EXCEEDS_PAGE" => meta(META_TABLE_NAME)
+            .and_then(TableName::from_name)
+            .zip(meta(META_TABLE_RECORD_ID).and_then(|id| id.parse().ok()))
+            .map(|(table_name, record_id)| ClaimsError::RecordExceedsPage {
+                table_name,
+                record_id,
+            })
+            .unwrap_or_else(malformed),
+        "RESTORE_QUARANTINE" => claim()
+            .zip(meta(META_EPOCH).and_then(|n| n.parse().ok()))
+            .map(|(claim, epoch)| ClaimsError::RestoreQuarantine {
+                claim,
+                epoch,
+                retry_after: details
+                    .retry_info()
+                    .and_then(|r| r.retry_delay)
+                    .unwrap_or_default(),
+            })
+            .unwrap_or_else(malformed),
+        "RESTORE_EPOCH_MISMATCH" => meta(META_SENT_EPOCH)
+            .and_then(|n| n.parse().ok())
+            .zip(meta(META_EPOCH).and_then(|n| n.parse().ok()))
+            .map(|(sent, current)| ClaimsError::RestoreEpochMismatch { sent, current })
+            .unwrap_or_else(malformed),
+        "AUDIT_UNAVAILABLE" => ClaimsError::AuditUnavailable {
+            message: message
+                .strip_prefix("audit log unavailable: ")
+                .and_then(|m| m.strip_suffix("; the admin call was not carried out"))
+                .unwrap_or(&message)
+                .to_owned(),
+        },
+        "RATE_LIMITED" => ClaimsError::RateLimited {
+            limit: match meta(META_LIMIT) {
+                Some("cell-max-in-flight") => "cell-max-in-flight",
+                _ => "cell-rate",
+            },
+            cell_id: meta(META_CELL_ID).unwrap_or_default().to_owned(),
+            retry_after: details
+                .retry_info()
+                .and_then(|r| r.retry_delay)
+                .unwrap_or_default(),
+        },
+        "VERIFICATION_SLOTS_BUSY" => meta(META_IN_USE)
+            .and_then(|n| n.parse().ok())
+            .zip(meta(META_MAX).and_then(|n| n.parse().ok()))
+            .map(|(in_use, max)| ClaimsError::VerificationSlotsBusy {
+                in_use,
+                max,
+                // A server older than the per-cell cap names no limit: it had only the fleet's.
+                limit: meta(META_LIMIT)
+                    .and_then(SlotCap::from_name)
+                    .unwrap_or(SlotCap::Fleet),
+                retry_after: details
+                    .retry_info()
+                    .and_then(|r| r.retry_delay)
+                    .unwrap_or_default(),
+            })
+            .unwrap_or_else(malformed),
+        reason @ (topology_claims::error::CELL_ID_MISMATCH
+        | topology_claims::error::ROLE_NOT_ALLOWED) => ClaimsError::PermissionDenied {
+            reason: reason.to_owned(),
+            message,
+        },
+        _ => ClaimsError::internal(format!("{}: {message}", info.reason)),
+    }
+}
+
+/// The google.rpc.RetryInfo delay a status carries, if any (RATE_LIMITED,
+/// VERIFICATION_SLOTS_BUSY, CLAIM_LEASED, RESTORE_QUARANTINE).
+pub fn retry_delay(status: &Status) -> Option<std::time::Duration> {
+    status.get_error_details().retry_info()?.retry_delay
+}
+
+fn without_error_info(status: &Status) -> ClaimsError {
+    let text = format!("{:?}: {}", status.code(), status.message());
+    match status.code() {
+        // The service attaches ErrorInfo to everything it sends, so these only come from the
+        // transport (a connection cut mid-call) or the server's transport bounds (a byte budget
+        // or the connection limit: RESOURCE_EXHAUSTED; `--request-timeout`): maybe applied,
+        // safe to retry with backoff (every call the client retries is idempotent).
+        Code::Unavailable
+        | Code::DeadlineExceeded
+        | Code::Unknown
+        | Code::Cancelled
+        | Code::ResourceExhausted => ClaimsError::unavailable(text),
+        _ => ClaimsError::internal(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_error() -> Vec<ClaimsError> {
+        let claim = ClaimKey::new(ClaimType::Email, "a@example.com");
+        let lease_id = LeaseId::generate();
+        vec![
+            ClaimsError::invalid("creates_claims[0].claim_value", "must not be empty"),
+            ClaimsError::BatchConflict {
+                claim: claim.clone(),
+            },
+            ClaimsError::ClaimTaken {
+                claim: claim.clone(),
+            },
+            ClaimsError::ClaimLeased {
+                claim: claim.clone(),
+            },
+            ClaimsError::ClaimNotFound {
+                claim: claim.clone(),
+            },
+            ClaimsError::NotClaimOwner { claim },
+            ClaimsError::NotLeaseOwner { lease_id },
+            ClaimsError::LeaseRolledBack { lease_id },
+            ClaimsError::LeaseCommitted { lease_id },
+            ClaimsError::LeaseRenewed { lease_id },
+            ClaimsError::LeaseNotFound { lease_id },
+            ClaimsError::LeaseIdConflict { lease_id },
+            ClaimsError::MigrationsPending {
+                pending: vec!["0001_init".into(), "0002_x".into()],
+            },
+            ClaimsError::CellDecommissioned {
+                cell_id: CellId::parse("cell-a").unwrap(),
+            },
+            ClaimsError::CellHasOutstandingLeases {
+                cell_id: CellId::parse("cell-a").unwrap(),
+                outstanding: 3,
+            },
+            ClaimsError::AuditUnavailable {
+                message: "disk full".into(),
+            },
+            ClaimsError::RestoreQuarantine {
+                claim: ClaimKey::new(ClaimType::Username, "lost"),
+                epoch: 2,
+                retry_after: std::time::Duration::from_secs(30),
+            },
+            ClaimsError::RestoreEpochMismatch {
+                sent: 1,
+                current: 2,
+            },
+            ClaimsError::RecordExceedsPage {
+                table_name: TableName::Emails,
+                record_id: 65,
+            },
+            ClaimsError::RateLimited {
+                limit: "cell-max-in-flight",
+                cell_id: "cell-a".into(),
+                retry_after: std::time::Duration::from_millis(250),
+            },
+            ClaimsError::VerificationSlotsBusy {
+                in_use: 3,
+                max: 3,
+                limit: SlotCap::Fleet,
+                retry_after: std::time::Duration::from_millis(1_500),
+            },
+            ClaimsError::VerificationSlotsBusy {
+                in_use: 1,
+                max: 1,
+                limit: SlotCap::PerCell,
+                retry_after: std::time::Duration::from_millis(700),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_protocol_error_survives_the_round_trip_through_a_status() {
+        for error in every_error() {
+            assert_eq!(
+                from_status(&to_status(&error)),
+                error,
+                "round trip of {error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_status_carries_error_info_of_the_service_domain() {
+        for error in every_error() {
+            let details = to_status(&error).get_error_details();
+            let info = details.error_info().expect("ErrorInfo attached");
+            assert_eq!(info.domain, ERROR_DOMAIN);
+            assert_eq!(info.reason, error.reason());
+        }
+    }
+
+    #[test]
+    fn the_temporary_refusals_say_when_to_retry() {
+        let claim = ClaimKey::new(ClaimType::Email, "a@example.com");
+        let status = to_status(&ClaimsError::ClaimLeased { claim });
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert_eq!(
+            retry_delay(&status),
+            Some(topology_claims::domain::CLAIM_LEASED_RETRY_AFTER)
+        );
+        for error in every_error() {
+            let retried = matches!(
+                error,
+                ClaimsError::ClaimLeased { .. }
+                    | ClaimsError::RateLimited { .. }
+                    | ClaimsError::VerificationSlotsBusy { .. }
+                    | ClaimsError::RestoreQuarantine { .. }
+            );
+            assert_eq!(
+                retry_delay(&to_status(&error)).is_some(),
+                retried,
+                "{error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn internal_details_are_not_sent_to_the_client() {
+        let status = to_status(&ClaimsError::internal("SELECT secret FROM db at 10.0.0.5"));
+        assert_eq!(status.code(), Code::Internal);
+        assert!(!status.message().contains("secret"), "{}", status.message());
+        let status = to_status(&ClaimsError::unavailable("connect 10.0.0.5:5432 refused"));
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(
+            !status.message().contains("10.0.0.5"),
+            "{}",
+            status.message()
+        );
+        assert!(matches!(
+            from_status(&status),
+            ClaimsError::Unavailable { .. }
+        ));
+    }
+
+    #[test]
+    fn malformed_request_carries_a_bad_request_field_violation() {
+        let status = to_status(&ClaimsError::invalid("cell_id", "must not be empty"));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let details = status.get_error_details();
+        let violation = &details.bad_request().expect("BadRequest").field_violations[0];
+        assert_eq!(violation.field, "cell_id");
+        assert_eq!(violation.description, "must not be empty");
+    }
+
+    #[test]
+    fn status_without_error_info_is_unavailable_only_when_retryable() {
+        let transport = Status::unavailable("connection refused");
+        assert!(matches!(
+            from_status(&transport),
+            ClaimsError::Unavailable { .. }
+        ));
+        for cut in [
+            Status::unknown("transport error"),
+            Status::cancelled("operation was canceled"),
+            // The server's transport bounds: nothing was applied, retry with backoff.
+            Status::resource_exhausted("request bytes in flight are over --max-request-bytes"),
+            Status::deadline_exceeded("took longer than the server's --request-timeout 30s"),
+        ] {
+            assert!(
+                matches!(from_status(&cut), ClaimsError::Unavailable { .. }),
+                "{cut:?}"
+            );
+        }
+        let other = Status::unimplemented("no such method");
+        assert!(matches!(from_status(&other), ClaimsError::Internal { .. }));
+    }
+}

@@ -1,0 +1,608 @@
+//! The accept loop and the connections it hands to the HTTP/2 server, with their bounds:
+//!
+//! - at most `max_connections` open; one over it is accepted, sent an HTTP/2 GOAWAY
+//!   (ENHANCE_YOUR_CALM, with a reason) and closed, so the client sees why instead of hanging in
+//!   the listen backlog (at most 64 refusals are written at once; past that, closed at once). On
+//!   a TLS listener the GOAWAY is sent after the handshake, inside TLS, so the client reads it;
+//! - at most `max_anonymous_connections` TLS connections without a verified identity; one more
+//!   is told GOAWAY naming `--max-anonymous-connections` right after its handshake, so callers
+//!   without a certificate can never take the cells' places;
+//! - a failing `accept` (EMFILE, ENFILE, ENOBUFS, …) backs off (10 ms doubling to 1 s) instead of
+//!   spinning, is counted, and is logged at most every 5 s with the number of failures in between;
+//!   service resumes as soon as descriptors free;
+//! - the peer must finish its TLS handshake (if any) and send the 24-byte HTTP/2 client preface,
+//!   checked byte for byte on the decrypted stream, within `handshake_timeout` of the accept: a
+//!   total deadline that a trickle of bytes does not extend; a peer that sends nothing at all for
+//!   `idle_timeout` is cut off (live clients answer the server's keepalive pings, so they never
+//!   get there);
+//! - each connection carries its own budget of request bytes in flight ([`ConnInfo`]), which
+//!   `guard` charges.
+//!
+//! Owns sockets and timers only; knows nothing of gRPC methods or the store.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+use tonic::transport::server::Connected;
+
+use crate::auth::Caller;
+use crate::grpc::limits::ServerLimits;
+use crate::grpc::tls::ServerTls;
+use topology_claims_proto::log::RateLimitedLog;
+
+/// The HTTP/2 client connection preface (RFC 9113 §3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Longest a refusal may hold its descriptor (its TLS handshake included).
+const REFUSAL_TIME: Duration = Duration::from_secs(2);
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Refusals being written at once; past it a connection over the limit is closed without its
+/// GOAWAY (each refusal holds a descriptor for up to a second).
+const REFUSALS_IN_FLIGHT: usize = 64;
+
+/// What the transport refused or cut off, since start. Read by operators through the logs (and
+/// by the metrics endpoint once there is one).
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub accept_errors: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub handshake_timeouts: AtomicU64,
+    pub idle_timeouts: AtomicU64,
+    pub requests_over_byte_budget: AtomicU64,
+    pub requests_timed_out: AtomicU64,
+}
+
+impl ServerStats {
+    pub fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What every request of a connection can see about it (a request extension).
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub remote_addr: Option<SocketAddr>,
+    pub local_addr: Option<SocketAddr>,
+    /// Bytes of request bodies this connection may have buffered at once.
+    pub(crate) request_bytes: Arc<Semaphore>,
+    /// Who is calling: anonymous on a plaintext server, else from the client certificate.
+    pub caller: Caller,
+}
+
+/// The listener as a stream of bounded connections, for `serve_with_incoming_shutdown`; with
+/// `tls`, each is handshaken on a task of its own (bounded by the handshake timeout), so a slow
+/// handshake never holds up the others.
+pub fn incoming(
+    listener: TcpListener,
+    limits: &ServerLimits,
+    stats: Arc<ServerStats>,
+    tls: Option<Arc<ServerTls>>,
+) -> impl Stream<Item = Result<ServerConn, io::Error>> + Send + 'static {
+    let mut acceptor = Acceptor {
+        listener,
+        connections: Arc::new(Semaphore::new(limits.max_connections)),
+        refusals: Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT)),
+        limits: limits.clone(),
+        stats,
+        tls: tls.clone(),
+        backoff: Duration::ZERO,
+        failures_since_success: 0,
+        accept_log: RateLimitedLog::default(),
+        refuse_log: Arc::new(RateLimitedLog::default()),
+    };
+    let anonymous = Anonymous {
+        permits: Arc::new(Semaphore::new(limits.max_anonymous_connections)),
+        max: limits.max_anonymous_connections,
+        stats: Arc::clone(&acceptor.stats),
+        log: Arc::new(RateLimitedLog::default()),
+    };
+    let (ready, connections) = tokio::sync::mpsc::channel::<ServerConn>(64);
+    tokio::spawn(async move {
+        loop {
+            let conn = tokio::select! {
+                // The server stopped accepting: let the listening socket go.
+                () = ready.closed() => return,
+                conn = acceptor.next() => conn,
+            };
+            match &tls {
+                None => {
+                    let info = conn.info.clone();
+                    let conn = ServerConn::new(Io::Plain(conn), info, None);
+                    if ready.send(conn).await.is_err() {
+                        return;
+                    }
+                }
+                Some(tls) => {
+                    let (tls, ready, anonymous) =
+                        (Arc::clone(tls), ready.clone(), anonymous.clone());
+                    tokio::spawn(async move {
+                        if let Some(conn) = handshake(conn, &tls, &anonymous).await {
+                            let _ = ready.send(conn).await;
+                        }
+                    });
+                }
+            }
+        }
+    });
+    futures::stream::unfold(connections, |mut connections| async move {
+        let conn = connections.recv().await?;
+        Some((Ok(conn), connections))
+    })
+}
+
+/// The places of TLS connections without a verified identity (`--max-anonymous-connections`).
+#[derive(Clone)]
+struct Anonymous {
+    permits: Arc<Semaphore>,
+    max: usize,
+    stats: Arc<ServerStats>,
+    log: Arc<RateLimitedLog>,
+}
+
+/// The TLS handshake of one connection, by the connection's handshake deadline; `None` (logged
+/// at debug) when it fails (a client with a certificate of another CA, an expired one, or plain
+/// HTTP/2), or when a caller without a verified identity finds no place left (told GOAWAY).
+async fn handshake(
+    conn: LimitedConn,
+    tls: &ServerTls,
+    anonymous: &Anonymous,
+) -> Option<ServerConn> {
+    let mut info = conn.info.clone();
+    let deadline = conn.handshake_deadline;
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+    match tokio::time::timeout_at(deadline, acceptor.accept(conn)).await {
+        Ok(Ok(mut stream)) => {
+            info.caller = tls.caller(stream.get_ref().1.peer_certificates());
+            let place = if matches!(info.caller, Caller::Verified(_)) {
+                None
+            } else {
+                match Arc::clone(&anonymous.permits).try_acquire_owned() {
+                    Ok(place) => Some(place),
+                    Err(_) => {
+                        ServerStats::count(&anonymous.stats.connections_refused);
+                        if let Some(held_back) = anonymous.log.ready() {
+                            tracing::warn!(
+                                peer = ?info.remote_addr,
+                                max_anonymous_connections = anonymous.max,
+                                refused_since_last_line = held_back,
+                                "connection without a verified identity refused: \
+                                 --max-anonymous-connections reached"
+                            );
+                        }
+                        let reason = format!(
+                            "connection limit for callers without a verified identity reached \
+                             (--max-anonymous-connections {}); present a client certificate, or \
+                             retry with backoff",
+                            anonymous.max
+                        );
+                        let _ =
+                            tokio::time::timeout(REFUSAL_TIME, say_goaway(&mut stream, &reason))
+                                .await;
+                        return None;
+                    }
+                }
+            };
+            Some(ServerConn::new(Io::Tls(Box::new(stream)), info, place))
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(peer = ?info.remote_addr, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(peer = ?info.remote_addr, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// A connection as the HTTP/2 server sees it: plain, or TLS on top of the bounded connection,
+/// with the preface check on what it decrypts.
+pub struct ServerConn {
+    io: Io,
+    info: ConnInfo,
+    preface: Preface,
+    /// Its place among the connections without a verified identity, if it is one.
+    _anonymous: Option<OwnedSemaphorePermit>,
+}
+
+// One per connection, never moved after it is made: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Io {
+    Plain(LimitedConn),
+    Tls(Box<tokio_rustls::server::TlsStream<LimitedConn>>),
+}
+
+impl ServerConn {
+    fn new(io: Io, info: ConnInfo, anonymous: Option<OwnedSemaphorePermit>) -> Self {
+        let limited = match &io {
+            Io::Plain(conn) => conn,
+            Io::Tls(stream) => stream.get_ref().0,
+        };
+        let preface = Preface {
+            matched: 0,
+            deadline: Some(Box::pin(tokio::time::sleep_until(
+                limited.handshake_deadline,
+            ))),
+            timeout: limited.handshake_timeout,
+            stats: Arc::clone(&limited.stats),
+        };
+        Self {
+            io,
+            info,
+            preface,
+            _anonymous: anonymous,
+        }
+    }
+}
+
+/// The HTTP/2 client preface the peer owes: how much of it came, and by when the rest must.
+struct Preface {
+    matched: usize,
+    /// `None` once the whole preface came.
+    deadline: Option<Pin<Box<Sleep>>>,
+    timeout: Duration,
+    stats: Arc<ServerStats>,
+}
+
+impl Preface {
+    /// Before a read: the error that closes a connection past its deadline.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Result<(), io::Error> {
+        let passed = self
+            .deadline
+            .as_mut()
+            .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+        if passed {
+            ServerStats::count(&self.stats.handshake_timeouts);
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no TLS handshake and HTTP/2 client preface within --handshake-timeout \
+                         {:?}",
+                    self.timeout
+                ),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// After a read of `received` bytes: the error that closes a connection whose first bytes
+    /// are not the preface.
+    fn check(&mut self, received: &[u8]) -> Result<(), io::Error> {
+        if self.deadline.is_none() {
+            return Ok(());
+        }
+        let n = (PREFACE.len() - self.matched).min(received.len());
+        if received[..n] != PREFACE[self.matched..self.matched + n] {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the connection did not open with the HTTP/2 client preface",
+            ));
+        }
+        self.matched += n;
+        if self.matched == PREFACE.len() {
+            self.deadline = None;
+        }
+        Ok(())
+    }
+}
+
+impl Connected for ServerConn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for ServerConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Err(error) = this.preface.poll_deadline(cx) {
+            tracing::debug!(peer = ?this.info.remote_addr, "{error}: closing the connection");
+            return Poll::Ready(Err(error));
+        }
+        let before = buf.filled().len();
+        let polled = match &mut this.io {
+            Io::Plain(conn) => Pin::new(conn).poll_read(cx, buf),
+            Io::Tls(conn) => Pin::new(conn.as_mut()).poll_read(cx, buf),
+        };
+        if let Err(error) = this.preface.check(&buf.filled()[before..]) {
+            tracing::debug!(peer = ?this.info.remote_addr, "{error}: closing the connection");
+            return Poll::Ready(Err(error));
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for ServerConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().io {
+            Io::Plain(conn) => Pin::new(conn).poll_write(cx, buf),
+            Io::Tls(conn) => Pin::new(conn.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().io {
+            Io::Plain(conn) => Pin::new(conn).poll_flush(cx),
+            Io::Tls(conn) => Pin::new(conn.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().io {
+            Io::Plain(conn) => Pin::new(conn).poll_shutdown(cx),
+            Io::Tls(conn) => Pin::new(conn.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+struct Acceptor {
+    listener: TcpListener,
+    connections: Arc<Semaphore>,
+    refusals: Arc<Semaphore>,
+    limits: ServerLimits,
+    stats: Arc<ServerStats>,
+    tls: Option<Arc<ServerTls>>,
+    backoff: Duration,
+    failures_since_success: u64,
+    accept_log: RateLimitedLog,
+    refuse_log: Arc<RateLimitedLog>,
+}
+
+impl Acceptor {
+    async fn next(&mut self) -> LimitedConn {
+        loop {
+            match self.listener.accept().await {
+                Ok((tcp, peer)) => {
+                    if self.failures_since_success > 0 {
+                        tracing::info!(
+                            failures = self.failures_since_success,
+                            "accepting connections again"
+                        );
+                    }
+                    self.backoff = Duration::ZERO;
+                    self.failures_since_success = 0;
+                    // Small request/response messages: Nagle's algorithm would only add latency.
+                    let _ = tcp.set_nodelay(true);
+                    match Arc::clone(&self.connections).try_acquire_owned() {
+                        Ok(permit) => {
+                            return LimitedConn::new(tcp, permit, &self.limits, &self.stats)
+                        }
+                        Err(_) => {
+                            ServerStats::count(&self.stats.connections_refused);
+                            if let Some(held_back) = self.refuse_log.ready() {
+                                tracing::warn!(
+                                    %peer,
+                                    max_connections = self.limits.max_connections,
+                                    refused_since_last_line = held_back,
+                                    "connection refused: --max-connections reached"
+                                );
+                            }
+                            if let Ok(permit) = Arc::clone(&self.refusals).try_acquire_owned() {
+                                let max = self.limits.max_connections;
+                                let tls = self.tls.as_ref().map(|tls| tls.current());
+                                tokio::spawn(async move {
+                                    refuse(tcp, max, tls).await;
+                                    drop(permit);
+                                });
+                            }
+                        }
+                    }
+                }
+                // The peer gave up between SYN and accept: nothing to do with this process.
+                Err(e) if is_peer_error(&e) => continue,
+                Err(e) => {
+                    ServerStats::count(&self.stats.accept_errors);
+                    self.failures_since_success += 1;
+                    self.backoff = (self.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+                    if let Some(held_back) = self.accept_log.ready() {
+                        tracing::error!(
+                            error = %e,
+                            failed_since_last_line = held_back,
+                            backoff = ?self.backoff,
+                            "accepting a connection failed (out of file descriptors? see \
+                             docs/reliability.md, Limits); backing off"
+                        );
+                    }
+                    tokio::time::sleep(self.backoff).await;
+                }
+            }
+        }
+    }
+}
+
+fn is_peer_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+/// An HTTP/2 server preface (an empty SETTINGS frame) and a GOAWAY (last stream 0,
+/// ENHANCE_YOUR_CALM) whose debug data says why, then close.
+fn goaway_frames(reason: &str) -> Vec<u8> {
+    let debug = reason.as_bytes();
+    let length = (8 + debug.len()) as u32;
+    let mut frames = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0];
+    frames.extend_from_slice(&length.to_be_bytes()[1..]);
+    frames.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]);
+    frames.extend_from_slice(&0u32.to_be_bytes());
+    frames.extend_from_slice(&0xbu32.to_be_bytes());
+    frames.extend_from_slice(debug);
+    frames
+}
+
+/// Refuses a connection over `--max-connections`: a GOAWAY naming the limit, inside TLS on a
+/// TLS listener (after a handshake, so the client can read it), all within [`REFUSAL_TIME`].
+async fn refuse(tcp: TcpStream, max_connections: usize, tls: Option<Arc<rustls::ServerConfig>>) {
+    let reason = format!(
+        "connection limit reached (--max-connections {max_connections}); retry with backoff"
+    );
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        match tls {
+            None => say_goaway(&mut { tcp }, &reason).await,
+            Some(config) => {
+                let mut stream = tokio_rustls::TlsAcceptor::from(config).accept(tcp).await?;
+                say_goaway(&mut stream, &reason).await
+            }
+        }
+    })
+    .await;
+}
+
+/// Writes the server preface and a GOAWAY with `reason`, then reads until the peer closes, so
+/// closing does not reset the connection before the client has read the GOAWAY.
+async fn say_goaway<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, reason: &str) -> io::Result<()> {
+    io.write_all(&goaway_frames(reason)).await?;
+    io.flush().await?;
+    io.shutdown().await?;
+    let mut sink = [0u8; 1024];
+    while io.read(&mut sink).await? > 0 {}
+    Ok(())
+}
+
+/// An accepted connection under its bounds; holds its place under `max_connections` until
+/// dropped.
+pub struct LimitedConn {
+    io: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    info: ConnInfo,
+    /// The accept + `--handshake-timeout`: by then TLS and the HTTP/2 preface must be done.
+    handshake_deadline: tokio::time::Instant,
+    handshake_timeout: Duration,
+    idle: Pin<Box<Sleep>>,
+    idle_timeout: Duration,
+    stats: Arc<ServerStats>,
+}
+
+impl LimitedConn {
+    fn new(
+        io: TcpStream,
+        permit: OwnedSemaphorePermit,
+        limits: &ServerLimits,
+        stats: &Arc<ServerStats>,
+    ) -> Self {
+        let remote_addr = io.peer_addr().ok();
+        let info = ConnInfo {
+            remote_addr,
+            local_addr: io.local_addr().ok(),
+            request_bytes: Arc::new(Semaphore::new(limits.request_bytes_per_connection)),
+            caller: Caller::Anonymous {
+                loopback: remote_addr.is_some_and(|a| a.ip().is_loopback()),
+            },
+        };
+        Self {
+            io,
+            _permit: permit,
+            info,
+            handshake_deadline: tokio::time::Instant::now() + limits.handshake_timeout,
+            handshake_timeout: limits.handshake_timeout,
+            idle: Box::pin(tokio::time::sleep(limits.idle_timeout)),
+            idle_timeout: limits.idle_timeout,
+            stats: Arc::clone(stats),
+        }
+    }
+
+    fn timed_out(&self, what: String) -> Poll<io::Result<()>> {
+        tracing::debug!(peer = ?self.info.remote_addr, "{what}: closing the connection");
+        Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, what)))
+    }
+}
+
+impl AsyncRead for LimitedConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.idle.as_mut().poll(cx).is_ready() {
+            ServerStats::count(&self.stats.idle_timeouts);
+            let what = format!(
+                "nothing received for --idle-timeout {:?}",
+                self.idle_timeout
+            );
+            return self.timed_out(what);
+        }
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        let received = buf.filled().len() - before;
+        if received > 0 {
+            let deadline = tokio::time::Instant::now() + this.idle_timeout;
+            this.idle.as_mut().reset(deadline);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for LimitedConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_goaway_is_a_well_formed_frame_pair() {
+        let frames = goaway_frames("why");
+        // SETTINGS: empty, stream 0.
+        assert_eq!(&frames[..9], &[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        // GOAWAY: length 8 + 3, type 7, stream 0, last stream 0, ENHANCE_YOUR_CALM, "why".
+        assert_eq!(&frames[9..12], &[0, 0, 11]);
+        assert_eq!(frames[12], 7);
+        assert_eq!(&frames[18..22], &[0, 0, 0, 0]);
+        assert_eq!(&frames[22..26], &[0, 0, 0, 0xb]);
+        assert_eq!(&frames[26..], b"why");
+    }
+}

@@ -1,0 +1,173 @@
+//! The front end's copy of the store's latest restore epoch, and the quarantine it enforces
+//! (`domain::restore`, decision 100).
+//!
+//! `serve` reads the epoch before it answers anything, then every `--restore-refresh` (so a mark
+//! or a lift made through another server reaches this one within that), and at once after its
+//! own admin calls. BeginUpdate asks [`RestoreGate::check_begin`]: while the epoch is quarantined
+//! and `--restore-quarantine` is on, the creates of a request that is not a verifier's correction
+//! are looked up, and a create of a claim that does not exist is refused (`RESTORE_QUARANTINE`).
+//! The lookups cost only during a quarantine, and stop at the first absent claim.
+//!
+//! Owns the cache and its refresh; every rule is the domain's.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::metrics::ServerMetrics;
+use topology_claims::domain::{self, BeginUpdate, CellId, ClaimKey, RestoreEpoch, RestoreView};
+use topology_claims::error::ClaimsError;
+use topology_claims::ports::ClaimStore;
+
+/// Default `--restore-refresh`.
+pub const DEFAULT_RESTORE_REFRESH: Duration = Duration::from_secs(2);
+
+/// The latest restore epoch as this server last read it, and whether it enforces quarantine.
+pub struct RestoreGate {
+    store: Arc<dyn ClaimStore>,
+    enforce: bool,
+    state: RwLock<Option<RestoreEpoch>>,
+    metrics: Option<Arc<ServerMetrics>>,
+}
+
+impl RestoreGate {
+    /// A gate that has read nothing yet (call [`load`](Self::load) before serving).
+    pub fn new(store: Arc<dyn ClaimStore>, enforce: bool) -> Self {
+        Self {
+            store,
+            enforce,
+            state: RwLock::new(None),
+            metrics: None,
+        }
+    }
+
+    /// Keeps the `topology_claims_restore_*` gauges in step with the epoch.
+    pub fn with_metrics(mut self, metrics: Option<Arc<ServerMetrics>>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Reads the store's latest epoch.
+    pub async fn load(&self) -> Result<(), ClaimsError> {
+        let state = self.store.restore_state().await?;
+        self.set(state);
+        Ok(())
+    }
+
+    /// Keeps `state` (what the store answered to this server's own admin call).
+    pub fn set(&self, state: Option<RestoreEpoch>) {
+        if let Some(metrics) = &self.metrics {
+            let epoch = state.as_ref().map_or(0, |s| s.epoch);
+            let pending = state
+                .as_ref()
+                .filter(|s| s.quarantined())
+                .map_or(0, |s| s.pending_cells().count());
+            metrics
+                .restore_epoch
+                .set(i64::try_from(epoch).unwrap_or(i64::MAX));
+            metrics
+                .restore_quarantine
+                .set(i64::from(domain::quarantine_active(
+                    state.as_ref(),
+                    self.enforce,
+                )));
+            metrics
+                .restore_cells_pending
+                .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        }
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+    }
+
+    pub fn current(&self) -> Option<RestoreEpoch> {
+        self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `--restore-quarantine`.
+    pub fn enforce(&self) -> bool {
+        self.enforce
+    }
+
+    /// Whether creates of absent claims are refused now.
+    pub fn quarantine_enforced(&self) -> bool {
+        domain::quarantine_active(self.current().as_ref(), self.enforce)
+    }
+
+    /// What `cell` is told in ListOutstandingLeases.
+    pub fn view_for(&self, cell: &CellId) -> Option<RestoreView> {
+        self.current().map(|state| state.view_for(cell))
+    }
+
+    /// The quarantine rule for one BeginUpdate (`domain::check_quarantine`); `correction` is the
+    /// request's `restore_correction`.
+    pub async fn check_begin(
+        &self,
+        request: &BeginUpdate,
+        correction: bool,
+    ) -> Result<(), ClaimsError> {
+        let state = self.current();
+        if !domain::quarantine_active(state.as_ref(), self.enforce)
+            || (request.creates.is_empty() && !correction)
+        {
+            return Ok(());
+        }
+        let mut absent: Option<ClaimKey> = None;
+        // A correction is judged by its cell alone: its claims need no look-up.
+        for record in request.creates.iter().filter(|_| !correction) {
+            match self.store.lookup_claim(&record.key).await {
+                Ok(_) => {}
+                Err(ClaimsError::ClaimNotFound { .. }) => {
+                    absent = Some(record.key.clone());
+                    break;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        domain::check_quarantine(state.as_ref(), self.enforce, request, correction, |key| {
+            absent.as_ref() == Some(key)
+        })
+    }
+
+    /// Reads the epoch every `interval` until `stop` is dropped. A failed read keeps the last
+    /// epoch (logged once per outage, like the health watcher).
+    pub async fn refresh_periodically(
+        self: Arc<Self>,
+        interval: Duration,
+        mut stop: watch::Receiver<()>,
+    ) {
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            let before = self.current().map(|s| (s.epoch, s.lifted.is_some()));
+            match self.load().await {
+                Ok(()) => {
+                    if failing {
+                        tracing::info!("restore epoch readable again");
+                        failing = false;
+                    }
+                    let after = self.current();
+                    if after.as_ref().map(|s| (s.epoch, s.lifted.is_some())) != before {
+                        if let Some(state) = after {
+                            tracing::warn!(
+                                epoch = state.epoch,
+                                quarantined = state.quarantined(),
+                                enforced = domain::quarantine_active(Some(&state), self.enforce),
+                                pending_cells = state.pending_cells().count(),
+                                "restore epoch changed"
+                            );
+                        }
+                    }
+                }
+                Err(error) => {
+                    if !failing {
+                        tracing::warn!(%error, "could not read the restore epoch; keeping the last one read");
+                        failing = true;
+                    }
+                }
+            }
+        }
+    }
+}
