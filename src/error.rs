@@ -1,6 +1,6 @@
 //! The one public error type of the service. Every protocol rule that refuses a request says so
 //! with one of these variants; the gRPC layer maps each to a status code and an ErrorInfo reason
-//! in exactly one place (`grpc::status`). Backends keep their own private errors and convert.
+//! in exactly one place (`topology_claims_proto::status`). Backends keep their own private errors and convert.
 
 use crate::domain::{CellId, ClaimKey, LeaseId};
 

@@ -193,6 +193,16 @@ impl PgCell {
 
 struct KillOnDrop(Child);
 
+impl KillOnDrop {
+    /// Stops the sidecar the way an orchestrator does (SIGTERM) and waits for it to exit.
+    fn terminate(mut self) {
+        let pid = libc::pid_t::try_from(self.0.id()).expect("a pid");
+        // SAFETY: kill(2) on our own child's pid, which we have not waited for yet.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         kill(&mut self.0);
@@ -259,7 +269,9 @@ async fn measure() {
         Some(ClaimState::Creating),
         "five passes at the default staleness leave a lease without local_transaction alone"
     );
-    drop(sidecar);
+    // SIGTERM, not SIGKILL: the sidecar ends its pass and releases the reconciler lock. Killed
+    // mid-pass it would hold the lock for its 120 s TTL, and the next reconciler would wait.
+    sidecar.terminate();
     let shortened = f.reconciler(&["--staleness", "8s"]);
     let stale_freed = f.until("unnamed", None, killed).await;
     drop(shortened);

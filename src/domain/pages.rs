@@ -337,8 +337,8 @@ fn timestamp_field(time: Timestamp) -> usize {
 
 /// `ListOutstandingLeasesResponse` without its leases: `next_cursor` and `server_time`.
 const LEASES_RESPONSE_FIXED_LEN: usize = delimited(LEASE_ID_LEN) + TIMESTAMP;
-/// The longest `next_page_token` the front end writes (`grpc::page_token` holds its codec to
-/// it): the response budget counts it.
+/// The longest `next_page_token` the front end writes (`topology_claims_proto::page_token` holds
+/// its codec to it): the response budget counts it.
 pub const PAGE_TOKEN_MAX_LEN: usize = 400;
 /// `ListClaimsResponse` without its claims: the ranges, `next_cursor`, `next_cursor_key` and
 /// `next_page_token`.

@@ -21,7 +21,7 @@ use topology_claims_client::{
     UpdateConfig, Verifier, VerifierConfig,
 };
 use topology_claims_testkit::cell::LocalDb;
-use topology_claims_testkit::fixtures::{cell, creates, record_in, username};
+use topology_claims_testkit::fixtures::{cell, creates, destroys, record_in, username};
 use topology_claims_testkit::TestServer;
 
 struct MemoryDb {
@@ -74,12 +74,17 @@ fn client(server: &TestServer) -> ClaimsClient {
 }
 
 /// A memory store that meddles with BeginUpdate. With `delayed`, it applies the first one, then
-/// answers too late for the client: a dropped response. With `racer`, right after every
+/// answers too late for the client: a dropped response. With `held` (set by
+/// [`hold_next_begin`](MeddlingStore::hold_next_begin)), it holds the next one that long before
+/// applying it, even after its caller has gone (as a group-commit queue or a store transaction
+/// being retried does), and keeps its answer in `late`. With `racer`, right after every
 /// BeginUpdate that updates claims it has that cell try to create each of them, and looks each
 /// up, recording what both saw (the window an update must never open).
 struct MeddlingStore {
-    inner: MemoryClaimStore,
+    inner: Arc<MemoryClaimStore>,
     delayed: Mutex<bool>,
+    held: Mutex<Option<Duration>>,
+    late: Arc<Mutex<Option<Result<Lease, ClaimsError>>>>,
     racer: Option<CellId>,
     seen: Mutex<Vec<SeenBegin>>,
 }
@@ -94,17 +99,47 @@ struct SeenBegin {
 impl MeddlingStore {
     fn new(inner: MemoryClaimStore, delayed: bool, racer: Option<CellId>) -> Self {
         Self {
-            inner,
+            inner: Arc::new(inner),
             delayed: Mutex::new(delayed),
+            held: Mutex::default(),
+            late: Arc::default(),
             racer,
             seen: Mutex::default(),
         }
     }
 }
 
+impl MeddlingStore {
+    fn hold_next_begin(&self, hold: Duration) {
+        *self.held.lock().unwrap() = Some(hold);
+    }
+
+    /// The held BeginUpdate's answer, once it has been applied.
+    async fn late_answer(&self) -> Result<Lease, ClaimsError> {
+        for _ in 0..500 {
+            if let Some(answer) = self.late.lock().unwrap().clone() {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the held BeginUpdate was not applied within 5 s");
+    }
+}
+
 #[async_trait]
 impl ClaimStore for MeddlingStore {
     async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
+        let held = self.held.lock().unwrap().take();
+        if let Some(hold) = held {
+            let (inner, late) = (self.inner.clone(), self.late.clone());
+            let applied = tokio::spawn(async move {
+                tokio::time::sleep(hold).await;
+                let answer = inner.begin_update(request).await;
+                *late.lock().unwrap() = Some(answer.clone());
+                answer
+            });
+            return applied.await.expect("the held BeginUpdate");
+        }
         let result = self.inner.begin_update(request.clone()).await;
         let mut raced = Vec::new();
         if let (Some(racer), Ok(_)) = (&self.racer, &result) {
@@ -395,4 +430,49 @@ async fn commit_of_a_lease_rolled_back_meanwhile_names_the_lost_claims() {
         other => panic!("expected LostClaims, got {other:?}"),
     }
     server.shutdown().await;
+}
+
+/// A BeginUpdate whose first attempt is lost but applied later, after the retry was refused (the
+/// Spanner campaign's one violation, docs/reliability.md): the client fences the lease id when it
+/// hears the refusal, so the late attempt is refused too instead of leasing a claim its cell
+/// believes it never got (decision 106).
+#[tokio::test]
+async fn a_lost_begin_applied_after_its_retry_was_refused_leases_nothing() {
+    let store = Arc::new(MeddlingStore::new(MemoryClaimStore::new(), false, None));
+    let server = TestServer::start(store.clone()).await;
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+    let plain = client(&server);
+    // cell-b's claim is being destroyed when cell-a's retry arrives: CLAIM_LEASED.
+    let created = plain.begin_update(creates(&b, &[username("late")])).await;
+    plain
+        .commit_update(&b, created.unwrap().lease_id)
+        .await
+        .unwrap();
+    let destroy = plain.begin_update(destroys(&b, &[username("late")])).await;
+    let destroy = destroy.unwrap().lease_id;
+    // cell-a's first attempt is held 1.5 s; the client gives up on it after 300 ms and retries.
+    store.hold_next_begin(Duration::from_millis(1500));
+    let config = ClientConfig {
+        call_timeout: Duration::from_millis(300),
+        ..ClientConfig::default()
+    };
+    let impatient = ClaimsClient::connect_lazy(&server.endpoint(), config).unwrap();
+    let request = creates(&a, &[username("late")]);
+    let refused = impatient.begin_update(request.clone()).await;
+    assert!(
+        matches!(refused, Err(ClaimsError::ClaimLeased { .. })),
+        "{refused:?}"
+    );
+    // The destroy ends before the held attempt is applied: the claim is free by then.
+    plain.commit_update(&b, destroy).await.unwrap();
+    let late = store.late_answer().await;
+    assert!(
+        matches!(late, Err(ClaimsError::LeaseRolledBack { .. })),
+        "the held attempt was applied as {late:?}"
+    );
+    let lookup = plain.lookup_claim(&username("late").key).await;
+    assert!(
+        matches!(lookup, Err(ClaimsError::ClaimNotFound { .. })),
+        "{lookup:?}"
+    );
 }

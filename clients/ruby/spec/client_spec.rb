@@ -19,6 +19,58 @@ RSpec.describe TopologyClaims::Client do
     cell.client.rollback_update(id)
   end
 
+  # The real stub, but the first BeginUpdate is lost: the caller hears UNAVAILABLE at once, and
+  # the request reaches the server `hold` seconds later (as from a server's group-commit queue),
+  # its answer kept in `late`.
+  class LosingStub
+    attr_reader :late
+
+    def initialize(real, hold)
+      @real = real
+      @hold = hold
+      @late = Queue.new
+      @lost = false
+    end
+
+    def begin_update(request, **options)
+      return @real.begin_update(request, **options) if @lost
+
+      @lost = true
+      Thread.new do
+        sleep @hold
+        @late << begin
+          @real.begin_update(request, deadline: Time.now + 5)
+        rescue GRPC::BadStatus => e
+          e
+        end
+      end
+      raise GRPC::Unavailable, "the first attempt is lost (held by the spec)"
+    end
+
+    def method_missing(name, *args, **options, &block) = @real.public_send(name, *args, **options, &block)
+    def respond_to_missing?(name, include_private = false) = @real.respond_to?(name, include_private) || super
+  end
+
+  it "fences the lease id of a BeginUpdate refused after a lost attempt, so the lost one leases nothing" do
+    other = SpecSupport.cell(:sqlite, "b")
+    other.client.commit_update(other.client.begin_update(creates: [claim]).lease_payload.lease_id)
+    destroy = other.client.begin_update(destroys: [claim]).lease_payload.lease_id
+    client = cell.client
+    real = client.send(:stub_for_this_process)
+    losing = LosingStub.new(real, 1.0)
+    client.instance_variable_set(:@stub, losing)
+    begin
+      expect { client.begin_update(creates: [claim]) }.to raise_error(TopologyClaims::ClaimLeased)
+    ensure
+      client.instance_variable_set(:@stub, real)
+    end
+    other.client.commit_update(destroy) # the claim is free before the lost attempt lands
+    late = Timeout.timeout(10) { losing.late.pop }
+    expect(late).to be_a(GRPC::BadStatus)
+    expect(TopologyClaims::Status.to_error(late, "the late BeginUpdate")).to be_a(TopologyClaims::LeaseRolledBack)
+    expect(lookup(cell, :username, claim[:claim_value])).to be_nil
+  end
+
   it "types errors from ErrorInfo, naming the claim" do
     cell.client.commit_update(cell.client.begin_update(creates: [claim]).lease_payload.lease_id)
     other = SpecSupport.cell(:sqlite, "b")

@@ -202,7 +202,18 @@ impl ClaimsClient {
     }
 
     /// Runs `call` with the per-attempt deadline, retrying retryable failures with backoff.
-    async fn with_retries<T, F, Fut>(&self, mut call: F) -> Result<T, ClaimsError>
+    async fn with_retries<T, F, Fut>(&self, call: F) -> Result<T, ClaimsError>
+    where
+        F: FnMut(ClaimsServiceClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        self.retrying(call, &mut false).await
+    }
+
+    /// [`with_retries`](Self::with_retries), setting `lost` when an attempt's fate is unknown
+    /// (no answer, a broken connection, an unavailable store): that attempt may still be applied
+    /// later, by a server that queued it or is retrying its store transaction.
+    async fn retrying<T, F, Fut>(&self, mut call: F, lost: &mut bool) -> Result<T, ClaimsError>
     where
         F: FnMut(ClaimsServiceClient<Channel>) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
@@ -226,6 +237,9 @@ impl ClaimsClient {
                     None,
                 ),
             };
+            if let ClaimsError::Unavailable { .. } = outcome {
+                *lost = true;
+            }
             // Nothing was written (the refusal is decided before any write), so the same
             // request, BeginUpdate's client-chosen lease id included, is simply sent again.
             if let ClaimsError::ClaimLeased { .. } = outcome {
@@ -271,18 +285,43 @@ impl ClaimsClient {
         mut request: BeginUpdate,
         restore_correction: bool,
     ) -> Result<Lease, ClaimsError> {
-        request.lease_id.get_or_insert_with(LeaseId::generate);
+        let lease_id = *request.lease_id.get_or_insert_with(LeaseId::generate);
         let message = pb::BeginUpdateRequest {
             restore_correction,
             ..begin_update_to_pb(&request)
         };
-        let response = self
-            .with_retries(|mut c| {
-                let message = message.clone();
-                async move { c.begin_update(message).await }
-            })
-            .await?;
-        decode::lease_from_pb(response.get_ref().lease_payload.as_ref(), None)
+        let mut lost = false;
+        let call = |mut c: ClaimsServiceClient<Channel>| {
+            let message = message.clone();
+            async move { c.begin_update(message).await }
+        };
+        match self.retrying(call, &mut lost).await {
+            Ok(response) => decode::lease_from_pb(response.get_ref().lease_payload.as_ref(), None),
+            Err(refusal) => {
+                if lost && !matches!(refusal, ClaimsError::Unavailable { .. }) {
+                    self.fence(&request.cell_id, lease_id, &refusal).await;
+                }
+                Err(refusal)
+            }
+        }
+    }
+
+    /// An attempt of a BeginUpdate was lost and a later one refused: the lost one may still be
+    /// applied (queued in a server's group-commit combiner, or in a store transaction that is
+    /// being retried), and lease a claim this caller believes it never got. Ending the lease id
+    /// now fences it: a RollbackUpdate of an unknown lease is remembered as rolled back, so the
+    /// late attempt is refused (LEASE_ROLLED_BACK), and one that already landed is rolled back
+    /// (decision 106). Unfenced (the rollback failed too), the lease is the reconciler's: it has
+    /// no local record.
+    async fn fence(&self, cell_id: &CellId, lease_id: LeaseId, refusal: &ClaimsError) {
+        match self.rollback_update(cell_id, lease_id).await {
+            Ok(()) => {
+                tracing::debug!(%lease_id, %refusal, "fenced the lease id of a refused BeginUpdate whose earlier attempt was lost")
+            }
+            Err(error) => {
+                tracing::warn!(%lease_id, %refusal, %error, "could not fence the lease id of a refused BeginUpdate whose earlier attempt was lost; if that attempt lands, the reconciler rolls it back")
+            }
+        }
     }
 
     pub async fn commit_update(

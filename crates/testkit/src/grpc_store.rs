@@ -5,8 +5,8 @@
 //! conversion that loses a field, a status that maps back to another error.
 //!
 //! Requests are encoded and responses decoded by the same functions the server and the cell's
-//! client use (`grpc::convert`, `grpc::decode`); statuses become errors through
-//! `grpc::status::from_status`. Two things have no RPC of their own:
+//! client use (`topology_claims_proto::convert`, `topology_claims_client::decode`); statuses
+//! become errors through `topology_claims_proto::status::from_status`. Two things have no RPC of their own:
 //!
 //! - `collect_outcomes` is the server's background job, not an API call: it goes to the inner
 //!   store directly.
@@ -19,7 +19,7 @@
 //! The byte budget of list pages is the server's, not a request field: the test server serves
 //! with the default, and a query with another `max_bytes` is refused (`Internal`).
 //!
-//! Test scaffolding only (feature `testing`): no retries, no deadlines, no reconnects.
+//! Test scaffolding only (feature `grpc`): no retries, no deadlines, no reconnects.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -103,7 +103,7 @@ impl TestServer {
     }
 
     /// A client on a fresh connection, accepting responses as large as ours do
-    /// (`grpc::decode::claims_client`).
+    /// (`topology_claims_client::decode::claims_client`).
     pub async fn client(&self) -> ClaimsServiceClient<Channel> {
         let channel = Channel::from_shared(self.endpoint())
             .expect("a valid endpoint")

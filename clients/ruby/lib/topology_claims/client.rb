@@ -36,7 +36,12 @@ module TopologyClaims
         creates_claims: creates.map { |c| record(c) }, destroys_claims: destroys.map { |c| record(c) },
         updates_claims: updates.map { |c| record(c) }
       )
-      call(:begin_update, request, deadline: deadline, claims: creates.size + destroys.size + updates.size)
+      attempts = { lost: false }
+      call(:begin_update, request, deadline: deadline, claims: creates.size + destroys.size + updates.size,
+                                   attempts_seen: attempts)
+    rescue CallError => e
+      fence(lease_id, e) if attempts[:lost] && !e.is_a?(Unavailable)
+      raise
     end
 
     def commit_update(lease_id)
@@ -102,7 +107,9 @@ module TopologyClaims
       list_outstanding_leases: "ListOutstandingLeases", list_claims: "ListClaims"
     }.freeze
 
-    def call(method, request, deadline: nil, claims: 0, attempts: nil)
+    # `attempts_seen`: a hash whose :lost is set when an attempt's fate is unknown (no answer, a
+    # broken connection, an unavailable store): that attempt may still be applied later.
+    def call(method, request, deadline: nil, claims: 0, attempts: nil, attempts_seen: {})
       rpc = RPC_NAMES.fetch(method)
       what = "#{rpc} to the claims server at #{config.address}"
       stub = stub_for_this_process
@@ -129,6 +136,8 @@ module TopologyClaims
           finished(rpc, error.code, attempt, started, error)
           raise error unless error.is_a?(Unavailable)
 
+          attempts_seen[:lost] = true
+
           delay = backoff(attempt)
           delay = [delay, error.retry_after].max if error.retry_after
           out_of_time = deadline && (monotonic - started + delay) >= deadline
@@ -144,6 +153,18 @@ module TopologyClaims
           sleep delay
         end
       end
+    end
+
+    # An attempt of a BeginUpdate was lost and a later one refused: the lost one may still be
+    # applied (queued in a server's group-commit combiner, or in a store transaction being
+    # retried) and lease a claim this cell believes it never got. A RollbackUpdate of an unknown
+    # lease is remembered as rolled back, so that attempt is refused if it lands, and rolled back
+    # if it already has (decision 106). If the rollback fails too, the reconciler rolls it back.
+    def fence(lease_id, refusal)
+      rollback_update(lease_id, attempts: 1)
+    rescue Error => e
+      TopologyClaims.logger.warn("topology_claims: could not fence lease #{lease_id} after #{refusal.class}: " \
+                                 "#{e.message}; if its lost attempt lands, the reconciler rolls it back")
     end
 
     def finished(rpc, code, attempts, started, error = nil)
