@@ -2,7 +2,7 @@
 //! with one of these variants; the gRPC layer maps each to a status code and an ErrorInfo reason
 //! in exactly one place (`topology_claims_proto::status`). Backends keep their own private errors and convert.
 
-use crate::domain::{CellId, ClaimKey, LeaseId};
+use crate::domain::{CellId, ClaimKey, LeaseId, NamespaceId, ValueRule};
 
 /// PERMISSION_DENIED reason: a cell acted for another cell.
 pub const CELL_ID_MISMATCH: &str = "CELL_ID_MISMATCH";
@@ -121,6 +121,46 @@ pub enum ClaimsError {
     /// (UNAVAILABLE): fix the log (disk, permissions) and retry.
     #[error("audit log unavailable: {message}; the admin call was not carried out")]
     AuditUnavailable { message: String },
+    /// A request names a namespace the store does not hold (INVALID_ARGUMENT
+    /// `UNKNOWN_NAMESPACE`): a typo, or a namespace not created yet (`admin namespaces create`).
+    #[error("unknown namespace {namespace:?}: the store holds no such namespace (see `topology-claims admin namespaces list`)")]
+    UnknownNamespace { namespace: String },
+    /// A value that breaks one of its namespace's rules (INVALID_ARGUMENT `INVALID_CLAIM_VALUE`,
+    /// metadata `namespace` and `rule`); `field` is its path in the request.
+    #[error(
+        "invalid request: {field}: the value breaks namespace {namespace}'s {rule} rule: {detail}"
+    )]
+    InvalidClaimValue {
+        field: String,
+        namespace: NamespaceId,
+        rule: ValueRule,
+        detail: String,
+    },
+    /// A create in a deprecated namespace (FAILED_PRECONDITION): destroys, updates and lookups
+    /// still work.
+    #[error("namespace {namespace} is deprecated: it takes no new claims")]
+    NamespaceDeprecated { namespace: NamespaceId },
+    /// DeleteNamespace of a namespace that holds claims or outstanding leases
+    /// (FAILED_PRECONDITION).
+    #[error("namespace {namespace} is not empty: it holds {claims} claim(s); destroy them first")]
+    NamespaceNotEmpty { namespace: NamespaceId, claims: u64 },
+    /// A rule change that existing claims break (FAILED_PRECONDITION): the first `problems`
+    /// (collisions, violations, leases in the way) and how many `more` there are.
+    #[error("namespace {namespace}'s rules cannot change: {}{}", problems.join("; "), if *more > 0 { format!("; and {more} more") } else { String::new() })]
+    NamespaceRulesConflict {
+        namespace: NamespaceId,
+        problems: Vec<String>,
+        more: u64,
+    },
+    /// CreateNamespace of an id the store holds already (ALREADY_EXISTS).
+    #[error("namespace {namespace} exists already")]
+    NamespaceExists { namespace: NamespaceId },
+    /// Get, update or delete of a namespace the store does not hold (NOT_FOUND).
+    #[error("namespace {namespace:?} not found")]
+    NamespaceNotFound { namespace: String },
+    /// CreateNamespace beyond `serve --max-namespaces` (FAILED_PRECONDITION).
+    #[error("the store holds {max} namespaces, as many as --max-namespaces allows; delete one or raise the limit")]
+    TooManyNamespaces { max: u64 },
     /// The store cannot be reached (down, restarting, network): retry later.
     #[error("store unavailable: {message}")]
     Unavailable { message: String },
@@ -165,6 +205,14 @@ impl ClaimsError {
             Self::VerificationSlotsBusy { .. } => "VERIFICATION_SLOTS_BUSY",
             Self::VerificationSlotLost { .. } => "VERIFICATION_SLOT_LOST",
             Self::AuditUnavailable { .. } => "AUDIT_UNAVAILABLE",
+            Self::UnknownNamespace { .. } => "UNKNOWN_NAMESPACE",
+            Self::InvalidClaimValue { .. } => "INVALID_CLAIM_VALUE",
+            Self::NamespaceDeprecated { .. } => "NAMESPACE_DEPRECATED",
+            Self::NamespaceNotEmpty { .. } => "NAMESPACE_NOT_EMPTY",
+            Self::NamespaceRulesConflict { .. } => "NAMESPACE_RULES_CONFLICT",
+            Self::NamespaceExists { .. } => "NAMESPACE_EXISTS",
+            Self::NamespaceNotFound { .. } => "NAMESPACE_NOT_FOUND",
+            Self::TooManyNamespaces { .. } => "TOO_MANY_NAMESPACES",
             Self::Unavailable { .. } => "STORE_UNAVAILABLE",
             Self::MigrationsPending { .. } => "MIGRATIONS_PENDING",
             Self::Configuration { .. } => "CONFIGURATION",

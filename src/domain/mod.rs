@@ -1,5 +1,5 @@
 //! The pure lease state machine: types, validation and the decisions of begin / commit /
-//! rollback / renew, the administrative decisions (force rollback, decommission), the paging rules of the list calls, the reconciler's decision for a lease missing locally, the fleet-wide verification slots, the restore epochs and their quarantine, plus [`Tables`], the reference
+//! rollback / renew, the administrative decisions (force rollback, decommission), the paging rules of the list calls, the reconciler's decision for a lease missing locally, the fleet-wide verification slots, the restore epochs and their quarantine, the claim namespaces and their rules, plus [`Tables`], the reference
 //! semantics over in-memory tables.
 //!
 //! Owns every protocol rule. Must not do I/O, be async, or read a clock: time is an input.
@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod decide;
 pub mod group;
+pub mod namespaces;
 pub mod pages;
 pub mod reconcile;
 pub mod restore;
@@ -27,6 +28,11 @@ pub use decide::{
 pub use group::{
     decide_group, GroupAnswer, GroupDecision, GroupOp, GroupReads, GroupResults, GroupSnapshot,
     GroupWrites, DEFAULT_GROUP_MAX, DEFAULT_GROUP_MAX_CLAIMS,
+};
+pub use namespaces::{
+    decide_namespace_update, prove_rules, KeyRules, NamePattern, Namespace, NamespaceChange,
+    NamespaceId, NamespaceSpec, NamespaceUpdate, Normalization, ProofClaim, Rekey, ValueRefusal,
+    ValueRule, BUILTIN_NAMESPACES, DEFAULT_MAX_NAMESPACES,
 };
 pub use pages::{
     check_claims_page_followable, claim_encoded_len_bound, claims_page, claims_page_order,

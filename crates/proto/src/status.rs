@@ -16,7 +16,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::log::RateLimitedLog;
 use topology_claims::domain::{
-    CellId, ClaimKey, ClaimType, LeaseId, SlotCap, TableName, Timestamp,
+    CellId, ClaimKey, ClaimType, LeaseId, NamespaceId, SlotCap, TableName, Timestamp, ValueRule,
 };
 use topology_claims::error::ClaimsError;
 
@@ -42,6 +42,15 @@ pub const META_TABLE_RECORD_ID: &str = "table_record_id";
 pub const META_EPOCH: &str = "epoch";
 /// RESTORE_EPOCH_MISMATCH: the epoch the request named.
 pub const META_SENT_EPOCH: &str = "sent_epoch";
+/// The namespace a refusal is about (INVALID_CLAIM_VALUE, UNKNOWN_NAMESPACE, NAMESPACE_*).
+pub const META_NAMESPACE: &str = "namespace";
+/// INVALID_CLAIM_VALUE: the rule the value breaks (`normalization`, `max_chars`, `pattern`,
+/// `reserved`).
+pub const META_RULE: &str = "rule";
+/// NAMESPACE_NOT_EMPTY: how many claims the namespace holds.
+pub const META_CLAIMS: &str = "claims";
+/// NAMESPACE_RULES_CONFLICT: how many problems the message does not list.
+pub const META_MORE: &str = "more";
 
 /// The status code of each error (the status table of the API, docs/api.md).
 pub fn code_of(error: &ClaimsError) -> Code {
@@ -66,6 +75,15 @@ pub fn code_of(error: &ClaimsError) -> Code {
         ClaimsError::RateLimited { .. } | ClaimsError::VerificationSlotsBusy { .. } => {
             Code::ResourceExhausted
         }
+        ClaimsError::UnknownNamespace { .. } | ClaimsError::InvalidClaimValue { .. } => {
+            Code::InvalidArgument
+        }
+        ClaimsError::NamespaceDeprecated { .. }
+        | ClaimsError::NamespaceNotEmpty { .. }
+        | ClaimsError::NamespaceRulesConflict { .. }
+        | ClaimsError::TooManyNamespaces { .. } => Code::FailedPrecondition,
+        ClaimsError::NamespaceExists { .. } => Code::AlreadyExists,
+        ClaimsError::NamespaceNotFound { .. } => Code::NotFound,
         ClaimsError::AuditUnavailable { .. } => Code::Unavailable,
         // Client-side only (the verifier's own slot bookkeeping); never on the wire.
         ClaimsError::VerificationSlotLost { .. } => Code::Aborted,
@@ -162,6 +180,38 @@ fn to_status_with(error: &ClaimsError, leased_since: Option<Timestamp>) -> Statu
         ClaimsError::CellDecommissioned { cell_id } => {
             metadata.insert(META_CELL_ID.to_owned(), cell_id.to_string());
         }
+        ClaimsError::InvalidClaimValue {
+            field,
+            namespace,
+            rule,
+            detail,
+        } => {
+            metadata.insert(META_FIELD.to_owned(), field.clone());
+            metadata.insert(META_NAMESPACE.to_owned(), namespace.to_string());
+            metadata.insert(META_RULE.to_owned(), rule.name().to_owned());
+            details.add_bad_request_violation(field.clone(), detail.clone());
+        }
+        ClaimsError::UnknownNamespace { namespace }
+        | ClaimsError::NamespaceNotFound { namespace } => {
+            metadata.insert(META_NAMESPACE.to_owned(), namespace.clone());
+        }
+        ClaimsError::NamespaceDeprecated { namespace }
+        | ClaimsError::NamespaceExists { namespace } => {
+            metadata.insert(META_NAMESPACE.to_owned(), namespace.to_string());
+        }
+        ClaimsError::NamespaceNotEmpty { namespace, claims } => {
+            metadata.insert(META_NAMESPACE.to_owned(), namespace.to_string());
+            metadata.insert(META_CLAIMS.to_owned(), claims.to_string());
+        }
+        ClaimsError::NamespaceRulesConflict {
+            namespace, more, ..
+        } => {
+            metadata.insert(META_NAMESPACE.to_owned(), namespace.to_string());
+            metadata.insert(META_MORE.to_owned(), more.to_string());
+        }
+        ClaimsError::TooManyNamespaces { max } => {
+            metadata.insert(META_MAX.to_owned(), max.to_string());
+        }
         ClaimsError::RecordExceedsPage {
             table_name,
             record_id,
@@ -248,6 +298,7 @@ pub fn from_status(status: &Status) -> ClaimsError {
         Some(ClaimKey::new(claim_type, meta(META_CLAIM_VALUE)?))
     };
     let lease_id = || meta(META_LEASE_ID).and_then(|id| LeaseId::parse(id).ok());
+    let namespace = || meta(META_NAMESPACE).and_then(|id| NamespaceId::parse(id).ok());
     let message = status.message().to_owned();
     let malformed = || {
         ClaimsError::internal(format!(
@@ -364,6 +415,55 @@ pub fn from_status(status: &Status) -> ClaimsError {
                     .unwrap_or_default(),
             })
             .unwrap_or_else(malformed),
+        "UNKNOWN_NAMESPACE" => ClaimsError::UnknownNamespace {
+            namespace: meta(META_NAMESPACE).unwrap_or_default().to_owned(),
+        },
+        "NAMESPACE_NOT_FOUND" => ClaimsError::NamespaceNotFound {
+            namespace: meta(META_NAMESPACE).unwrap_or_default().to_owned(),
+        },
+        "INVALID_CLAIM_VALUE" => namespace()
+            .zip(meta(META_RULE).and_then(ValueRule::from_name))
+            .map(|(namespace, rule)| {
+                let violation = details
+                    .bad_request()
+                    .and_then(|b| b.field_violations.first().cloned());
+                ClaimsError::InvalidClaimValue {
+                    field: meta(META_FIELD).unwrap_or_default().to_owned(),
+                    namespace,
+                    rule,
+                    detail: violation.map(|v| v.description).unwrap_or(message.clone()),
+                }
+            })
+            .unwrap_or_else(malformed),
+        "NAMESPACE_DEPRECATED" => namespace()
+            .map(|namespace| ClaimsError::NamespaceDeprecated { namespace })
+            .unwrap_or_else(malformed),
+        "NAMESPACE_EXISTS" => namespace()
+            .map(|namespace| ClaimsError::NamespaceExists { namespace })
+            .unwrap_or_else(malformed),
+        "NAMESPACE_NOT_EMPTY" => namespace()
+            .zip(meta(META_CLAIMS).and_then(|n| n.parse().ok()))
+            .map(|(namespace, claims)| ClaimsError::NamespaceNotEmpty { namespace, claims })
+            .unwrap_or_else(malformed),
+        "NAMESPACE_RULES_CONFLICT" => namespace()
+            .map(|namespace| {
+                let prefix = format!("namespace {namespace}'s rules cannot change: ");
+                let more: u64 = meta(META_MORE).and_then(|n| n.parse().ok()).unwrap_or(0);
+                let listed = message.strip_prefix(&prefix).unwrap_or(&message);
+                let listed = listed
+                    .strip_suffix(&format!("; and {more} more"))
+                    .unwrap_or(listed);
+                ClaimsError::NamespaceRulesConflict {
+                    namespace,
+                    problems: listed.split("; ").map(str::to_owned).collect(),
+                    more,
+                }
+            })
+            .unwrap_or_else(malformed),
+        "TOO_MANY_NAMESPACES" => meta(META_MAX)
+            .and_then(|n| n.parse().ok())
+            .map(|max| ClaimsError::TooManyNamespaces { max })
+            .unwrap_or_else(malformed),
         reason @ (topology_claims::error::CELL_ID_MISMATCH
         | topology_claims::error::ROLE_NOT_ALLOWED) => ClaimsError::PermissionDenied {
             reason: reason.to_owned(),
@@ -466,6 +566,37 @@ mod tests {
                 limit: SlotCap::PerCell,
                 retry_after: std::time::Duration::from_millis(700),
             },
+            ClaimsError::UnknownNamespace {
+                namespace: "ssh-keys".into(),
+            },
+            ClaimsError::InvalidClaimValue {
+                field: "creates_claims[1].claim_value".into(),
+                namespace: NamespaceId::parse("usernames").unwrap(),
+                rule: ValueRule::Pattern,
+                detail: "its key \"a b\" does not match \"^[a-z]+$\"".into(),
+            },
+            ClaimsError::NamespaceDeprecated {
+                namespace: NamespaceId::parse("old").unwrap(),
+            },
+            ClaimsError::NamespaceNotEmpty {
+                namespace: NamespaceId::parse("old").unwrap(),
+                claims: 12,
+            },
+            ClaimsError::NamespaceRulesConflict {
+                namespace: NamespaceId::parse("usernames").unwrap(),
+                problems: vec![
+                    "\"John\" and \"john\" would both have the key \"john\"".into(),
+                    "\"a b\" breaks the normalization rule: no".into(),
+                ],
+                more: 3,
+            },
+            ClaimsError::NamespaceExists {
+                namespace: NamespaceId::parse("x").unwrap(),
+            },
+            ClaimsError::NamespaceNotFound {
+                namespace: "nope".into(),
+            },
+            ClaimsError::TooManyNamespaces { max: 1000 },
         ]
     }
 
