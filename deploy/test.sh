@@ -208,7 +208,7 @@ test_image() {
   out="$(podman run --rm --network host -v "${work}/certs:/certs:ro" "${ref}" lookup \
            --server "https://localhost:${grpc_port}" --tls-ca /certs/ca.pem \
            --tls-cert /certs/cell-cell-1.pem --tls-key /certs/cell-cell-1-key.pem \
-           --type email --value deploy-test@example.com 2>&1)" \
+           --namespace emails --value deploy-test@example.com 2>&1)" \
     || { echo "image: lookup after the restart failed: ${out}" >&2; return 1; }
   grep -q '^cell: *cell-1$' <<<"${out}" && grep -q '^state: *active$' <<<"${out}" \
     || { echo "image: after the restart the claim is not cell-1's and active: ${out}" >&2; return 1; }

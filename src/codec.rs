@@ -10,8 +10,8 @@
 use prost::Message;
 
 use crate::domain::{
-    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, LeaseId, LocalTransaction, OwnerType,
-    TableName, Timestamp,
+    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, LeaseId, LocalTransaction, NamespaceId,
+    OwnerType, TableName, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::pb;
@@ -34,19 +34,50 @@ pub fn timestamp_from_pb(ts: &prost_types::Timestamp) -> Timestamp {
     )
 }
 
-/// Decodes and validates a claim record; `field` prefixes error paths.
+/// Decodes and validates a claim record as a client sent it; `field` prefixes error paths.
 /// `field` names the record in errors (e.g. `creates_claims[3]`); it is only written out for
 /// an error, so pass `format_args!` (every claim of every BeginUpdate comes through here).
-/// Takes the record by value: its strings move into the domain record, uncopied.
+/// Takes the record by value: its strings move into the domain record, uncopied. The key is
+/// the value as sent until the store resolves it; `claim_key` is output only and ignored.
 pub fn claim_record_from_pb(
     record: pb::ClaimRecord,
     field: impl std::fmt::Display,
 ) -> Result<ClaimRecord, ClaimsError> {
+    claim_record_from(record, field, Origin::Request)
+}
+
+/// Decodes a record as the server wrote it (a lease payload, a ClaimInfo): `claim_key`, when set,
+/// is the key and `claim_value` the value as sent.
+pub fn claim_record_from_server_pb(
+    record: pb::ClaimRecord,
+    field: impl std::fmt::Display,
+) -> Result<ClaimRecord, ClaimsError> {
+    claim_record_from(record, field, Origin::Stored)
+}
+
+/// Decodes a lease's original request as the server returns it (ListOutstandingLeases,
+/// RenewLease): its records' keys are the server's.
+pub fn begin_update_from_server_pb(
+    request: pb::BeginUpdateRequest,
+) -> Result<BeginUpdate, ClaimsError> {
+    begin_update_from(request, Origin::Stored)
+}
+
+/// Where a record comes from: a client (its `claim_key` is ignored) or a store's lease payload
+/// (its `claim_key`, when set, is the key the store computed).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Request,
+    Stored,
+}
+
+fn claim_record_from(
+    record: pb::ClaimRecord,
+    field: impl std::fmt::Display,
+    origin: Origin,
+) -> Result<ClaimRecord, ClaimsError> {
+    let namespace = namespace_from_pb(record.claim_type, &record.namespace, &field)?;
     // The enums' own parse_field, with its message, only once a number is known to be bad.
-    let claim_type = match ClaimType::from_number(i64::from(record.claim_type)) {
-        Some(known) => known,
-        None => ClaimType::parse_field(record.claim_type, &format!("{field}.claim_type"))?,
-    };
     let owner_type = match OwnerType::from_number(i64::from(record.owner)) {
         Some(known) => known,
         None => OwnerType::parse_field(record.owner, &format!("{field}.owner"))?,
@@ -55,11 +86,20 @@ pub fn claim_record_from_pb(
         Some(known) => known,
         None => TableName::parse_field(record.table_name, &format!("{field}.table_name"))?,
     };
+    let (key, display) = match origin {
+        Origin::Stored
+            if !record.claim_key.is_empty() && record.claim_key != record.claim_value =>
+        {
+            (record.claim_key, Some(record.claim_value))
+        }
+        _ => (record.claim_value, None),
+    };
     let record = ClaimRecord {
         key: ClaimKey {
-            claim_type,
-            value: record.claim_value,
+            namespace,
+            value: key,
         },
+        display,
         owner_type,
         owner_value: record.owner_value,
         table_name,
@@ -69,14 +109,79 @@ pub fn claim_record_from_pb(
     Ok(record)
 }
 
+/// The namespace a record, cursor or lookup names: `namespace`, or the legacy `claim_type`
+/// (1/2/3: the built-ins); both set must agree. `field` is the path of the message holding them.
+pub fn namespace_from_pb(
+    claim_type: i32,
+    namespace: &str,
+    field: impl std::fmt::Display,
+) -> Result<NamespaceId, ClaimsError> {
+    let prefix = |name: &str| {
+        let field = field.to_string();
+        if field.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{field}.{name}")
+        }
+    };
+    let legacy = match claim_type {
+        0 => None,
+        number => Some(match ClaimType::from_number(i64::from(number)) {
+            Some(known) => known,
+            None => ClaimType::parse_field(number, &prefix("claim_type"))?,
+        }),
+    };
+    let id = match (namespace, legacy) {
+        ("", Some(claim_type)) => NamespaceId::of_claim_type(claim_type),
+        ("", None) => {
+            return Err(ClaimsError::invalid(
+                prefix("namespace"),
+                "must be specified (or the legacy claim_type)",
+            ))
+        }
+        (namespace, legacy) => {
+            let id = NamespaceId::parse_field(namespace, &prefix("namespace"))?;
+            if let Some(claim_type) = legacy.filter(|t| id.claim_type() != Some(*t)) {
+                return Err(ClaimsError::invalid(
+                    prefix("namespace"),
+                    format!(
+                        "{id:?} disagrees with claim_type {} (the namespace {:?}); set one of them",
+                        claim_type.number(),
+                        NamespaceId::of_claim_type(claim_type).as_str()
+                    ),
+                ));
+            }
+            id
+        }
+    };
+    if id.claim_type().is_none() {
+        return Err(ClaimsError::UnknownNamespace {
+            namespace: id.to_string(),
+        });
+    }
+    Ok(id)
+}
+
+/// A record as answers and lease payloads carry it: `namespace` always, `claim_type` for the
+/// built-ins (old clients read it), `claim_key` when the key differs from the value as sent.
 pub fn claim_record_to_pb(record: &ClaimRecord) -> pb::ClaimRecord {
     pb::ClaimRecord {
-        claim_type: record.key.claim_type.number(),
-        claim_value: record.key.value.clone(),
+        claim_type: record
+            .key
+            .namespace
+            .claim_type()
+            .map_or(0, ClaimType::number),
+        claim_value: record.display_value().to_owned(),
         owner: record.owner_type.number(),
         owner_value: record.owner_value.clone(),
         table_name: record.table_name.number(),
         table_record_id: record.table_record_id,
+        namespace: record.key.namespace.to_string(),
+        claim_key: if record.display.is_some() {
+            record.key.value.clone()
+        } else {
+            String::new()
+        },
     }
 }
 
@@ -84,10 +189,17 @@ pub fn claim_record_to_pb(record: &ClaimRecord) -> pb::ClaimRecord {
 /// Takes the message by value: its strings move into the domain request, uncopied (every
 /// BeginUpdate and every stored lease payload comes through here).
 pub fn begin_update_from_pb(request: pb::BeginUpdateRequest) -> Result<BeginUpdate, ClaimsError> {
+    begin_update_from(request, Origin::Request)
+}
+
+fn begin_update_from(
+    request: pb::BeginUpdateRequest,
+    origin: Origin,
+) -> Result<BeginUpdate, ClaimsError> {
     let records = |list: Vec<pb::ClaimRecord>, name: &str| {
         list.into_iter()
             .enumerate()
-            .map(|(i, r)| claim_record_from_pb(r, format_args!("{name}[{i}]")))
+            .map(|(i, r)| claim_record_from(r, format_args!("{name}[{i}]"), origin))
             .collect::<Result<Vec<_>, _>>()
     };
     Ok(BeginUpdate {
@@ -137,6 +249,6 @@ pub fn decode_request(bytes: &[u8]) -> Result<BeginUpdate, ClaimsError> {
     let message = pb::BeginUpdateRequest::decode(bytes).map_err(|e| {
         ClaimsError::internal(format!("stored lease payload is not decodable: {e}"))
     })?;
-    begin_update_from_pb(message)
+    begin_update_from(message, Origin::Stored)
         .map_err(|e| ClaimsError::internal(format!("stored lease payload is invalid: {e}")))
 }

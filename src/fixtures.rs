@@ -1,26 +1,28 @@
 //! Small builders shared by the suites: cells, claim records and requests with readable names.
 
 use crate::domain::{
-    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, LeaseId, OwnerType, TableName,
+    BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, LeaseId, NamespaceId, OwnerType,
+    TableName,
 };
 
 pub fn cell(name: &str) -> CellId {
     CellId::parse(name).expect("a valid cell id in a test")
 }
 
-pub fn key(claim_type: ClaimType, value: &str) -> ClaimKey {
-    ClaimKey::new(claim_type, value)
+pub fn key(namespace: impl Into<NamespaceId>, value: &str) -> ClaimKey {
+    ClaimKey::new(namespace, value)
 }
 
-/// A record of `table` with id `record_id` claiming `value` as `claim_type`.
+/// A record of `table` with id `record_id` claiming `value` in `namespace`.
 pub fn record_in(
     table: TableName,
     record_id: i64,
-    claim_type: ClaimType,
+    namespace: impl Into<NamespaceId>,
     value: &str,
 ) -> ClaimRecord {
     ClaimRecord {
-        key: key(claim_type, value),
+        display: None,
+        key: key(namespace, value),
         owner_type: OwnerType::User,
         owner_value: format!("owner-of-{value}"),
         table_name: table,
@@ -78,6 +80,7 @@ pub fn updates(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
 /// `table` (the new values of an update; the key stays).
 pub fn moved(record: &ClaimRecord, owner: &str, table: TableName, record_id: i64) -> ClaimRecord {
     ClaimRecord {
+        display: None,
         owner_type: OwnerType::Project,
         owner_value: owner.to_owned(),
         table_name: table,

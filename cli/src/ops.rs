@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 use tonic::transport::Channel;
+use topology_claims::domain::NamespaceId;
 use topology_claims::{ClaimType, ClaimsError, OwnerType, TableName};
 use topology_claims_client::decode::claims_client;
 use topology_claims_client::server_endpoint;
@@ -35,11 +36,15 @@ pub struct LookupArgs {
     #[command(flatten)]
     tls: TlsArgs,
 
-    /// The claim type: routes, username or email.
-    #[arg(long = "type", value_name = "TYPE", value_parser = parse_claim_type)]
-    claim_type: ClaimType,
+    /// The claim's namespace, e.g. usernames, emails, routes.
+    #[arg(long, required_unless_present = "claim_type")]
+    namespace: Option<String>,
 
-    /// The claimed value, e.g. a@example.com.
+    /// Legacy: the built-in namespace by its old claim type (routes, username or email).
+    #[arg(long = "type", value_name = "TYPE", value_parser = parse_claim_type, conflicts_with = "namespace")]
+    claim_type: Option<ClaimType>,
+
+    /// The claimed value in any form that has the claim's key, e.g. A@Example.com.
     #[arg(long)]
     value: String,
 }
@@ -119,15 +124,21 @@ pub async fn lookup(args: LookupArgs) -> ExitCode {
             return ExitCode::from(FAILED);
         }
     };
+    let namespace = match (&args.namespace, args.claim_type) {
+        (Some(namespace), _) => namespace.clone(),
+        (None, Some(claim_type)) => NamespaceId::of_claim_type(claim_type).to_string(),
+        (None, None) => unreachable!("clap requires --namespace or --type"),
+    };
     let request = pb::LookupClaimRequest {
-        claim_type: args.claim_type.number(),
         claim_value: args.value.clone(),
+        namespace: namespace.clone(),
+        ..Default::default()
     };
     match client.lookup_claim(request).await {
         Ok(response) => {
             print!(
                 "{}",
-                format_lookup(args.claim_type, &args.value, response.get_ref())
+                format_lookup(&namespace, &args.value, response.get_ref())
             );
             ExitCode::SUCCESS
         }
@@ -135,7 +146,7 @@ pub async fn lookup(args: LookupArgs) -> ExitCode {
             ClaimsError::ClaimNotFound { claim } => {
                 eprintln!(
                     "not found: no cell holds {} {}",
-                    claim.claim_type, claim.value
+                    claim.namespace, claim.value
                 );
                 ExitCode::from(NOT_FOUND)
             }
@@ -160,11 +171,11 @@ fn timestamp_text(ts: Option<&prost_types::Timestamp>) -> String {
     ts.map_or_else(|| "-".to_owned(), ToString::to_string)
 }
 
-fn format_lookup(claim_type: ClaimType, value: &str, response: &pb::LookupClaimResponse) -> String {
+fn format_lookup(namespace: &str, value: &str, response: &pb::LookupClaimResponse) -> String {
     let name_of = |n: i32, name: Option<&'static str>| {
         name.map_or_else(|| format!("unknown ({n})"), str::to_owned)
     };
-    let mut text = format!("claim:      {claim_type} {value}\n");
+    let mut text = format!("claim:      {namespace} {value}\n");
     text.push_str(&format!("cell:       {}\n", response.cell_id));
     text.push_str(&format!("state:      {}\n", state_name(response.state)));
     if let Some(claim) = &response.claim {
@@ -176,6 +187,12 @@ fn format_lookup(claim_type: ClaimType, value: &str, response: &pb::LookupClaimR
             claim.table_name,
             TableName::from_number(claim.table_name.into()).map(TableName::name),
         );
+        if claim.claim_value != value || (!claim.claim_key.is_empty() && claim.claim_key != value) {
+            text.push_str(&format!(
+                "value:      {} (key {})\n",
+                claim.claim_value, claim.claim_key
+            ));
+        }
         text.push_str(&format!("owner:      {owner} {}\n", claim.owner_value));
         text.push_str(&format!(
             "record:     {table} id {}\n",
@@ -311,13 +328,21 @@ mod tests {
                 created_at: Some(ts(0)),
                 updated_at: Some(ts(60)),
                 state: pb::ClaimState::Creating.into(),
+                namespace: "emails".into(),
+                claim_key: "a@example.com".into(),
             }),
             cell_id: "cell-a".into(),
             state: pb::ClaimState::Creating.into(),
         };
-        let text = format_lookup(ClaimType::Email, "a@example.com", &response);
+        let text = format_lookup("emails", "a@example.com", &response);
+        assert!(!text.contains("value:"), "typed as held: {text}");
+        let other_form = format_lookup("emails", "A@example.com", &response);
+        assert!(
+            other_form.contains("value:      a@example.com (key a@example.com)"),
+            "{other_form}"
+        );
         for expected in [
-            "claim:      email a@example.com",
+            "claim:      emails a@example.com",
             "cell:       cell-a",
             "state:      creating",
             "owner:      user u-1",

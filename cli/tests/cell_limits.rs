@@ -62,6 +62,7 @@ fn begin(cell: &str, value: &str) -> pb::BeginUpdateRequest {
             owner_value: "1".into(),
             table_name: 1,
             table_record_id: 1,
+            ..Default::default()
         }],
         destroys_claims: vec![],
         updates_claims: Vec::new(),

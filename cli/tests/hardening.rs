@@ -360,6 +360,7 @@ async fn a_body_authorization_cannot_parse_is_refused_and_audited() {
                 owner_value: "1".into(),
                 table_name: 1,
                 table_record_id: 1,
+                ..Default::default()
             }],
             ..Default::default()
         })
@@ -409,6 +410,7 @@ async fn a_begin_update_that_outlives_its_request_timeout_is_audited_when_it_com
         owner_value: "1".into(),
         table_name: 1,
         table_record_id: 1,
+        ..Default::default()
     };
     let answer = client
         .begin_update(pb::BeginUpdateRequest {
@@ -434,6 +436,7 @@ async fn a_begin_update_that_outlives_its_request_timeout_is_audited_when_it_com
         .lookup_claim(pb::LookupClaimRequest {
             claim_type: 2,
             claim_value: "late-but-committed".into(),
+            ..Default::default()
         })
         .await
         .expect("the late BeginUpdate committed its lease")

@@ -42,6 +42,7 @@ fn claim(lease: usize, n: usize) -> pb::ClaimRecord {
         owner_value: long_value("owner", lease, n),
         table_name: TableName::Users.number(),
         table_record_id: RECORD_ID,
+        ..Default::default()
     }
 }
 

@@ -33,6 +33,7 @@ fn email_claim(value: &str) -> pb::ClaimRecord {
         owner_value: "user-42".to_owned(),
         table_name: TableName::Emails.number(),
         table_record_id: 4242,
+        ..Default::default()
     }
 }
 
@@ -173,6 +174,7 @@ async fn data_written_through_serve_survives_sigterm_and_a_restart_on_the_same_f
         .lookup_claim(pb::LookupClaimRequest {
             claim_type: ClaimType::Email.number(),
             claim_value: "kept@example.com".into(),
+            ..Default::default()
         })
         .await
         .expect("the claim survived the restart")
@@ -208,7 +210,7 @@ async fn data_written_through_serve_survives_sigterm_and_a_restart_on_the_same_f
         text(&out.stderr)
     );
     for expected in [
-        "email kept@example.com",
+        "emails kept@example.com",
         "cell-a",
         "active",
         "user user-42",
@@ -226,8 +228,8 @@ async fn data_written_through_serve_survives_sigterm_and_a_restart_on_the_same_f
             "lookup",
             "--server",
             &server.endpoint(),
-            "--type",
-            "email",
+            "--namespace",
+            "emails",
             "--value",
             "absent@example.com",
         ],
@@ -462,6 +464,7 @@ fn serve_exits_after_the_drain_timeout_when_a_client_never_lets_go() {
         c.lookup_claim(pb::LookupClaimRequest {
             claim_type: ClaimType::Email.number(),
             claim_value: "x".into(),
+            ..Default::default()
         })
         .await
         .expect_err("absent");

@@ -75,6 +75,7 @@ fn uuid_from(n: u8) -> uuid::Uuid {
 fn record(cell_n: u8, key: u8) -> ClaimRecord {
     let key = key % KEYS;
     ClaimRecord {
+        display: None,
         key: ClaimKey::new(
             if key % 3 == 0 {
                 ClaimType::Email

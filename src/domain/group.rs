@@ -252,6 +252,7 @@ mod tests {
 
     fn record(value: u8, id: i64) -> ClaimRecord {
         ClaimRecord {
+            display: None,
             key: ClaimKey::new(ClaimType::ALL[0], format!("k{value}")),
             owner_type: OwnerType::User,
             owner_value: format!("o{id}"),

@@ -10,6 +10,7 @@ pub mod group;
 pub mod namespaces;
 pub mod pages;
 pub mod reconcile;
+pub mod resolve;
 pub mod restore;
 pub mod slots;
 mod tables;
@@ -43,6 +44,10 @@ pub use pages::{
 pub use reconcile::{
     decide_absent_lease, local_transaction_to_ask, AbsentLeaseAction, LocalTxStatus,
     EARLY_ROLLBACK_UNRENEWED_FOR,
+};
+pub use resolve::{
+    check_creates, decide_create_namespace, decide_delete_namespace, resolve_begin, resolve_key,
+    resolve_record, NamespaceSet, StoredNamespace,
 };
 pub use restore::{
     check_quarantine, decide_lift, decide_mark_restored, decide_report, decide_restored_lease,

@@ -339,17 +339,28 @@ fn timestamp_field(time: Timestamp) -> usize {
 const LEASES_RESPONSE_FIXED_LEN: usize = delimited(LEASE_ID_LEN) + TIMESTAMP;
 /// The longest `next_page_token` the front end writes (`topology_claims_proto::page_token` holds
 /// its codec to it): the response budget counts it.
-pub const PAGE_TOKEN_MAX_LEN: usize = 400;
+pub const PAGE_TOKEN_MAX_LEN: usize = 480;
 /// `ListClaimsResponse` without its claims: the ranges, `next_cursor`, `next_cursor_key` and
 /// `next_page_token`.
-const CLAIMS_RESPONSE_FIXED_LEN: usize =
-    3 * SCALAR + delimited(ENUM + delimited(MAX_VALUE_LEN)) + delimited(PAGE_TOKEN_MAX_LEN);
+const CLAIMS_RESPONSE_FIXED_LEN: usize = 3 * SCALAR
+    + delimited(
+        ENUM + delimited(MAX_VALUE_LEN) + delimited(super::namespaces::MAX_NAMESPACE_ID_LEN),
+    )
+    + delimited(PAGE_TOKEN_MAX_LEN);
 
-/// `ClaimRecord`: claim type, owner type, table name, record id, and the two values.
-fn claim_record_len_bound(record: &ClaimRecord) -> usize {
+/// `ClaimRecord` / `ClaimInfo`: claim type, owner type, table name, record id, the namespace,
+/// the value as sent, and the owner value; the key as well where it is written (a `ClaimInfo`
+/// always carries it, a `ClaimRecord` when it differs from the value as sent).
+fn claim_record_len_bound(record: &ClaimRecord, with_key: bool) -> usize {
     3 * ENUM
         + int_field(record.table_record_id)
-        + delimited(record.key.value.len())
+        + delimited(record.key.namespace.as_str().len())
+        + delimited(record.display_value().len())
+        + if with_key || record.display.is_some() {
+            delimited(record.key.value.len())
+        } else {
+            0
+        }
         + delimited(record.owner_value.len())
 }
 
@@ -362,7 +373,7 @@ pub fn lease_encoded_len_bound(lease: &Lease) -> usize {
         + delimited(LEASE_ID_LEN)
         + request
             .operations()
-            .map(|(_, record)| delimited(claim_record_len_bound(record)))
+            .map(|(_, record)| delimited(claim_record_len_bound(record, false)))
             .sum::<usize>()
         + request
             .local_transaction
@@ -379,7 +390,7 @@ pub fn lease_encoded_len_bound(lease: &Lease) -> usize {
 /// element (the record's fields, state, `created_at` and `updated_at`).
 pub fn claim_encoded_len_bound(claim: &Claim) -> usize {
     delimited(
-        claim_record_len_bound(&claim.record)
+        claim_record_len_bound(&claim.record, true)
             + ENUM
             + timestamp_field(claim.created_at)
             + timestamp_field(claim.updated_at),
@@ -394,6 +405,7 @@ mod tests {
     fn claim(id: i64, value: &str) -> Claim {
         Claim {
             record: ClaimRecord {
+                display: None,
                 key: ClaimKey::new(ClaimType::Username, value),
                 owner_type: OwnerType::User,
                 owner_value: "o".into(),
@@ -426,7 +438,7 @@ mod tests {
                 let key = &c.record.key;
                 (
                     c.record.table_record_id,
-                    key.claim_type.number(),
+                    key.namespace_number(),
                     key.value.as_str(),
                 ) > (id, claim_type, value)
             })

@@ -116,6 +116,7 @@ mod tests {
         let now = Timestamp::from_unix_micros(10_000_000_000);
         let at = now.saturating_sub(idle);
         let record = ClaimRecord {
+            display: None,
             key: ClaimKey::new(ClaimType::Username, "a"),
             owner_type: OwnerType::User,
             owner_value: "1".into(),

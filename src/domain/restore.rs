@@ -315,6 +315,7 @@ mod tests {
 
     fn record(value: &str) -> ClaimRecord {
         ClaimRecord {
+            display: None,
             key: ClaimKey::new(ClaimType::Username, value),
             owner_type: OwnerType::User,
             owner_value: "1".into(),

@@ -14,9 +14,8 @@ use crate::domain::pages;
 use crate::domain::restore::{self, MarkRestored, RestoreEpoch};
 use crate::domain::slots::{self, SlotGrant, SlotHolder, SlotLimit, SlotRow};
 use crate::domain::types::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsPage,
-    ClaimsQuery, Lease, LeaseId, LeaseOp, LeaseRecord, LeasesPage, LeasesQuery, Outcome, TableName,
-    Timestamp,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimsPage, ClaimsQuery, Lease,
+    LeaseId, LeaseOp, LeaseRecord, LeasesPage, LeasesQuery, Outcome, TableName, Timestamp,
 };
 use crate::error::ClaimsError;
 
@@ -428,11 +427,7 @@ impl Tables {
                 key.clone(),
             )),
             None => {
-                // The smallest key of all (enums order by declaration; `ALL` lists them so).
-                let lowest = ClaimKey {
-                    claim_type: ClaimType::ALL[0],
-                    value: String::new(),
-                };
+                let lowest = ClaimKey::lowest();
                 Bound::Included((
                     query.cell_id.clone(),
                     query.table_name,
@@ -507,7 +502,7 @@ impl Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::types::{ClaimsCursor, OwnerType};
+    use crate::domain::types::{ClaimType, ClaimsCursor, OwnerType};
     use proptest::prelude::*;
 
     /// ListClaims as a full scan: every claim of the cell and table after the cursor, in page
@@ -522,7 +517,7 @@ mod tests {
                 let key = &c.record.key;
                 (
                     c.record.table_record_id,
-                    key.claim_type.number(),
+                    key.namespace_number(),
                     key.value.as_str(),
                 ) > (id, claim_type, value)
             })
@@ -535,6 +530,7 @@ mod tests {
 
     fn record(table: u8, id: i64, claim_type: u8, value: u8) -> ClaimRecord {
         ClaimRecord {
+            display: None,
             key: ClaimKey::new(
                 ClaimType::ALL[usize::from(claim_type) % ClaimType::ALL.len()],
                 format!("v{value}"),
@@ -572,6 +568,7 @@ mod tests {
                         updates = records
                             .into_iter()
                             .map(|r| ClaimRecord {
+                                display: None,
                                 table_name: TableName::ALL[(r.table_name.number() as usize) % 3],
                                 table_record_id: r.table_record_id + 1,
                                 ..r

@@ -7,6 +7,8 @@ use uuid::Uuid;
 
 use crate::error::ClaimsError;
 
+use super::namespaces::NamespaceId;
+
 /// Longest cell id, in bytes.
 pub const MAX_CELL_ID_LEN: usize = 100;
 /// Longest claim or owner value, in bytes.
@@ -303,25 +305,72 @@ protocol_enum!(
     LeaseOp { Create = 1 => "create", Destroy = 2 => "destroy", Update = 3 => "update" }
 );
 
-/// The identity of a claim: unique across all cells.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// The identity of a claim, unique across all cells: its namespace and its key there (the value
+/// under the namespace's rules, `domain::namespaces`). Ordered as the stores order claims: by
+/// namespace number, then key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ClaimKey {
-    pub claim_type: ClaimType,
+    pub namespace: NamespaceId,
+    /// The key: the value normalized under the namespace's rules. In a request as decoded,
+    /// before the store resolved it, the value as sent.
     pub value: String,
 }
 
 impl ClaimKey {
-    pub fn new(claim_type: ClaimType, value: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<NamespaceId>, value: impl Into<String>) -> Self {
         Self {
-            claim_type,
+            namespace: namespace.into(),
             value: value.into(),
         }
+    }
+
+    /// A key that sorts before every claim's key (a range bound, never a claim).
+    pub(crate) fn lowest() -> Self {
+        Self {
+            namespace: NamespaceId::lowest(),
+            value: String::new(),
+        }
+    }
+
+    /// The namespace's number in the store: the built-ins are 1, 2 and 3 (their legacy
+    /// `claim_type`), the column every store keys claims by. Within a record, claims are
+    /// ordered by this number, then by key.
+    pub fn namespace_number(&self) -> i32 {
+        namespace_number(&self.namespace)
+    }
+}
+
+/// The store number of a namespace (see [`ClaimKey::namespace_number`]); 0 for a namespace the
+/// store does not hold.
+pub fn namespace_number(namespace: &NamespaceId) -> i32 {
+    namespace.claim_type().map_or(0, ClaimType::number)
+}
+
+impl Ord for ClaimKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.namespace_number(), &self.namespace, &self.value).cmp(&(
+            other.namespace_number(),
+            &other.namespace,
+            &other.value,
+        ))
+    }
+}
+
+impl PartialOrd for ClaimKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl From<ClaimType> for NamespaceId {
+    fn from(claim_type: ClaimType) -> Self {
+        NamespaceId::of_claim_type(claim_type)
     }
 }
 
 impl fmt::Display for ClaimKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.claim_type, self.value)
+        write!(f, "{}/{}", self.namespace, self.value)
     }
 }
 
@@ -329,6 +378,9 @@ impl fmt::Display for ClaimKey {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ClaimRecord {
     pub key: ClaimKey,
+    /// The value as the creating cell sent it, when it differs from the key (`None`: the key
+    /// is the value as sent).
+    pub display: Option<String>,
     pub owner_type: OwnerType,
     pub owner_value: String,
     pub table_name: TableName,
@@ -336,6 +388,22 @@ pub struct ClaimRecord {
 }
 
 impl ClaimRecord {
+    /// The value as the cell sent it (its display form).
+    pub fn display_value(&self) -> &str {
+        self.display.as_deref().unwrap_or(&self.key.value)
+    }
+
+    /// Whether `other` asks for the same thing, comparing values as sent (a replay is
+    /// recognised whatever the rules compute for it now).
+    pub fn same_as_sent(&self, other: &ClaimRecord) -> bool {
+        self.key.namespace == other.key.namespace
+            && self.display_value() == other.display_value()
+            && self.owner_type == other.owner_type
+            && self.owner_value == other.owner_value
+            && self.table_name == other.table_name
+            && self.table_record_id == other.table_record_id
+    }
+
     /// Validates every field; `field` prefixes error paths (e.g. `creates_claims[3]`). The
     /// path is only written out for an error: a valid record costs no allocation (pass
     /// `format_args!`), which matters as every BeginUpdate checks each of its records.
@@ -343,7 +411,7 @@ impl ClaimRecord {
         let invalid = |name: &str, problem: String| {
             Err(ClaimsError::invalid(format!("{field}.{name}"), problem))
         };
-        if let Some(problem) = value_problem(&self.key.value) {
+        if let Some(problem) = value_problem(self.display_value()) {
             return invalid("claim_value", problem);
         }
         if let Some(problem) = value_problem(&self.owner_value) {
@@ -435,10 +503,13 @@ pub struct BeginUpdate {
 impl BeginUpdate {
     /// Whether `other` asks for the same thing (used to recognise a retried BeginUpdate).
     pub fn same_content(&self, other: &BeginUpdate) -> bool {
+        let same = |a: &[ClaimRecord], b: &[ClaimRecord]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.same_as_sent(b))
+        };
         self.cell_id == other.cell_id
-            && self.creates == other.creates
-            && self.destroys == other.destroys
-            && self.updates == other.updates
+            && same(&self.creates, &other.creates)
+            && same(&self.destroys, &other.destroys)
+            && same(&self.updates, &other.updates)
             && self.local_transaction == other.local_transaction
     }
 
@@ -632,7 +703,7 @@ impl ClaimsCursor {
     /// numbered from 1).
     pub fn start_after(&self) -> (i64, i32, &str) {
         match &self.after_key {
-            Some(key) => (self.record_id, key.claim_type.number(), key.value.as_str()),
+            Some(key) => (self.record_id, key.namespace_number(), key.value.as_str()),
             None => (self.record_id, 0, ""),
         }
     }

@@ -290,7 +290,7 @@ async fn errors_are_typed_for_the_application() {
             claim: username("taken").key
         }
     );
-    assert_eq!(err.to_string(), "claim username/taken is already taken");
+    assert_eq!(err.to_string(), "claim usernames/taken is already taken");
     server.shutdown().await;
 }
 

@@ -169,11 +169,13 @@ async fn verifier_corrects_a_different_claim_with_one_update_that_never_frees_it
     let client = client(&server);
     // The route moved from a project to its group locally; the service still has the project.
     let local = ClaimRecord {
+        display: None,
         owner_type: OwnerType::Group,
         owner_value: "acme".into(),
         ..record_in(TableName::Routes, 7, ClaimType::Routes, "acme/app")
     };
     let stale = ClaimRecord {
+        display: None,
         owner_type: OwnerType::Project,
         owner_value: "acme/app".into(),
         ..local.clone()

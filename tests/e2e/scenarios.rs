@@ -37,7 +37,15 @@ async fn happy_path_user_email_and_route_are_routable_while_creating_and_active_
         .original_request
         .as_ref()
         .expect("the original request");
-    assert_eq!(original.creates_claims, claims.to_vec());
+    // As sent, with the namespace each legacy claim_type stands for.
+    let with_namespaces: Vec<pb::ClaimRecord> = claims
+        .iter()
+        .map(|c| pb::ClaimRecord {
+            namespace: ["routes", "usernames", "emails"][c.claim_type as usize - 1].to_owned(),
+            ..c.clone()
+        })
+        .collect();
+    assert_eq!(original.creates_claims, with_namespaces);
     // Routable right away (hides replication latency), as CREATING.
     for record in &claims {
         assert_eq!(

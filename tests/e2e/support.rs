@@ -81,6 +81,7 @@ pub fn claim(
         owner_value: format!("owner-of-{value}"),
         table_name: table.number(),
         table_record_id: record_id,
+        ..Default::default()
     }
 }
 
@@ -139,6 +140,7 @@ pub fn lookup_req(claim_type: ClaimType, value: &str) -> pb::LookupClaimRequest 
     pb::LookupClaimRequest {
         claim_type: claim_type.number(),
         claim_value: value.to_owned(),
+        ..Default::default()
     }
 }
 

@@ -146,7 +146,10 @@ async fn claim_record_rules_are_enforced_at_and_past_their_limits(store: Arc<dyn
         ("owner_value", |r| r.owner_value = String::new()),
         ("owner_value", |r| r.owner_value = "o".repeat(256)),
         ("owner_value", |r| r.owner_value = "tab\t".to_owned()),
-        ("claim_type", |r| r.claim_type = 0),
+        ("namespace", |r| r.claim_type = 0),
+        ("namespace", |r| r.namespace = "Usernames".to_owned()),
+        ("namespace", |r| r.namespace = "a b".to_owned()),
+        ("namespace", |r| r.namespace = "emails".to_owned()),
         ("claim_type", |r| r.claim_type = 4),
         ("claim_type", |r| r.claim_type = -1),
         ("owner", |r| r.owner = 0),
@@ -188,11 +191,13 @@ async fn claim_record_rules_are_enforced_at_and_past_their_limits(store: Arc<dyn
     let unspecified = pb::LookupClaimRequest {
         claim_type: 0,
         claim_value: "x".into(),
+        ..Default::default()
     };
-    expect_invalid(c.lookup_claim(unspecified).await, "claim_type");
+    expect_invalid(c.lookup_claim(unspecified).await, "namespace");
     let unknown = pb::LookupClaimRequest {
         claim_type: 42,
         claim_value: "x".into(),
+        ..Default::default()
     };
     expect_invalid(c.lookup_claim(unknown).await, "claim_type");
     server.shutdown().await;
@@ -373,7 +378,7 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
         expect_invalid(c.list_claims(req).await, "table_name");
     }
     for (claim_type, value, field) in [
-        (0, "a", "cursor_key.claim_type"),
+        (0, "a", "cursor_key.namespace"),
         (9, "a", "cursor_key.claim_type"),
         (1, "", "cursor_key.claim_value"),
         (1, "a\u{7}", "cursor_key.claim_value"),
@@ -382,6 +387,7 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
             cursor_key: Some(pb::ClaimKeyCursor {
                 claim_type,
                 claim_value: value.into(),
+                ..Default::default()
             }),
             ..claims_req("cell-a", TableName::Users, 0, 0)
         };
@@ -426,6 +432,7 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
         cursor_key: Some(pb::ClaimKeyCursor {
             claim_type: ClaimType::Email.number(),
             claim_value: "someone@example.com".into(),
+            ..Default::default()
         }),
         ..claims_req("cell-a", TableName::Users, 7, 1)
     };

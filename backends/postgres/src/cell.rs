@@ -279,16 +279,17 @@ fn read_claim(row: &Row, table: TableName) -> Result<LocalClaim, ClaimsError> {
     };
     Ok(LocalClaim {
         record: ClaimRecord {
-            key: ClaimKey {
-                claim_type: enum_column(
+            display: None,
+            key: ClaimKey::new(
+                enum_column(
                     row,
                     1,
                     "claim_type",
                     ClaimType::from_name,
                     ClaimType::from_number,
                 )?,
-                value: text(2, "claim_value")?,
-            },
+                text(2, "claim_value")?,
+            ),
             owner_type: enum_column(
                 row,
                 3,

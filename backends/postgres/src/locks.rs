@@ -183,7 +183,7 @@ fn lease_lock_key(lease_id: LeaseId) -> i32 {
 /// The exact lock key of a claim key: FNV-1a of (claim type, value). Two keys with the same
 /// hash only serialize each other.
 fn key_lock_key(key: &ClaimKey) -> i32 {
-    fnv1a(std::iter::once(key.claim_type.number() as u8).chain(key.value.bytes()))
+    fnv1a(std::iter::once(key.namespace_number() as u8).chain(key.value.bytes()))
 }
 
 /// FNV-1a (64-bit) of `bytes`, folded to 32 bits.

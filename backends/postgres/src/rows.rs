@@ -62,10 +62,11 @@ pub(crate) fn system_time(ts: Timestamp) -> SystemTime {
 pub(crate) fn claim(row: &Row) -> Result<Claim, ClaimsError> {
     const W: &str = "claim";
     let record = ClaimRecord {
-        key: ClaimKey {
-            claim_type: number(get(row, 0, W)?, ClaimType::from_number, W, "claim_type")?,
-            value: get(row, 1, W)?,
-        },
+        display: None,
+        key: ClaimKey::new(
+            number(get(row, 0, W)?, ClaimType::from_number, W, "claim_type")?,
+            get::<String>(row, 1, W)?,
+        ),
         owner_type: number(get(row, 2, W)?, OwnerType::from_number, W, "owner_type")?,
         owner_value: get(row, 3, W)?,
         table_name: number(get(row, 4, W)?, TableName::from_number, W, "table_name")?,
@@ -267,7 +268,7 @@ impl<'a> KeyArrays<'a> {
         let mut keys: Vec<&ClaimKey> = keys.into_iter().collect();
         keys.sort();
         Self {
-            types: keys.iter().map(|k| small(k.claim_type.number())).collect(),
+            types: keys.iter().map(|k| small(k.namespace_number())).collect(),
             values: keys.iter().map(|k| k.value.as_str()).collect(),
         }
     }
@@ -294,7 +295,7 @@ impl<'a> RecordArrays<'a> {
         Self {
             types: records
                 .iter()
-                .map(|r| small(r.key.claim_type.number()))
+                .map(|r| small(r.key.namespace_number()))
                 .collect(),
             values: records.iter().map(|r| r.key.value.as_str()).collect(),
             owner_types: records
@@ -357,7 +358,7 @@ impl<'a> ClaimRows<'a> {
         let mut rows = Self::default();
         for claim in claims {
             let record = &claim.record;
-            rows.types.push(small(record.key.claim_type.number()));
+            rows.types.push(small(record.key.namespace_number()));
             rows.values.push(record.key.value.as_str());
             rows.owner_types.push(small(record.owner_type.number()));
             rows.owner_values.push(record.owner_value.as_str());

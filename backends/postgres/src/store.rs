@@ -637,7 +637,7 @@ impl PostgresClaimStore {
         let row = client
             .query_opt(
                 &lookup,
-                &[&small(key.claim_type.number()), &key.value.as_str()],
+                &[&small(key.namespace_number()), &key.value.as_str()],
             )
             .await?;
         session.round_trip();

@@ -112,6 +112,7 @@ pub(crate) fn claim_from_row(row: &Row) -> Result<Claim, ClaimsError> {
     };
     Ok(Claim {
         record: ClaimRecord {
+            display: None,
             key: ClaimKey::new(claim_type, column::<String>(row, "claim_value")?),
             owner_type: enum_value(
                 column(row, "owner_type")?,
@@ -243,7 +244,7 @@ pub(crate) fn delete_slots(keys: Vec<Key>) -> Mutation {
 
 /// The primary key of a claim.
 pub(crate) fn claim_key(key: &ClaimKey) -> Key {
-    Key::composite(&[&i64::from(key.claim_type.number()), &key.value])
+    Key::composite(&[&i64::from(key.namespace_number()), &key.value])
 }
 
 /// The primary key of a lease (and of its outcome).
@@ -258,7 +259,7 @@ pub(crate) fn insert_claim(record: &ClaimRecord, owner: &CellId, lease_id: Lease
         CLAIMS,
         &CLAIM_COLUMNS,
         &[
-            &i64::from(record.key.claim_type.number()),
+            &i64::from(record.key.namespace_number()),
             &record.key.value,
             &i64::from(record.owner_type.number()),
             &record.owner_value,
@@ -296,7 +297,7 @@ pub(crate) fn replace_claim(record: &ClaimRecord) -> Mutation {
             "updated_at",
         ],
         &[
-            &i64::from(record.key.claim_type.number()),
+            &i64::from(record.key.namespace_number()),
             &record.key.value,
             &i64::from(record.owner_type.number()),
             &record.owner_value,
@@ -316,7 +317,7 @@ pub(crate) fn replace_claim(record: &ClaimRecord) -> Mutation {
 /// out of the update (Spanner keeps nanoseconds that the domain's microseconds would cut).
 pub(crate) fn write_claim(claim: &Claim, fresh: Timestamp, existing: bool) -> Mutation {
     let record = &claim.record;
-    let claim_type = i64::from(record.key.claim_type.number());
+    let claim_type = i64::from(record.key.namespace_number());
     let owner_type = i64::from(record.owner_type.number());
     let table_name = i64::from(record.table_name.number());
     let lease_id = claim.lease.map(|l| l.lease_id.to_string());
@@ -374,7 +375,7 @@ fn set_claim_lease(key: &ClaimKey, lease_id: Option<String>, lease_op: i64) -> M
             "updated_at",
         ],
         &[
-            &i64::from(key.claim_type.number()),
+            &i64::from(key.namespace_number()),
             &key.value,
             &lease_id,
             &lease_op,

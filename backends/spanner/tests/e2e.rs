@@ -30,6 +30,7 @@ fn claim(claim_type: ClaimType, value: &str, table: TableName, record_id: i64) -
         owner_value: format!("owner-of-{value}"),
         table_name: table.number(),
         table_record_id: record_id,
+        ..Default::default()
     }
 }
 
@@ -96,6 +97,7 @@ async fn lookup(client: &mut Client, record: &pb::ClaimRecord) -> Option<(pb::Cl
     let req = pb::LookupClaimRequest {
         claim_type: record.claim_type,
         claim_value: record.claim_value.clone(),
+        ..Default::default()
     };
     match client.lookup_claim(req).await {
         Ok(response) => {

@@ -281,15 +281,16 @@ fn read_claim(row: &rusqlite::Row<'_>, table: TableName) -> Result<LocalClaim, C
         }
     };
     let record = ClaimRecord {
-        key: ClaimKey {
-            claim_type: enum_column(
+        display: None,
+        key: ClaimKey::new(
+            enum_column(
                 get(1)?,
                 "claim_type",
                 ClaimType::from_name,
                 ClaimType::from_number,
             )?,
-            value: text(2, "claim_value")?,
-        },
+            text(2, "claim_value")?,
+        ),
         owner_type: enum_column(
             get(3)?,
             "owner_type",

@@ -93,6 +93,7 @@ impl ClaimRow {
         };
         Ok(Claim {
             record: ClaimRecord {
+                display: None,
                 key: ClaimKey::new(
                     enum_value(T, "claim_type", self.claim_type, ClaimType::from_number)?,
                     self.claim_value,
@@ -132,7 +133,7 @@ pub(crate) fn claim_by_key(conn: &Connection, key: &ClaimKey) -> Result<Option<C
     let mut claims = select_claims(
         conn,
         "WHERE claim_type = ?1 AND claim_value = ?2",
-        &[&key.claim_type.number(), &key.value],
+        &[&key.namespace_number(), &key.value],
     )?;
     Ok(claims.pop())
 }

@@ -243,7 +243,7 @@ fn begin(
     for record in &writes.inserts {
         // A primary-key violation here means another writer got in between: retried.
         insert.execute((
-            record.key.claim_type.number(),
+            record.key.namespace_number(),
             &record.key.value,
             request.cell_id.as_str(),
             record.owner_type.number(),
@@ -266,7 +266,7 @@ fn begin(
             &id,
             op.number(),
             now_micros,
-            key.claim_type.number(),
+            key.namespace_number(),
             &key.value,
             request.cell_id.as_str(),
         ))?;
@@ -306,14 +306,14 @@ fn end(tx: &Connection, plan: EndPlan, now: Timestamp) -> Result<(), StoreError>
         "DELETE FROM claims WHERE claim_type = ?1 AND claim_value = ?2 AND lease_id = ?3",
     )?;
     for key in &delete {
-        delete_claim.execute((key.claim_type.number(), &key.value, &id))?;
+        delete_claim.execute((key.namespace_number(), &key.value, &id))?;
     }
     let mut release_claim = tx.prepare_cached(
         "UPDATE claims SET lease_id = NULL, lease_op = 0, updated_at = ?1 \
          WHERE claim_type = ?2 AND claim_value = ?3 AND lease_id = ?4",
     )?;
     for key in &release {
-        release_claim.execute((now_micros, key.claim_type.number(), &key.value, &id))?;
+        release_claim.execute((now_micros, key.namespace_number(), &key.value, &id))?;
     }
     let mut replace_claim = tx.prepare_cached(
         "UPDATE claims SET owner_type = ?1, owner_value = ?2, table_name = ?3, \
@@ -327,7 +327,7 @@ fn end(tx: &Connection, plan: EndPlan, now: Timestamp) -> Result<(), StoreError>
             record.table_name.number(),
             record.table_record_id,
             now_micros,
-            record.key.claim_type.number(),
+            record.key.namespace_number(),
             &record.key.value,
             &id,
         ))?;
@@ -397,7 +397,7 @@ fn write_group(tx: &Connection, writes: &GroupWrites) -> Result<(), StoreError> 
     let mut delete_claim =
         tx.prepare_cached("DELETE FROM claims WHERE claim_type = ?1 AND claim_value = ?2")?;
     for key in &writes.delete_claims {
-        delete_claim.execute((key.claim_type.number(), &key.value))?;
+        delete_claim.execute((key.namespace_number(), &key.value))?;
     }
     let mut update_claim = tx.prepare_cached(
         "UPDATE claims SET cell_id = ?3, owner_type = ?4, owner_value = ?5, table_name = ?6, \
@@ -413,7 +413,7 @@ fn write_group(tx: &Connection, writes: &GroupWrites) -> Result<(), StoreError> 
     for (claim, existing) in updates.chain(writes.insert_claims.iter().map(|c| (c, false))) {
         let record = &claim.record;
         let params = (
-            record.key.claim_type.number(),
+            record.key.namespace_number(),
             &record.key.value,
             claim.cell_id.as_str(),
             record.owner_type.number(),

@@ -19,6 +19,7 @@ async fn connections_past_the_limit_get_a_goaway_with_the_reason() {
             .lookup_claim(pb::LookupClaimRequest {
                 claim_type: 2,
                 claim_value: "x".into(),
+                ..Default::default()
             })
             .await
             .expect_err("not found");
@@ -56,6 +57,7 @@ async fn connections_past_the_limit_get_a_goaway_with_the_reason() {
                 .lookup_claim(pb::LookupClaimRequest {
                     claim_type: 2,
                     claim_value: "x".into(),
+                    ..Default::default()
                 })
                 .await
                 .map(drop),
@@ -96,6 +98,7 @@ async fn connections_past_the_limit_get_a_goaway_with_the_reason() {
                 .lookup_claim(pb::LookupClaimRequest {
                     claim_type: 2,
                     claim_value: "x".into(),
+                    ..Default::default()
                 })
                 .await
         })

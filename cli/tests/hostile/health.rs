@@ -85,6 +85,7 @@ async fn health_turns_not_serving_while_the_store_is_down_or_frozen_and_back() {
             .lookup_claim(pb::LookupClaimRequest {
                 claim_type: 2,
                 claim_value: "during-outage".into(),
+                ..Default::default()
             })
             .await
             .expect_err("the store is down");

@@ -123,6 +123,7 @@ impl Target {
                 .lookup_claim(pb::LookupClaimRequest {
                     claim_type: 2,
                     claim_value: "bystander".into(),
+                    ..Default::default()
                 })
                 .await
         })

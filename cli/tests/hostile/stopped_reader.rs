@@ -37,6 +37,7 @@ async fn a_stream_whose_client_stops_reading_does_not_grow_server_memory() {
                     owner_value: long(&format!("owner-{n}")),
                     table_name: 1,
                     table_record_id: n as i64,
+                    ..Default::default()
                 }
             })
             .collect();

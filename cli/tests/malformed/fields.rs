@@ -173,7 +173,8 @@ async fn every_field_of_every_request_is_checked_at_and_past_its_limits() {
     for (what, n, valid) in enum_cases(1..=3) {
         record_cases.push((
             format!("claim_type {what}"),
-            "claim_type",
+            // Neither namespace nor claim_type: the namespace is missing.
+            if n == 0 { "namespace" } else { "claim_type" },
             Box::new(move |r| r.claim_type = n),
             valid,
         ));
@@ -424,14 +425,15 @@ async fn every_field_of_every_request_is_checked_at_and_past_its_limits() {
         cursor_key: Some(pb::ClaimKeyCursor {
             claim_type,
             claim_value,
+            ..Default::default()
         }),
         ..claims("cell-a".into(), 1, 5, 0)
     };
     for (what, n, valid) in enum_cases(1..=3) {
-        let expect = if valid {
-            Expect::Valid
-        } else {
-            Expect::Invalid("cursor_key.claim_type")
+        let expect = match (valid, n) {
+            (true, _) => Expect::Valid,
+            (false, 0) => Expect::Invalid("cursor_key.namespace"),
+            (false, _) => Expect::Invalid("cursor_key.claim_type"),
         };
         let result = c.list_claims(after(n, "someone".into())).await;
         check(
@@ -456,14 +458,15 @@ async fn every_field_of_every_request_is_checked_at_and_past_its_limits() {
 
     // LookupClaim: claim_type and claim_value.
     for (what, n, valid) in enum_cases(1..=3) {
-        let expect = if valid {
-            Expect::Valid
-        } else {
-            Expect::Invalid("claim_type")
+        let expect = match (valid, n) {
+            (true, _) => Expect::Valid,
+            (false, 0) => Expect::Invalid("namespace"),
+            (false, _) => Expect::Invalid("claim_type"),
         };
         let req = pb::LookupClaimRequest {
             claim_type: n,
             claim_value: "someone".into(),
+            ..Default::default()
         };
         check(
             &format!("LookupClaim claim_type {what}"),
@@ -480,6 +483,7 @@ async fn every_field_of_every_request_is_checked_at_and_past_its_limits() {
         let req = pb::LookupClaimRequest {
             claim_type: 2,
             claim_value: value,
+            ..Default::default()
         };
         check(
             &format!("LookupClaim claim_value {what}"),

@@ -99,6 +99,7 @@ pub fn claim(claim_type: i32, value: &str) -> pb::ClaimRecord {
         owner_value: "42".to_owned(),
         table_name: 1,
         table_record_id: 42,
+        ..Default::default()
     }
 }
 

@@ -76,6 +76,7 @@ async fn bytes_that_are_not_the_request_message_are_refused_on_every_method() {
     let lookup = pb::LookupClaimRequest {
         claim_type: 2,
         claim_value: "x".into(),
+        ..Default::default()
     }
     .encode_to_vec();
     let status = raw_call(&channel, "CommitUpdate", lookup)

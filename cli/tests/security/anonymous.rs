@@ -356,6 +356,7 @@ async fn callers_without_a_certificate_cannot_take_the_cells_connections() {
                 .lookup_claim(pb::LookupClaimRequest {
                     claim_type: 2,
                     claim_value: "nobody".into(),
+                    ..Default::default()
                 })
                 .await;
             if answer.is_err_and(|s| s.code() == Code::NotFound) {
@@ -392,6 +393,7 @@ async fn a_tls_connection_over_the_limit_is_told_the_limit_inside_tls() {
             .lookup_claim(pb::LookupClaimRequest {
                 claim_type: 2,
                 claim_value: "nobody".into(),
+                ..Default::default()
             })
             .await;
         assert_eq!(answer.unwrap_err().code(), Code::NotFound);

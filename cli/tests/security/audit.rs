@@ -59,6 +59,7 @@ async fn the_audit_log_has_one_line_per_mutating_call_and_per_refusal() {
     let read = pb::LookupClaimRequest {
         claim_type: 2,
         claim_value: "audited@example.com".into(),
+        ..Default::default()
     };
     a.lookup_claim(read.clone()).await.unwrap();
     // One mutating call the protocol refuses, and four refusals of the authorization layer.
@@ -166,7 +167,7 @@ async fn the_audit_log_has_one_line_per_mutating_call_and_per_refusal() {
     );
     assert_eq!(first["role"], "cell");
     assert_eq!(first["claims"][0]["op"], "create");
-    assert_eq!(first["claims"][0]["claim_type"], "username");
+    assert_eq!(first["claims"][0]["namespace"], "usernames");
     assert_eq!(first["claims"][0]["claim_value"], "audited@example.com");
     assert_eq!(lines[1]["lease_id"], lease.as_str());
     assert!(first["time"].as_str().unwrap().ends_with('Z'));

@@ -193,6 +193,7 @@ fn claim(value: &str) -> pb::ClaimRecord {
         owner_value: "1".into(),
         table_name: 1,
         table_record_id: 1,
+        ..Default::default()
     }
 }
 
@@ -301,6 +302,7 @@ async fn every_rpc(channel: Channel, cell: &str) -> Vec<(&'static str, Option<(C
                 c.lookup_claim(pb::LookupClaimRequest {
                     claim_type: 2,
                     claim_value: "matrix".into(),
+                    ..Default::default()
                 })
                 .await,
             ),
@@ -503,6 +505,7 @@ async fn untrusted_unidentified_and_plaintext_clients_are_refused_and_health_is_
             .lookup_claim(pb::LookupClaimRequest {
                 claim_type: 2,
                 claim_value: "x".into(),
+                ..Default::default()
             })
             .await
     };
@@ -706,6 +709,7 @@ async fn the_plaintext_health_listener_serves_health_and_nothing_else() {
         .lookup_claim(pb::LookupClaimRequest {
             claim_type: pb::claim_record::ClaimType::Username as i32,
             claim_value: "alice".to_owned(),
+            ..Default::default()
         })
         .await
         .expect_err("the claims service is not on the health listener");

@@ -597,8 +597,10 @@ impl ClaimsClient {
 
     pub async fn lookup_claim(&self, key: &ClaimKey) -> Result<ClaimView, ClaimsError> {
         let message = pb::LookupClaimRequest {
-            claim_type: key.claim_type.number(),
+            // Old servers read the claim type of a built-in namespace only.
+            claim_type: key.namespace.claim_type().map_or(0, |t| t.number()),
             claim_value: key.value.clone(),
+            namespace: key.namespace.to_string(),
         };
         let response = self
             .with_retries(|mut c| {

@@ -11,8 +11,8 @@ use topology_claims::domain::{
 };
 use topology_claims::error::ClaimsError;
 use topology_claims_proto::convert::{
-    begin_update_from_pb, claim_key_cursor_from_pb, claim_key_cursor_to_pb, claim_record_from_pb,
-    timestamp_from_pb,
+    begin_update_from_server_pb, claim_key_cursor_from_pb, claim_key_cursor_to_pb,
+    claim_record_from_server_pb, timestamp_from_pb,
 };
 use topology_claims_proto::pb;
 use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
@@ -60,7 +60,7 @@ pub fn lease_from_pb(
         cell_id: CellId::parse(&payload.cell_id).map_err(|e| bad("lease_payload.cell_id", e))?,
         created_at,
         last_renewed_at: last_renewed_at.map(timestamp_from_pb).unwrap_or(created_at),
-        request: begin_update_from_pb(request)
+        request: begin_update_from_server_pb(request)
             .map_err(|e| bad("lease_payload.original_request", e))?,
     })
 }
@@ -84,9 +84,11 @@ pub fn claim_view_from_pb(info: &pb::ClaimInfo, cell_id: CellId) -> Result<Claim
         owner_value: info.owner_value.clone(),
         table_name: info.table_name,
         table_record_id: info.table_record_id,
+        namespace: info.namespace.clone(),
+        claim_key: info.claim_key.clone(),
     };
     Ok(ClaimView {
-        record: claim_record_from_pb(record, "claim").map_err(|e| bad("claim", e))?,
+        record: claim_record_from_server_pb(record, "claim").map_err(|e| bad("claim", e))?,
         cell_id,
         state: claim_state_from_pb(info.state)?,
         created_at: required_time(info.created_at.as_ref(), "claim.created_at")?,

@@ -16,8 +16,9 @@ use topology_claims::domain::{
 use topology_claims::error::ClaimsError;
 
 pub use topology_claims::codec::{
-    begin_update_from_pb, begin_update_to_pb, claim_record_from_pb, claim_record_to_pb,
-    timestamp_from_pb, timestamp_to_pb,
+    begin_update_from_pb, begin_update_from_server_pb, begin_update_to_pb, claim_record_from_pb,
+    claim_record_from_server_pb, claim_record_to_pb, namespace_from_pb, timestamp_from_pb,
+    timestamp_to_pb,
 };
 
 pub fn lease_payload_to_pb(lease: &Lease) -> pb::LeasePayload {
@@ -41,8 +42,14 @@ pub fn claim_state_to_pb(state: ClaimState) -> pb::ClaimState {
 pub fn claim_info_to_pb(claim: &Claim) -> pb::ClaimInfo {
     let record = &claim.record;
     pb::ClaimInfo {
-        claim_type: record.key.claim_type.number(),
-        claim_value: record.key.value.clone(),
+        claim_type: record
+            .key
+            .namespace
+            .claim_type()
+            .map_or(0, ClaimType::number),
+        claim_value: record.display_value().to_owned(),
+        namespace: record.key.namespace.to_string(),
+        claim_key: record.key.value.clone(),
         owner_type: record.owner_type.number(),
         owner_value: record.owner_value.clone(),
         table_name: record.table_name.number(),
@@ -158,23 +165,25 @@ pub fn claim_key_cursor_from_pb(
     key: &pb::ClaimKeyCursor,
     field: &str,
 ) -> Result<ClaimKey, ClaimsError> {
-    let claim_type = ClaimType::parse_field(key.claim_type, &format!("{field}.claim_type"))?;
+    let namespace = namespace_from_pb(key.claim_type, &key.namespace, field)?;
     check_value(&key.claim_value, &format!("{field}.claim_value"))?;
-    Ok(ClaimKey::new(claim_type, key.claim_value.clone()))
+    Ok(ClaimKey::new(namespace, key.claim_value.clone()))
 }
 
 pub fn claim_key_cursor_to_pb(key: &ClaimKey) -> pb::ClaimKeyCursor {
     pb::ClaimKeyCursor {
-        claim_type: key.claim_type.number(),
+        claim_type: key.namespace.claim_type().map_or(0, ClaimType::number),
         claim_value: key.value.clone(),
+        namespace: key.namespace.to_string(),
     }
 }
 
-/// Decodes a LookupClaim request into the claim's key.
+/// Decodes a LookupClaim request into the claim's key (the value as sent, until the store
+/// resolves it under the namespace's rules).
 pub fn claim_key_from_pb(request: &pb::LookupClaimRequest) -> Result<ClaimKey, ClaimsError> {
-    let claim_type = ClaimType::parse_field(request.claim_type, "claim_type")?;
+    let namespace = namespace_from_pb(request.claim_type, &request.namespace, "")?;
     check_value(&request.claim_value, "claim_value")?;
-    Ok(ClaimKey::new(claim_type, request.claim_value.clone()))
+    Ok(ClaimKey::new(namespace, request.claim_value.clone()))
 }
 
 pub fn renew_response_to_pb(lease: &Lease) -> pb::RenewLeaseResponse {
@@ -423,6 +432,7 @@ mod tests {
             value.push('x');
         }
         ClaimRecord {
+            display: None,
             key: ClaimKey::new(ClaimType::Email, value.clone()),
             owner_type: OwnerType::Project,
             owner_value: value,
@@ -576,6 +586,7 @@ mod tests {
             cursor_key: Some(pb::ClaimKeyCursor {
                 claim_type: 3,
                 claim_value: "v".into(),
+                ..Default::default()
             }),
             page_token: "token".into(),
             page_tokens: true,

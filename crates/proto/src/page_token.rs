@@ -17,24 +17,30 @@
 use aws_lc_rs::digest;
 
 use topology_claims::domain::{
-    check_record_id, check_value, CellId, ClaimKey, ClaimType, ClaimsCursor, TableName,
-    MAX_VALUE_LEN, PAGE_TOKEN_MAX_LEN,
+    check_record_id, check_value, namespaces::MAX_NAMESPACE_ID_LEN, CellId, ClaimKey, ClaimType,
+    ClaimsCursor, NamespaceId, TableName, MAX_VALUE_LEN, PAGE_TOKEN_MAX_LEN,
 };
 use topology_claims::error::ClaimsError;
 
 /// The request field every token error names.
 pub const FIELD: &str = "page_token";
 
-/// The layout's version: the first byte, so that a later layout can be told apart.
-const VERSION: u8 = 1;
+/// The layout's version: the first byte, so that a later layout can be told apart. Version 1
+/// named the claim inside a record by its claim type (i32); version 2 by its namespace id
+/// (length-prefixed). Tokens of version 1 are still read: a listing outlives an upgrade.
+const VERSION: u8 = 2;
+const VERSION_CLAIM_TYPE: u8 = 1;
 /// Separates the checksums of page tokens from any other use of SHA-256 over similar bytes.
 const LABEL: &[u8] = b"topology-claims.v1.page-token\0";
 /// Bytes of SHA-256 kept: 128 bits, far beyond what a careless change could hit by chance.
 const CHECKSUM_LEN: usize = 16;
-/// version, table (i32), record id (i64), claim type (i32; 0: no key), then the claim value.
-const FIXED_LEN: usize = 1 + 4 + 8 + 4;
-/// The longest token in bytes before base64: a key with the longest claim value.
-const MAX_BYTES: usize = FIXED_LEN + MAX_VALUE_LEN + CHECKSUM_LEN;
+/// version, table (i32), record id (i64), namespace id length (u8; 0: no key), then the
+/// namespace id and the claim's key.
+const FIXED_LEN: usize = 1 + 4 + 8 + 1;
+/// Version 1: a claim type (i32; 0: no key) instead of the namespace id's length and bytes.
+const FIXED_LEN_V1: usize = 1 + 4 + 8 + 4;
+/// The longest token in bytes before base64: a key with the longest namespace and value.
+const MAX_BYTES: usize = FIXED_LEN + MAX_NAMESPACE_ID_LEN + MAX_VALUE_LEN + CHECKSUM_LEN;
 /// The longest token as sent: base64 of [`MAX_BYTES`] without padding.
 pub const MAX_LEN: usize = (MAX_BYTES * 4).div_ceil(3);
 const _: () = assert!(
@@ -50,10 +56,12 @@ pub fn encode(cell_id: &CellId, table: TableName, position: &ClaimsCursor) -> St
     bytes.extend_from_slice(&position.record_id.to_be_bytes());
     match &position.after_key {
         Some(key) => {
-            bytes.extend_from_slice(&key.claim_type.number().to_be_bytes());
+            let namespace = key.namespace.as_str().as_bytes();
+            bytes.push(u8::try_from(namespace.len()).expect("a namespace id is at most 63 bytes"));
+            bytes.extend_from_slice(namespace);
             bytes.extend_from_slice(key.value.as_bytes());
         }
-        None => bytes.extend_from_slice(&0i32.to_be_bytes()),
+        None => bytes.push(0),
     }
     let checksum = checksum(cell_id, &bytes);
     bytes.extend_from_slice(&checksum);
@@ -93,8 +101,15 @@ pub fn decode(
              listing; send back next_page_token unchanged, in a request for the same cell and table"
         )));
     }
-    if body[0] != VERSION {
-        return Err(refuse(format!("unknown page token version {}", body[0])));
+    let fixed_len = match body[0] {
+        VERSION => FIXED_LEN,
+        VERSION_CLAIM_TYPE => FIXED_LEN_V1,
+        version => return Err(refuse(format!("unknown page token version {version}"))),
+    };
+    if body.len() < fixed_len {
+        return Err(refuse(
+            "too short to be a page token (cut off?); send back next_page_token unchanged".into(),
+        ));
     }
     let issued_for = i32::from_be_bytes(body[1..5].try_into().expect("4 bytes"));
     if issued_for != table.number() {
@@ -107,17 +122,39 @@ pub fn decode(
     }
     let record_id = i64::from_be_bytes(body[5..13].try_into().expect("8 bytes"));
     check_record_id(record_id, FIELD)?;
-    let claim_type = i32::from_be_bytes(body[13..17].try_into().expect("4 bytes"));
-    let value = &body[FIXED_LEN..];
-    let after_key = match claim_type {
-        0 if value.is_empty() => None,
-        0 => return Err(refuse("a claim value without a claim type".into())),
-        number => {
-            let claim_type = ClaimType::parse_field(number, FIELD)?;
+    let (namespace, value) = if body[0] == VERSION_CLAIM_TYPE {
+        let claim_type = i32::from_be_bytes(body[13..17].try_into().expect("4 bytes"));
+        let namespace = match claim_type {
+            0 => None,
+            number => Some(NamespaceId::of_claim_type(ClaimType::parse_field(
+                number, FIELD,
+            )?)),
+        };
+        (namespace, &body[FIXED_LEN_V1..])
+    } else {
+        let len = usize::from(body[13]);
+        let rest = &body[FIXED_LEN..];
+        if rest.len() < len {
+            return Err(refuse("a namespace id cut short".into()));
+        }
+        let namespace = match len {
+            0 => None,
+            _ => {
+                let id = std::str::from_utf8(&rest[..len])
+                    .map_err(|_| refuse("a namespace id that is not UTF-8".into()))?;
+                Some(NamespaceId::parse_field(id, FIELD)?)
+            }
+        };
+        (namespace, &rest[len..])
+    };
+    let after_key = match namespace {
+        None if value.is_empty() => None,
+        None => return Err(refuse("a claim value without a namespace".into())),
+        Some(namespace) => {
             let value = std::str::from_utf8(value)
                 .map_err(|_| refuse("a claim value that is not UTF-8".into()))?;
             check_value(value, FIELD)?;
-            Some(ClaimKey::new(claim_type, value))
+            Some(ClaimKey::new(namespace, value))
         }
     };
     Ok(ClaimsCursor {

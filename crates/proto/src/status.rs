@@ -140,10 +140,10 @@ pub fn claim_leased_status(error: &ClaimsError, leased_since: Option<Timestamp>)
 fn to_status_with(error: &ClaimsError, leased_since: Option<Timestamp>) -> Status {
     let mut metadata = HashMap::new();
     if let Some(claim) = error.claim() {
-        metadata.insert(
-            META_CLAIM_TYPE.to_owned(),
-            claim.claim_type.name().to_owned(),
-        );
+        if let Some(claim_type) = claim.namespace.claim_type() {
+            metadata.insert(META_CLAIM_TYPE.to_owned(), claim_type.name().to_owned());
+        }
+        metadata.insert(META_NAMESPACE.to_owned(), claim.namespace.to_string());
         metadata.insert(META_CLAIM_VALUE.to_owned(), claim.value.clone());
     }
     if let Some(lease_id) = error.lease_id() {
@@ -293,9 +293,13 @@ pub fn from_status(status: &Status) -> ClaimsError {
         return without_error_info(status);
     };
     let meta = |key: &str| info.metadata.get(key).map(String::as_str);
+    // A server older than namespaces names the claim by its claim type only.
     let claim = || -> Option<ClaimKey> {
-        let claim_type = ClaimType::from_name(meta(META_CLAIM_TYPE)?)?;
-        Some(ClaimKey::new(claim_type, meta(META_CLAIM_VALUE)?))
+        let namespace = match meta(META_NAMESPACE) {
+            Some(id) => NamespaceId::parse(id).ok()?,
+            None => ClaimType::from_name(meta(META_CLAIM_TYPE)?)?.into(),
+        };
+        Some(ClaimKey::new(namespace, meta(META_CLAIM_VALUE)?))
     };
     let lease_id = || meta(META_LEASE_ID).and_then(|id| LeaseId::parse(id).ok());
     let namespace = || meta(META_NAMESPACE).and_then(|id| NamespaceId::parse(id).ok());

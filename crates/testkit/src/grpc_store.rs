@@ -289,8 +289,9 @@ impl ClaimStore for GrpcClaimStore {
 
     async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
         let message = pb::LookupClaimRequest {
-            claim_type: key.claim_type.number(),
+            namespace: key.namespace.to_string(),
             claim_value: key.value.clone(),
+            ..Default::default()
         };
         let response = self
             .client()

@@ -89,7 +89,7 @@ fn key_of(n: usize) -> ClaimKey {
 
 fn record_of(key: usize, record_id: i64) -> ClaimRecord {
     let k = key_of(key);
-    record_in(TableName::Users, record_id, k.claim_type, &k.value)
+    record_in(TableName::Users, record_id, k.namespace.clone(), &k.value)
 }
 
 /// The new values of an update of `key`: another owner, and the record `record_id` of `users` or
@@ -102,9 +102,10 @@ fn updated_record_of(key: usize, record_id: i64, moved: bool) -> ClaimRecord {
     };
     let k = key_of(key);
     ClaimRecord {
+        display: None,
         owner_type: OwnerType::Group,
         owner_value: format!("moved-{}", k.value),
-        ..record_in(table, record_id, k.claim_type, &k.value)
+        ..record_in(table, record_id, k.namespace.clone(), &k.value)
     }
 }
 

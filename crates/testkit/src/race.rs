@@ -116,8 +116,9 @@ pub async fn racing_clients_get_one_winner_each(
         assert_eq!(cells.len(), 1, "{} won by {cells:?}", record.key.value);
         let answer = client
             .lookup_claim(pb::LookupClaimRequest {
-                claim_type: record.key.claim_type.number(),
+                namespace: record.key.namespace.to_string(),
                 claim_value: record.key.value.clone(),
+                ..Default::default()
             })
             .await
             .expect("a won claim is found")

@@ -39,6 +39,7 @@ pub async fn signup(
         })
         .map_err(|e| e.to_string())?;
     let claim = |claim_type, value: &str, table| ClaimRecord {
+        display: None,
         key: ClaimKey::new(claim_type, value),
         owner_type: OwnerType::User,
         owner_value: id.to_string(),
@@ -74,12 +75,20 @@ pub async fn signup(
     match result {
         Ok((id, _)) => Ok(id),
         Err(TransactionError::Claims(ClaimsError::ClaimTaken { claim })) => {
-            Err(format!("{} has already been taken", claim.claim_type))
+            Err(format!("{} has already been taken", kind(&claim)))
         }
         Err(TransactionError::Claims(ClaimsError::ClaimLeased { claim })) => Err(format!(
             "{} is being changed right now; try again",
-            claim.claim_type
+            kind(&claim)
         )),
         Err(other) => Err(other.to_string()),
     }
+}
+
+/// What the user calls a claim: "username" for the built-in `usernames`, else the namespace.
+fn kind(claim: &topology_claims_client::ClaimKey) -> String {
+    claim
+        .namespace
+        .claim_type()
+        .map_or_else(|| claim.namespace.to_string(), |t| t.name().to_owned())
 }

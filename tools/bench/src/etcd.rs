@@ -128,12 +128,7 @@ pub struct EtcdConn {
 }
 
 fn key(record: &topology_claims::ClaimRecord) -> Vec<u8> {
-    format!(
-        "/claims/{}/{}",
-        record.key.claim_type.name(),
-        record.key.value
-    )
-    .into_bytes()
+    format!("/claims/{}/{}", record.key.namespace, record.key.value).into_bytes()
 }
 
 fn compare(key: Vec<u8>, target: CompareTarget, value: TargetUnion) -> Compare {

@@ -431,7 +431,7 @@ impl SqlConn {
 fn sorted_keys(batch: &Batch) -> (Vec<i16>, Vec<String>) {
     let keys: Vec<&ClaimKey> = batch.sorted_keys();
     (
-        keys.iter().map(|k| small(k.claim_type.number())).collect(),
+        keys.iter().map(|k| small(k.namespace_number())).collect(),
         keys.iter().map(|k| k.value.clone()).collect(),
     )
 }

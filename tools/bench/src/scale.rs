@@ -160,6 +160,7 @@ pub async fn load_grpc(
                     lease_id: Some(lease_id),
                     creates: (start..end)
                         .map(|i| ClaimRecord {
+                            display: None,
                             key: ClaimKey::new(ClaimType::Username, value(i)),
                             owner_type: OwnerType::User,
                             owner_value: SCALE_OWNER.into(),
@@ -233,6 +234,7 @@ async fn probe(
             .lookup_claim(pb::LookupClaimRequest {
                 claim_type: ClaimType::Username.number(),
                 claim_value: value(rng.u64(0..loaded.max(1))),
+                ..Default::default()
             })
             .await;
         let lookup_time = started.elapsed();

@@ -272,6 +272,7 @@ impl LocalDb {
 
 fn claim(id: u64, owner: String) -> ClaimRecord {
     ClaimRecord {
+        display: None,
         key: ClaimKey::new(ClaimType::Username, scale::value(id)),
         owner_type: OwnerType::User,
         owner_value: owner,

@@ -196,6 +196,7 @@ pub fn signup_claims(entity: &str, record_id: i64, k: usize) -> Vec<ClaimRecord>
                 ),
             };
             ClaimRecord {
+                display: None,
                 key: ClaimKey::new(claim_type, value),
                 owner_type: OwnerType::User,
                 owner_value: entity.to_owned(),
@@ -251,7 +252,10 @@ mod tests {
     #[test]
     fn a_signup_batch_is_username_email_and_routes_without_duplicates() {
         let claims = signup_claims("alice", 1, 4);
-        let types: Vec<_> = claims.iter().map(|c| c.key.claim_type).collect();
+        let types: Vec<_> = claims
+            .iter()
+            .map(|c| c.key.namespace.claim_type().unwrap())
+            .collect();
         assert_eq!(
             types,
             [

@@ -38,6 +38,7 @@ pub fn key_index(key: &ClaimKey) -> Option<u32> {
 /// The claim record a cell sends for `key` (the local record id is the key number).
 pub fn record(cell: u16, key: u32) -> ClaimRecord {
     ClaimRecord {
+        display: None,
         key: claim_key(key),
         owner_type: OwnerType::User,
         owner_value: cell_id(cell).to_string(),

@@ -8,7 +8,7 @@
 //!
 //! Fields: `time` (RFC 3339, UTC), `peer`, `identity` (the SPIFFE id, `cn:NAME`, or `anonymous`
 //! on a plaintext server), `role`, `method`, `cell_id`, `lease_id`, `claim_count` (claims the
-//! request carried), `claims` (each with its `op`, `claim_type`, `claim_value`; every claim of an
+//! request carried), `claims` (each with its `op`, `namespace`, `claim_value`; every claim of an
 //! accepted request, at most [`REFUSED_CLAIMS_LOGGED`] of a refused one), `code` (the gRPC code
 //! name), `reason` (the ErrorInfo reason, or empty) and `duration_ms`. Claim values can be
 //! personal data (emails): with `--audit-hash-key-file`, each is written as `hmac-sha256:HEX`
@@ -44,7 +44,7 @@ pub const REFUSED_CLAIMS_LOGGED: usize = 16;
 pub const DEFAULT_QUEUE_BYTES: usize = 64 * 1024 * 1024;
 
 /// The most bytes each text field of a line keeps (before JSON escaping): peer, identity, role,
-/// method, cell_id, lease_id, claim_type, claim_value, code, reason, admin_reason.
+/// method, cell_id, lease_id, namespace, claim_value, code, reason, admin_reason.
 pub const FIELD_LIMITS: FieldLimits = FieldLimits {
     short: 128,
     identity: 512,
@@ -55,7 +55,7 @@ pub const FIELD_LIMITS: FieldLimits = FieldLimits {
 /// See [`FIELD_LIMITS`].
 #[derive(Clone, Copy, Debug)]
 pub struct FieldLimits {
-    /// peer, role, method, cell_id, lease_id, claim_type, code, reason.
+    /// peer, role, method, cell_id, lease_id, namespace, code, reason.
     pub short: usize,
     pub identity: usize,
     pub claim_value: usize,
@@ -66,7 +66,8 @@ pub struct FieldLimits {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuditedClaim {
     pub op: &'static str,
-    pub claim_type: String,
+    /// The namespace as sent (`namespace`, or the built-in a legacy `claim_type` names).
+    pub namespace: String,
     pub claim_value: String,
 }
 
@@ -99,7 +100,7 @@ impl AuditRecord {
         let claims: usize = self
             .claims
             .iter()
-            .map(|c| c.claim_type.len() + c.claim_value.len() + 64)
+            .map(|c| c.namespace.len() + c.claim_value.len() + 64)
             .sum();
         let admin = self.admin.as_ref().map_or(0, |a| {
             let ids = |ids: &[String]| -> usize {
@@ -396,9 +397,9 @@ impl Shared {
             .iter()
             .map(|c| {
                 format!(
-                    "{{\"op\":{},\"claim_type\":{},\"claim_value\":{}}}",
+                    "{{\"op\":{},\"namespace\":{},\"claim_value\":{}}}",
                     json(c.op),
-                    short(&c.claim_type),
+                    short(&c.namespace),
                     json(&self.value(&c.claim_value))
                 )
             })
@@ -588,7 +589,7 @@ mod tests {
             method: "BeginUpdate".into(),
             claims: vec![AuditedClaim {
                 op: "create",
-                claim_type: "EMAIL".into(),
+                namespace: "emails".into(),
                 claim_value: "a\"b@example.com".into(),
             }],
             code: "OK".into(),
@@ -636,7 +637,7 @@ mod tests {
             claims: vec![
                 AuditedClaim {
                     op: "create",
-                    claim_type: huge.clone(),
+                    namespace: huge.clone(),
                     claim_value: huge.clone(),
                 };
                 REFUSED_CLAIMS_LOGGED

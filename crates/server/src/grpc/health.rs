@@ -38,10 +38,7 @@ impl Default for HealthConfig {
 /// The key the probe looks up. Whether it exists does not matter: any answer of the store
 /// (found or CLAIM_NOT_FOUND) proves it can serve.
 fn probe_key() -> ClaimKey {
-    ClaimKey {
-        claim_type: ClaimType::Username,
-        value: "topology-claims-health-probe".to_owned(),
-    }
+    ClaimKey::new(ClaimType::Username, "topology-claims-health-probe")
 }
 
 /// One probe: `Ok` when the store answered within `timeout`, else why not.

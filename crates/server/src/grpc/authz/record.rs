@@ -19,7 +19,7 @@ use crate::grpc::listener::ConnInfo;
 use crate::grpc::pb;
 use crate::grpc::pb::admin as apb;
 use crate::grpc::status::code_name;
-use topology_claims::domain::ClaimType;
+use topology_claims::domain::{ClaimType, NamespaceId};
 
 /// An audit line in the making.
 pub(super) struct Audit {
@@ -86,8 +86,11 @@ impl Audit {
                         let c = pb::ClaimRecord::decode(bytes).unwrap_or_default();
                         r.claims.push(AuditedClaim {
                             op,
-                            claim_type: ClaimType::from_number(i64::from(c.claim_type))
-                                .map_or_else(|| c.claim_type.to_string(), |t| t.name().to_owned()),
+                            namespace: match ClaimType::from_number(i64::from(c.claim_type)) {
+                                _ if !c.namespace.is_empty() => c.namespace,
+                                Some(t) => NamespaceId::of_claim_type(t).to_string(),
+                                None => c.claim_type.to_string(),
+                            },
                             claim_value: c.claim_value,
                         });
                     }

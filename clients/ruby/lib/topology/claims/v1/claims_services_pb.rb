@@ -9,7 +9,7 @@
 # ListOutstandingLeases, verifiers StreamClaims (or ListClaims), routers LookupClaim.
 #
 # Every error carries a google.rpc.ErrorInfo (domain "topology-claims") whose reason and
-# metadata (claim_type, claim_value, lease_id) say what happened; see docs/api.md.
+# metadata (namespace, claim_type, claim_value, lease_id) say what happened; see docs/api.md.
 
 require 'grpc'
 require 'topology/claims/v1/claims_pb'

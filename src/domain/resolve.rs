@@ -1,0 +1,346 @@
+//! A store's namespaces as one decision input ([`NamespaceSet`]), and what is decided with it:
+//! the keys of a request's values ([`resolve_begin`], [`resolve_key`]), the create-only rules
+//! ([`check_creates`]), and the administrative decisions that add or remove a namespace
+//! ([`decide_create_namespace`], [`decide_delete_namespace`]).
+//!
+//! Every store keys its claims by a namespace *number* (the built-ins keep the numbers 1, 2 and
+//! 3 of the legacy `claim_type`; the others get the next free one), so that the claims' primary
+//! key and page order stay what they were before namespaces (docs/decisions/107).
+//!
+//! Must not do I/O: a store reads its namespace rows in the transaction that decides, builds the
+//! set, and asks these functions.
+
+use std::collections::BTreeMap;
+
+use crate::error::ClaimsError;
+
+use super::namespaces::{Namespace, NamespaceId, NamespaceSpec};
+use super::types::{BeginUpdate, ClaimKey, ClaimRecord, ClaimType};
+
+/// A namespace as a store holds it: its number and its definition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredNamespace {
+    pub number: i32,
+    pub namespace: Namespace,
+}
+
+/// The namespaces of a store (or the part of them a decision reads), by id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceSet {
+    by_id: BTreeMap<NamespaceId, StoredNamespace>,
+}
+
+impl NamespaceSet {
+    pub fn new(namespaces: impl IntoIterator<Item = StoredNamespace>) -> Self {
+        Self {
+            by_id: namespaces
+                .into_iter()
+                .map(|stored| (stored.namespace.id.clone(), stored))
+                .collect(),
+        }
+    }
+
+    /// What a new store starts with: `routes`, `usernames` and `emails` under their legacy
+    /// numbers.
+    pub fn builtins() -> Self {
+        Self::new(ClaimType::ALL.iter().map(|t| StoredNamespace {
+            number: t.number(),
+            namespace: Namespace::builtin(*t),
+        }))
+    }
+
+    /// The namespace `id`, or INVALID_ARGUMENT `UNKNOWN_NAMESPACE`.
+    pub fn get(&self, id: &NamespaceId) -> Result<&StoredNamespace, ClaimsError> {
+        self.by_id
+            .get(id)
+            .ok_or_else(|| ClaimsError::UnknownNamespace {
+                namespace: id.to_string(),
+            })
+    }
+
+    /// The namespace numbered `number` (reading a claim row back).
+    pub fn by_number(&self, number: i32) -> Option<&StoredNamespace> {
+        self.by_id.values().find(|stored| stored.number == number)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &StoredNamespace> {
+        self.by_id.values()
+    }
+
+    /// The number a new namespace gets: one more than the highest held, and never one of the
+    /// built-ins' (a deleted namespace held no claims, so reusing its number is harmless).
+    pub fn next_number(&self) -> i32 {
+        let builtins = ClaimType::ALL.len() as i32;
+        self.by_id
+            .values()
+            .map(|s| s.number)
+            .max()
+            .unwrap_or(0)
+            .max(builtins)
+            + 1
+    }
+}
+
+/// `record` (as decoded: its key is the value as sent) with its key under its namespace's rules
+/// and its display form kept; `field` names it in refusals (`creates_claims[2]`).
+pub fn resolve_record(
+    record: ClaimRecord,
+    namespaces: &NamespaceSet,
+    field: impl std::fmt::Display,
+) -> Result<ClaimRecord, ClaimsError> {
+    let namespace = &namespaces.get(&record.key.namespace)?.namespace;
+    let sent = record.display_value();
+    let key = namespace
+        .key_of(sent, &format!("{field}.claim_value"))?
+        .into_owned();
+    let display = (key != sent).then(|| sent.to_owned());
+    Ok(ClaimRecord {
+        key: ClaimKey {
+            namespace: record.key.namespace,
+            value: key,
+        },
+        display,
+        ..record
+    })
+}
+
+/// The key of a value as a lookup or a cursor sends it (`field` names the value).
+pub fn resolve_key(
+    key: &ClaimKey,
+    namespaces: &NamespaceSet,
+    field: &str,
+) -> Result<ClaimKey, ClaimsError> {
+    let namespace = &namespaces.get(&key.namespace)?.namespace;
+    Ok(ClaimKey {
+        namespace: key.namespace.clone(),
+        value: namespace.key_of(&key.value, field)?.into_owned(),
+    })
+}
+
+/// A BeginUpdate with every record's key computed under its namespace's rules. Two values of one
+/// batch with the same key are then one claim twice (`check_batch` refuses it).
+pub fn resolve_begin(
+    request: BeginUpdate,
+    namespaces: &NamespaceSet,
+) -> Result<BeginUpdate, ClaimsError> {
+    let resolve = |records: Vec<ClaimRecord>, name: &str| {
+        records
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| resolve_record(r, namespaces, format_args!("{name}[{i}]")))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok(BeginUpdate {
+        creates: resolve(request.creates, "creates_claims")?,
+        destroys: resolve(request.destroys, "destroys_claims")?,
+        updates: resolve(request.updates, "updates_claims")?,
+        ..request
+    })
+}
+
+/// The rules only a create must pass (after the replay check: a replay is decided under the
+/// rules of its first attempt): its namespace is not deprecated and its key is not reserved.
+pub fn check_creates(request: &BeginUpdate, namespaces: &NamespaceSet) -> Result<(), ClaimsError> {
+    for (i, record) in request.creates.iter().enumerate() {
+        let namespace = &namespaces.get(&record.key.namespace)?.namespace;
+        namespace.check_create(
+            &record.key.value,
+            &format!("creates_claims[{i}].claim_value"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Decides a CreateNamespace in a store holding `namespaces`, at most `max` of them: the new
+/// namespace (version 1) and its number.
+pub fn decide_create_namespace(
+    namespaces: &NamespaceSet,
+    spec: NamespaceSpec,
+    max: usize,
+) -> Result<StoredNamespace, ClaimsError> {
+    let namespace = Namespace::from_spec(spec, 1)?;
+    if namespaces.by_id.contains_key(&namespace.id) {
+        return Err(ClaimsError::NamespaceExists {
+            namespace: namespace.id,
+        });
+    }
+    if namespaces.len() >= max {
+        return Err(ClaimsError::TooManyNamespaces { max: max as u64 });
+    }
+    Ok(StoredNamespace {
+        number: namespaces.next_number(),
+        namespace,
+    })
+}
+
+/// Decides a DeleteNamespace of `id`, which holds `claims` claims (leased ones included): its
+/// number, to delete the row.
+pub fn decide_delete_namespace(
+    namespaces: &NamespaceSet,
+    id: &str,
+    claims: u64,
+) -> Result<i32, ClaimsError> {
+    let stored = NamespaceId::parse(id)
+        .ok()
+        .and_then(|id| namespaces.by_id.get(&id))
+        .ok_or_else(|| ClaimsError::NamespaceNotFound {
+            namespace: id.to_owned(),
+        })?;
+    if claims > 0 {
+        return Err(ClaimsError::NamespaceNotEmpty {
+            namespace: stored.namespace.id.clone(),
+            claims,
+        });
+    }
+    Ok(stored.number)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::namespaces::Normalization;
+    use crate::domain::types::{CellId, OwnerType, TableName};
+
+    fn record(namespace: &str, value: &str) -> ClaimRecord {
+        ClaimRecord {
+            key: ClaimKey::new(NamespaceId::parse(namespace).unwrap(), value),
+            display: None,
+            owner_type: OwnerType::User,
+            owner_value: "o".into(),
+            table_name: TableName::Users,
+            table_record_id: 1,
+        }
+    }
+
+    fn creates(records: Vec<ClaimRecord>) -> BeginUpdate {
+        BeginUpdate {
+            cell_id: CellId::parse("cell-a").unwrap(),
+            lease_id: None,
+            creates: records,
+            destroys: vec![],
+            updates: vec![],
+            local_transaction: None,
+        }
+    }
+
+    #[test]
+    fn a_resolved_record_has_its_key_and_keeps_what_was_sent() {
+        let set = NamespaceSet::builtins();
+        let resolved = resolve_record(record("usernames", "ＪＯＨＮ"), &set, "c[0]").unwrap();
+        assert_eq!(resolved.key.value, "john");
+        assert_eq!(resolved.display_value(), "ＪＯＨＮ");
+        let same = resolve_record(record("usernames", "john"), &set, "c[0]").unwrap();
+        assert_eq!(same.display, None, "no display form when it is the key");
+        assert!(resolved.same_as_sent(&record("usernames", "ＪＯＨＮ")));
+    }
+
+    #[test]
+    fn an_unknown_namespace_is_refused_by_name() {
+        let set = NamespaceSet::builtins();
+        match resolve_record(record("ssh-keys", "x"), &set, "c[0]") {
+            Err(ClaimsError::UnknownNamespace { namespace }) => assert_eq!(namespace, "ssh-keys"),
+            other => panic!("expected UNKNOWN_NAMESPACE, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_refused_value_names_its_field_namespace_and_rule() {
+        let set = NamespaceSet::builtins();
+        let request = creates(vec![record("usernames", "ok"), record("usernames", "a b")]);
+        match resolve_begin(request, &set) {
+            Err(ClaimsError::InvalidClaimValue {
+                field,
+                namespace,
+                rule,
+                ..
+            }) => {
+                assert_eq!(field, "creates_claims[1].claim_value");
+                assert_eq!(namespace.as_str(), "usernames");
+                assert_eq!(rule.name(), "normalization");
+            }
+            other => panic!("expected INVALID_CLAIM_VALUE, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn two_forms_of_one_name_in_one_batch_are_one_claim_twice() {
+        let set = NamespaceSet::builtins();
+        let request = creates(vec![
+            record("usernames", "John"),
+            record("usernames", "john"),
+        ]);
+        let resolved = resolve_begin(request, &set).unwrap();
+        assert!(matches!(
+            crate::domain::check_batch(&resolved, 10),
+            Err(ClaimsError::BatchConflict { .. })
+        ));
+    }
+
+    #[test]
+    fn namespaces_get_numbers_after_the_builtins_and_are_capped() {
+        let mut set = NamespaceSet::builtins();
+        let spec = NamespaceSpec::new("ssh-keys", Normalization::Exact);
+        let created = decide_create_namespace(&set, spec.clone(), 10).unwrap();
+        assert_eq!(created.number, 4);
+        assert_eq!(created.namespace.version, 1);
+        set = NamespaceSet::new(set.iter().cloned().chain([created]));
+        assert!(matches!(
+            decide_create_namespace(&set, spec, 10),
+            Err(ClaimsError::NamespaceExists { .. })
+        ));
+        let other = NamespaceSpec::new("pages", Normalization::AsciiCaseInsensitive);
+        assert!(matches!(
+            decide_create_namespace(&set, other, 4),
+            Err(ClaimsError::TooManyNamespaces { max: 4 })
+        ));
+        assert_eq!(set.by_number(4).unwrap().namespace.id.as_str(), "ssh-keys");
+    }
+
+    #[test]
+    fn only_an_empty_namespace_is_deleted() {
+        let set = NamespaceSet::builtins();
+        assert_eq!(decide_delete_namespace(&set, "emails", 0).unwrap(), 3);
+        assert!(matches!(
+            decide_delete_namespace(&set, "emails", 2),
+            Err(ClaimsError::NamespaceNotEmpty { claims: 2, .. })
+        ));
+        assert!(matches!(
+            decide_delete_namespace(&set, "nope", 0),
+            Err(ClaimsError::NamespaceNotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn creates_in_a_deprecated_namespace_or_of_a_reserved_key_are_refused() {
+        let mut spec = NamespaceSpec::new("usernames", Normalization::PrecisUsername);
+        spec.reserved = vec!["Admin".into()];
+        let reserved = NamespaceSet::new([StoredNamespace {
+            number: 2,
+            namespace: Namespace::from_spec(spec.clone(), 2).unwrap(),
+        }]);
+        let request =
+            resolve_begin(creates(vec![record("usernames", "ADMIN")]), &reserved).unwrap();
+        assert!(matches!(
+            check_creates(&request, &reserved),
+            Err(ClaimsError::InvalidClaimValue { .. })
+        ));
+        spec.reserved.clear();
+        spec.deprecated = true;
+        let deprecated = NamespaceSet::new([StoredNamespace {
+            number: 2,
+            namespace: Namespace::from_spec(spec, 3).unwrap(),
+        }]);
+        assert!(matches!(
+            check_creates(&request, &deprecated),
+            Err(ClaimsError::NamespaceDeprecated { .. })
+        ));
+    }
+}
