@@ -23,8 +23,8 @@ def build_cell(name, work, config)
       include TopologyClaims::Claimable
       claims_owner :user
       claims_table :users
-      claim :username, type: :username
-      claim :email, type: :email, if: -> { email.present? }
+      claim :username, namespace: "usernames"
+      claim :email, namespace: "emails", if: -> { email.present? }
     end
   RUBY
   namespace::Record.establish_connection(adapter: "sqlite3", database: File.join(work, "#{name}.sqlite3"))
@@ -66,7 +66,7 @@ alice.update!(email: "alice@new.example.com")              # frees the old email
 puts "cell-eu: alice's email is now #{alice.email}"
 signup(us, "cell-us", "alice3", "alice@example.com")      # free again
 
-lookup = TopologyClaims.client.lookup_claim(:email, "alice@new.example.com")
+lookup = TopologyClaims.client.lookup_claim("emails", "alice@new.example.com")
 puts "LookupClaim email alice@new.example.com: #{lookup.cell_id} #{TopologyClaims::Names.short(lookup.state)}"
 
 File.write(File.join(work, "verify.toml"), TopologyClaims.verify_toml(eu::Record.connection, models: [eu::User]))

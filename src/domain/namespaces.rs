@@ -63,6 +63,20 @@ impl NamespaceId {
         Self(Arc::from(builtin_name(claim_type)))
     }
 
+    /// A namespace as a cell's verify query names it: a legacy claim type's name (`username`,
+    /// `email`, `routes`) or a namespace id.
+    pub fn from_name_or_legacy(text: &str) -> Option<Self> {
+        match ClaimType::from_name(text) {
+            Some(claim_type) => Some(Self::of_claim_type(claim_type)),
+            None => Self::parse(text).ok(),
+        }
+    }
+
+    /// The built-in namespace of a legacy claim type number (1, 2, 3).
+    pub fn from_legacy_number(number: i64) -> Option<Self> {
+        ClaimType::from_number(number).map(Self::of_claim_type)
+    }
+
     /// The legacy `claim_type` of a built-in namespace; `None` for every other namespace.
     pub fn claim_type(&self) -> Option<ClaimType> {
         ClaimType::ALL

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use futures::future::BoxFuture;
 use tokio_postgres::{Row, Transaction};
 use topology_claims::{
-    BeginUpdate, ClaimKey, ClaimRecord, ClaimType, ClaimsError, LocalTransaction, OwnerType,
-    TableName, Timestamp,
+    domain::NamespaceId, BeginUpdate, ClaimKey, ClaimRecord, ClaimsError, LocalTransaction,
+    OwnerType, TableName, Timestamp,
 };
 use topology_claims_client::{
     check_verify_query_columns, ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd,
@@ -285,8 +285,8 @@ fn read_claim(row: &Row, table: TableName) -> Result<LocalClaim, ClaimsError> {
                     row,
                     1,
                     "claim_type",
-                    ClaimType::from_name,
-                    ClaimType::from_number,
+                    NamespaceId::from_name_or_legacy,
+                    NamespaceId::from_legacy_number,
                 )?,
                 text(2, "claim_value")?,
             ),

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, DropBehavior, TransactionBehavior};
 use topology_claims::{
-    BeginUpdate, ClaimKey, ClaimRecord, ClaimType, ClaimsError, OwnerType, TableName, Timestamp,
+    domain::NamespaceId, BeginUpdate, ClaimKey, ClaimRecord, ClaimsError, OwnerType, TableName,
+    Timestamp,
 };
 use topology_claims_client::{
     check_verify_query_columns, ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd,
@@ -286,8 +287,8 @@ fn read_claim(row: &rusqlite::Row<'_>, table: TableName) -> Result<LocalClaim, C
             enum_column(
                 get(1)?,
                 "claim_type",
-                ClaimType::from_name,
-                ClaimType::from_number,
+                NamespaceId::from_name_or_legacy,
+                NamespaceId::from_legacy_number,
             )?,
             text(2, "claim_value")?,
         ),

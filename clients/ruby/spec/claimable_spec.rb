@@ -184,6 +184,46 @@ RSpec.shared_examples "a claimable cell" do |adapter|
 end
 
 RSpec.describe TopologyClaims::Claimable do
+  describe "namespaces" do
+    let(:cell) { SpecSupport.cell(:sqlite, "a") }
+
+    it "claims in the namespace the model names, found by namespace or by the legacy type" do
+      name = unique("nsuser")
+      cell.user.create!(username: name, email: "#{name}@example.com")
+      expect(cell.client.lookup_claim("usernames", name).cell_id).to eq(cell.cell_id)
+      expect(cell.client.lookup_claim(:username, name).cell_id).to eq(cell.cell_id)
+      expect(cell.client.lookup_claim("emails", "#{name}@example.com").claim.namespace).to eq("emails")
+    end
+
+    it "fails the first save of a model naming an unknown namespace with an error naming the model and the namespace" do
+      model = Class.new(cell.base) do
+        self.table_name = "users"
+        include TopologyClaims::Claimable
+        claims_owner :user
+        claims_table :users
+        claim :username, namespace: "no-such-namespace"
+      end
+      model.claims_configuration(cell.config)
+      Cells.const_set(:"UnknownNamespaceUser#{SecureRandom.hex(4)}", model)
+      users_before = cell.user.count
+
+      expect { model.create!(username: unique("lost"), email: "x@example.com") }
+        .to raise_error(TopologyClaims::UnknownNamespace) { |e|
+          expect(e.message).to match(/UnknownNamespaceUser\h+#username: .*"no-such-namespace"/)
+          expect(e.namespace).to eq("no-such-namespace")
+        }
+      expect(cell.user.count).to eq(users_before)
+      expect(cell.leases_outstanding).to eq(0)
+    end
+
+    it "refuses a declaration with both namespace: and type:, or neither" do
+      expect { Class.new(cell.base) { include TopologyClaims::Claimable; claim :x, namespace: "emails", type: :email } }
+        .to raise_error(ArgumentError, /namespace: .*not both/)
+      expect { Class.new(cell.base) { include TopologyClaims::Claimable; claim :x } }
+        .to raise_error(ArgumentError, /namespace:/)
+    end
+  end
+
   context "on SQLite" do
     it_behaves_like "a claimable cell", :sqlite
   end

@@ -331,3 +331,23 @@ fn a_refused_change_lists_the_first_problems_and_counts_the_rest() {
         other => panic!("expected a conflict, got {other:?}"),
     }
 }
+
+#[test]
+fn a_verify_query_names_a_namespace_by_id_or_by_its_legacy_claim_type() {
+    let emails = NamespaceId::parse("emails").unwrap();
+    assert_eq!(
+        NamespaceId::from_name_or_legacy("email"),
+        Some(emails.clone())
+    );
+    assert_eq!(
+        NamespaceId::from_name_or_legacy("emails"),
+        Some(emails.clone())
+    );
+    assert_eq!(NamespaceId::from_legacy_number(3), Some(emails));
+    assert_eq!(
+        NamespaceId::from_name_or_legacy("ssh-keys").map(|id| id.to_string()),
+        Some("ssh-keys".to_owned())
+    );
+    assert_eq!(NamespaceId::from_name_or_legacy("Not An Id"), None);
+    assert_eq!(NamespaceId::from_legacy_number(4), None);
+}

@@ -52,7 +52,7 @@ module TopologyClaims
     extend ActiveSupport::Concern
 
     # One claim declaration.
-    Declaration = Struct.new(:attribute, :type, :condition, :verify_where, keyword_init: true)
+    Declaration = Struct.new(:attribute, :namespace, :condition, :verify_where, keyword_init: true)
 
     # Every model that included the concern (for TopologyClaims.verify_toml).
     def self.models
@@ -90,12 +90,20 @@ module TopologyClaims
         self.topology_claims_table = name.to_sym
       end
 
-      # Claims `attribute`'s value as a claim of `type` (:username, :email, :routes). Blank
-      # values are never claimed. `if:` a lambda (run on the record) or a method name.
-      # `verify_where:` the same condition in SQL, for TopologyClaims.verify_toml.
-      def claim(attribute, type:, if: nil, verify_where: nil)
-        Names.claim_type(type)
-        declaration = Declaration.new(attribute: attribute.to_sym, type: type.to_sym,
+      # Claims `attribute`'s value in the service's namespace `namespace` ("usernames",
+      # "emails", "routes", or one an administrator created: `topology-claims admin namespaces
+      # list`). The service compares values under the namespace's rules ("John" and "john" are
+      # one username); send them as the user typed them. `type:` (:username, :email, :routes)
+      # is the legacy name of a built-in namespace. Blank values are never claimed. `if:` a
+      # lambda (run on the record) or a method name. `verify_where:` the same condition in SQL,
+      # for TopologyClaims.verify_toml.
+      def claim(attribute, namespace: nil, type: nil, if: nil, verify_where: nil)
+        if namespace.nil? == type.nil?
+          raise ArgumentError, "claim #{attribute.inspect}: give namespace: (or the legacy type:), not both"
+        end
+
+        namespace = namespace ? namespace.to_s : Names.namespace_of_type(type)
+        declaration = Declaration.new(attribute: attribute.to_sym, namespace: namespace,
                                       condition: binding.local_variable_get(:if), verify_where: verify_where)
         self.topology_claims_declarations = topology_claims_declarations + [declaration]
       end
@@ -151,7 +159,7 @@ module TopologyClaims
         next if value.nil? || value.to_s.empty?
 
         [d.attribute, {
-          claim_type: Names.claim_type(d.type), claim_value: value.to_s,
+          namespace: d.namespace, claim_value: value.to_s,
           owner: Names.owner(owner_type), owner_value: view.public_send(owner_attr).to_s,
           table_name: Names.table_name(table), table_record_id: record_id.to_i
         }]
@@ -257,16 +265,22 @@ module TopologyClaims
     def empty? = @creates.empty? && @destroys.empty? && @updates.empty?
     def size = @creates.size + @destroys.size + @updates.size
 
-    # [record, attribute] that claims (type name, value), e.g. ("email", "a@b").
-    def holder(type_name, value)
-      @holders[[Names.claim_type(type_name), value]]
-    rescue ArgumentError
+    # [record, attribute] that claims (namespace, value), e.g. ("emails", "a@b").
+    def holder(namespace, value)
+      @holders[[namespace, value]]
+    end
+
+    # [model, attribute] of a declaration that names `namespace`.
+    def declared(namespace)
+      @holders.each do |(held_namespace, _), (record, attribute)|
+        return [record.class, attribute] if held_namespace == namespace
+      end
       nil
     end
 
     private
 
-    def key(claim) = [claim[:claim_type], claim[:claim_value]]
+    def key(claim) = [claim[:namespace], claim[:claim_value]]
   end
 
   # One per database connection, enlisted in the connection's transaction beside the claimable
@@ -371,8 +385,14 @@ module TopologyClaims
       rescue Unavailable
         @unconfirmed = [client, lease_id]
         raise
+      rescue UnknownNamespace => e
+        model, attribute = batch.declared(e.namespace)
+        raise e unless model
+
+        raise UnknownNamespace.new("#{model.name}##{attribute}: #{e.message}", reason: e.reason, code: e.code,
+                                                                                metadata: e.metadata)
       rescue ClaimTaken, ClaimLeased, RestoreQuarantine => e
-        record, attribute = batch.holder(e.claim_type, e.claim_value)
+        record, attribute = batch.holder(e.namespace, e.claim_value)
         raise unless record
 
         record.errors.add(attribute, VALIDATION_ERRORS.fetch(e.class), value: e.claim_value)

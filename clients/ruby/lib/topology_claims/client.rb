@@ -63,9 +63,11 @@ module TopologyClaims
       call(:renew_lease, V1::RenewLeaseRequest.new(cell_id: config.cell_id, lease_id: lease_id))
     end
 
-    # The LookupClaimResponse of one claim (`type`: :username, :email, :routes).
-    def lookup_claim(type, value)
-      call(:lookup_claim, V1::LookupClaimRequest.new(claim_type: Names.claim_type(type), claim_value: value.to_s))
+    # The LookupClaimResponse of one claim: `namespace` ("usernames", …, or a legacy type:
+    # :username, :email, :routes) and the value in any form with the claim's key.
+    def lookup_claim(namespace, value)
+      namespace = Names.namespace_of_type(namespace) if namespace.is_a?(Symbol)
+      call(:lookup_claim, V1::LookupClaimRequest.new(namespace: namespace.to_s, claim_value: value.to_s))
     end
 
     # Every outstanding lease of this cell (follows next_cursor to the last page).

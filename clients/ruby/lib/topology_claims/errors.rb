@@ -22,8 +22,11 @@ module TopologyClaims
     end
   end
 
-  # A refusal about one claim: `claim_type` (e.g. "email") and `claim_value` name it.
+  # A refusal about one claim: `namespace` (e.g. "emails") and `claim_value` name it.
   class ClaimError < CallError
+    # The claim's namespace (a server older than namespaces sends only the legacy claim type).
+    def namespace = metadata["namespace"] || Names.namespace_of_type(metadata["claim_type"])
+    # Legacy: the claim type's name ("email") for the built-in namespaces, nil for the others.
     def claim_type = metadata["claim_type"]
     def claim_value = metadata["claim_value"]
   end
@@ -59,6 +62,12 @@ module TopologyClaims
   # INVALID_REQUEST: `field` names the request field.
   class InvalidRequest < CallError
     def field = metadata["field"]
+  end
+
+  # UNKNOWN_NAMESPACE: a claim names a namespace the service does not hold (a typo, or one not
+  # created yet: `topology-claims admin namespaces create`). `namespace` names it.
+  class UnknownNamespace < InvalidRequest
+    def namespace = metadata["namespace"]
   end
 
   # The caller may not do this (PERMISSION_DENIED, UNAUTHENTICATED, CELL_DECOMMISSIONED…).
@@ -98,7 +107,7 @@ module TopologyClaims
     "LEASE_ROLLED_BACK" => LeaseRolledBack, "LEASE_COMMITTED" => LeaseCommitted,
     "LEASE_NOT_FOUND" => LeaseNotFound, "NOT_LEASE_OWNER" => NotLeaseOwner,
     "LEASE_ID_CONFLICT" => LeaseIdConflict, "LEASE_RENEWED" => LeaseRenewed,
-    "INVALID_REQUEST" => InvalidRequest,
+    "INVALID_REQUEST" => InvalidRequest, "UNKNOWN_NAMESPACE" => UnknownNamespace,
     "STORE_UNAVAILABLE" => Unavailable, "AUDIT_UNAVAILABLE" => Unavailable,
     "RATE_LIMITED" => Unavailable,
     "UNAUTHENTICATED" => PermissionDenied, "CELL_DECOMMISSIONED" => PermissionDenied,

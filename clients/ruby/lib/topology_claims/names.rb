@@ -8,6 +8,17 @@ module TopologyClaims
     module_function
 
     def claim_type(name) = value(V1::ClaimRecord::ClaimType, "CLAIM_TYPE_", name, "claim type")
+
+    # The built-in namespaces the legacy claim types stand for (ClaimRecord.claim_type 1, 2, 3).
+    BUILTIN_NAMESPACES = { "routes" => "routes", "username" => "usernames", "email" => "emails" }.freeze
+
+    # The namespace a legacy `type:` (:username, :email, :routes) stands for; nil for nil.
+    def namespace_of_type(type)
+      return nil if type.nil?
+
+      claim_type(type) # refuses an unknown type, listing the known ones
+      BUILTIN_NAMESPACES.fetch(type.to_s.downcase)
+    end
     def owner(name) = value(V1::ClaimRecord::Owner, "OWNER_", name, "owner type")
     def table_name(name) = value(V1::ClaimRecord::TableName, "TABLE_NAME_", name, "table name")
 

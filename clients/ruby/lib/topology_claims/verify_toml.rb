@@ -42,7 +42,7 @@ module TopologyClaims
       start, stop = dialect == :postgresql ? %w[$1 $2] : %w[?1 ?2]
       where = ["#{id} >= #{start}", "#{id} < #{stop}", "#{column} IS NOT NULL", "#{column} <> ''"]
       where << "(#{declaration.verify_where})" if declaration.verify_where
-      "SELECT #{id}, '#{declaration.type}', CAST(#{column} AS #{text}), '#{owner_type}', " \
+      "SELECT #{id}, #{connection.quote(declaration.namespace)}, CAST(#{column} AS #{text}), '#{owner_type}', " \
         "CAST(#{q.call(owner_attr)} AS #{text}), #{created_at}\n" \
         "FROM #{model.quoted_table_name} WHERE #{where.join(' AND ')}"
     end

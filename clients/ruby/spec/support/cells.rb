@@ -57,8 +57,8 @@ module Cells
       include TopologyClaims::Claimable
       claims_owner :user
       claims_table :users
-      claim :username, type: :username
-      claim :email, type: :email, if: -> { email.present? }
+      claim :username, namespace: "usernames"
+      claim :email, type: :email, if: -> { email.present? } # the legacy name of "emails"
       claims_configuration configuration
       has_many :emails, class_name: "#{namespace.name}::Email", foreign_key: :user_id
     end
