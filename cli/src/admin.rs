@@ -247,36 +247,43 @@ async fn force_rollback(
         reason: args.reason.clone(),
         limit: 0,
     };
-    let plan = client
-        .force_rollback(request(true))
-        .await
-        .map_err(failed)?
-        .into_inner();
-    let older = args
-        .older_than
-        .map(|d| format!(" not renewed for at least {}", format_duration(d)))
-        .unwrap_or_default();
-    for lease_id in &plan.lease_ids {
-        println!("would roll back lease {lease_id}");
-    }
-    eprintln!(
-        "cell {}: {}{} outstanding lease(s){older}, {} claim(s) in them",
-        args.cell_id,
-        plan.lease_ids.len(),
-        if plan.more { "+" } else { "" },
-        plan.claims
-    );
-    if args.dry_run || plan.lease_ids.is_empty() {
-        return Ok(Outcome::Done);
-    }
-    if !confirm(
-        &format!(
-            "roll back these leases of cell {} (its creates are deleted, its destroys released)?",
-            args.cell_id
-        ),
-        args.yes,
-    )? {
+    if !crate::confirm::can_proceed(args.yes, args.dry_run) {
         return Ok(Outcome::NotConfirmed);
+    }
+    // With --yes the command acts at once: a preview nobody reads is not made (nor audited).
+    if !args.yes || args.dry_run {
+        let plan = client
+            .force_rollback(request(true))
+            .await
+            .map_err(failed)?
+            .into_inner();
+        let older = args
+            .older_than
+            .map(|d| format!(" not renewed for at least {}", format_duration(d)))
+            .unwrap_or_default();
+        for lease_id in &plan.lease_ids {
+            println!("would roll back lease {lease_id}");
+        }
+        eprintln!(
+            "cell {}: {}{} outstanding lease(s){older}, {} claim(s) in them",
+            args.cell_id,
+            plan.lease_ids.len(),
+            if plan.more { "+" } else { "" },
+            plan.claims
+        );
+        if args.dry_run || plan.lease_ids.is_empty() {
+            return Ok(Outcome::Done);
+        }
+        if !confirm(
+            &format!(
+                "roll back these leases of cell {} (its creates are deleted, its destroys \
+                 released)?",
+                args.cell_id
+            ),
+            args.yes,
+        )? {
+            return Ok(Outcome::NotConfirmed);
+        }
     }
     let (mut leases, mut claims, mut ended, mut renewed) = (0usize, 0u64, 0usize, 0usize);
     loop {
@@ -318,47 +325,56 @@ async fn decommission_cell(
         reason: args.reason.clone(),
         batch_size: args.batch_size,
     };
-    let plan = client
-        .decommission_cell(request(true))
-        .await
-        .map_err(|status| {
-            let error = from_status(&status);
-            if error.reason() == "CELL_HAS_OUTSTANDING_LEASES" {
-                format!(
-                    "{}; see them with `topology-claims admin leases --cell-id {}`",
-                    describe(&status),
-                    args.cell_id
-                )
-            } else {
-                describe(&status)
-            }
-        })?
-        .into_inner();
-    eprintln!(
-        "cell {}: {} claim(s) to delete{}",
-        args.cell_id,
-        plan.claims,
-        if plan.already_decommissioned {
-            " (already decommissioned: resuming)"
+    let refused = |status: tonic::Status| {
+        let error = from_status(&status);
+        if error.reason() == "CELL_HAS_OUTSTANDING_LEASES" {
+            format!(
+                "{}; see them with `topology-claims admin leases --cell-id {}`",
+                describe(&status),
+                args.cell_id
+            )
         } else {
-            ""
+            describe(&status)
         }
-    );
-    if args.dry_run {
-        println!(
-            "decommission {} (dry run): would delete {} claim(s)",
-            args.cell_id, plan.claims
-        );
-        return Ok(Outcome::Done);
-    }
-    if !confirm(
-        &format!(
-            "delete all {} claim(s) of cell {} and refuse its updates from now on?",
-            plan.claims, args.cell_id
-        ),
-        args.yes,
-    )? {
+    };
+    if !crate::confirm::can_proceed(args.yes, args.dry_run) {
         return Ok(Outcome::NotConfirmed);
+    }
+    // With --yes the command acts at once: a preview nobody reads is not made (nor audited).
+    let mut planned = 0;
+    if !args.yes || args.dry_run {
+        let plan = client
+            .decommission_cell(request(true))
+            .await
+            .map_err(refused)?
+            .into_inner();
+        eprintln!(
+            "cell {}: {} claim(s) to delete{}",
+            args.cell_id,
+            plan.claims,
+            if plan.already_decommissioned {
+                " (already decommissioned: resuming)"
+            } else {
+                ""
+            }
+        );
+        if args.dry_run {
+            println!(
+                "decommission {} (dry run): would delete {} claim(s)",
+                args.cell_id, plan.claims
+            );
+            return Ok(Outcome::Done);
+        }
+        if !confirm(
+            &format!(
+                "delete all {} claim(s) of cell {} and refuse its updates from now on?",
+                plan.claims, args.cell_id
+            ),
+            args.yes,
+        )? {
+            return Ok(Outcome::NotConfirmed);
+        }
+        planned = plan.claims;
     }
     let started = Instant::now();
     let mut last_line: Option<Instant> = None;
@@ -367,12 +383,12 @@ async fn decommission_cell(
         let step = client
             .decommission_cell(request(false))
             .await
-            .map_err(failed)?
+            .map_err(refused)?
             .into_inner();
         deleted += step.claims;
         // After the first step, then once a second, and at the end.
         if step.complete || last_line.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
-            let total = plan.claims.max(deleted);
+            let total = planned.max(deleted);
             eprintln!(
                 "progress: {deleted}/{total} claim(s) deleted ({:.0}%), {:.1}s",
                 if total == 0 {

@@ -96,6 +96,9 @@ pub async fn mark_restored(
             args.backup_time
         )
     })?;
+    if !crate::confirm::can_proceed(args.yes, false) {
+        return Ok(false);
+    }
     let before = client
         .get_restore_status(apb::GetRestoreStatusRequest {})
         .await
@@ -126,6 +129,9 @@ pub async fn lift_quarantine(
     mut client: AdminServiceClient<Channel>,
     args: LiftQuarantineArgs,
 ) -> Result<bool, String> {
+    if !crate::confirm::can_proceed(args.yes, false) {
+        return Ok(false);
+    }
     let before = client
         .get_restore_status(apb::GetRestoreStatusRequest {})
         .await

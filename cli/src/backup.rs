@@ -42,7 +42,7 @@ pub struct RestoreArgs {
 
     /// Replace an existing store file. Stop every `serve` using it first. Env: true/false.
     #[arg(long, env = "TOPOLOGY_CLAIMS_RESTORE_REPLACE",
-          value_parser = clap::builder::BoolishValueParser::new())]
+          value_parser = crate::env::switch)]
     replace: bool,
 }
 

@@ -53,7 +53,7 @@ struct Common {
     /// Overwrite existing files (by default an existing file is an error and nothing is
     /// written). Env: true/false, 1/0, yes/no, on/off.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CERTS_FORCE",
-          value_parser = clap::builder::BoolishValueParser::new())]
+          value_parser = crate::env::switch)]
     force: bool,
 }
 

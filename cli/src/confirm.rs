@@ -1,17 +1,30 @@
 //! The confirmation the destructive operator commands ask for (`admin force-rollback`,
-//! `decommission`, `mark-restored`, `lift-quarantine`), and `--yes`.
+//! `decommission`, `mark-restored`, `lift-quarantine`), and `--yes`. Not confirmed (no
+//! terminal and no `--yes`, or an answer other than yes) is exit 1 with nothing changed.
 
 use std::io::{BufRead, IsTerminal, Write};
+
+/// Whether a destructive command can go ahead at all: with `--yes` or `--dry-run`, or with a
+/// terminal to ask on. Without them it says so and changes nothing (exit 1, "not confirmed"),
+/// before it calls the server: a preview nobody can confirm is not made (nor audited).
+pub fn can_proceed(yes: bool, dry_run: bool) -> bool {
+    if yes || dry_run || std::io::stdin().is_terminal() {
+        return true;
+    }
+    eprintln!(
+        "stdin is not a terminal to confirm on: run again with --yes to act (or --dry-run to see \
+         what it would do)"
+    );
+    false
+}
 
 /// Asks on the terminal; without one, only `--yes` goes ahead.
 pub fn confirm(question: &str, yes: bool) -> Result<bool, String> {
     if yes {
         return Ok(true);
     }
-    if !std::io::stdin().is_terminal() {
-        return Err(format!(
-            "{question}: stdin is not a terminal to confirm on; run again with --yes"
-        ));
+    if !can_proceed(false, false) {
+        return Ok(false);
     }
     eprint!("{question} [y/N] ");
     std::io::stderr().flush().ok();

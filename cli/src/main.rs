@@ -13,6 +13,7 @@ mod backup;
 mod certs;
 mod client_tls;
 mod confirm;
+mod env;
 mod metrics_args;
 mod ops;
 mod serve;
@@ -110,12 +111,13 @@ struct MigrateArgs {
 
     /// Spanner stores: create the database (and, on the emulator, its instance) with the whole
     /// schema if it does not exist. For development and the emulator.
-    #[arg(long, env = "TOPOLOGY_CLAIMS_CREATE_DATABASE")]
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CREATE_DATABASE", value_parser = env::switch)]
     create_database: bool,
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    env::drop_empty_variables();
+    let cli: Cli = env::parse();
     init_logging(cli.log_format == "json");
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if cli.worker_threads > 0 {

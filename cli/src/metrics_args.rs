@@ -12,7 +12,8 @@ pub struct MetricsArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT; port 0 picks a free port).
     /// Prints one line `metrics on HOST:PORT` to stdout once it accepts connections. Default:
     /// no metrics endpoint.
-    #[arg(long, env = "TOPOLOGY_CLAIMS_METRICS_LISTEN", value_name = "ADDR")]
+    #[arg(long, env = "TOPOLOGY_CLAIMS_METRICS_LISTEN", value_name = "ADDR",
+          value_parser = crate::env::address)]
     pub metrics_listen: Option<String>,
 }
 

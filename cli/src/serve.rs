@@ -38,7 +38,8 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "TOPOLOGY_CLAIMS_LISTEN",
-        default_value = "127.0.0.1:50051"
+        default_value = "127.0.0.1:50051",
+        value_parser = crate::env::address
     )]
     listen: String,
 
@@ -46,7 +47,7 @@ pub struct ServeArgs {
     /// same statuses as the main listener: for probes that cannot speak TLS, such as Kubernetes'
     /// built-in gRPC probes (docs/deployment.md). It serves nothing else, so it is allowed off
     /// loopback. Default: none (health on the main listener only). Prints `health on HOST:PORT`.
-    #[arg(long, env = "TOPOLOGY_CLAIMS_HEALTH_LISTEN")]
+    #[arg(long, env = "TOPOLOGY_CLAIMS_HEALTH_LISTEN", value_parser = crate::env::address)]
     health_listen: Option<String>,
 
     /// Store URL: memory: (lost on exit), sqlite://PATH (sqlite:///abs/path for an absolute
@@ -63,7 +64,7 @@ pub struct ServeArgs {
 
     /// Refuse to start (exit 1) when the store has pending schema migrations, instead of
     /// applying them; run `topology-claims migrate` first.
-    #[arg(long, env = "TOPOLOGY_CLAIMS_NO_MIGRATE")]
+    #[arg(long, env = "TOPOLOGY_CLAIMS_NO_MIGRATE", value_parser = crate::env::switch)]
     no_migrate: bool,
 
     /// Most claims (creates + destroys + updates) one BeginUpdate may carry; larger batches are
@@ -128,10 +129,10 @@ pub struct ServeArgs {
     /// until every cell re-verifies or `admin lift-quarantine`), refuse creates of claims that do
     /// not exist with RESTORE_QUARANTINE, since such a name may be a claim the restore lost.
     /// off: serve them, accepting that a lost claim may go to a second cell (decision 100).
-    /// on | off.
+    /// on | off (or true/false, yes/no, 1/0).
     #[arg(long, env = "TOPOLOGY_CLAIMS_RESTORE_QUARANTINE", default_value = "on",
-          value_parser = ["on", "off"])]
-    restore_quarantine: String,
+          action = clap::ArgAction::Set, value_parser = crate::env::switch)]
+    restore_quarantine: bool,
 
     /// How often the restore epoch is read from the store again: how soon a mark or a lift made
     /// through another server applies on this one. Units: ms, s, m, h, d.
@@ -142,10 +143,11 @@ pub struct ServeArgs {
     /// Group commit: BeginUpdate, CommitUpdate and RollbackUpdate calls that arrive while the
     /// store is busy share one store transaction, each still decided on its own
     /// (docs/architecture.md, "Group commit"). A lone call runs at once either way. The
-    /// in-memory store has no transaction to share and always runs calls directly. on | off.
+    /// in-memory store has no transaction to share and always runs calls directly. on | off
+    /// (or true/false, yes/no, 1/0).
     #[arg(long, env = "TOPOLOGY_CLAIMS_GROUP_COMMIT", default_value = "on",
-          value_parser = ["on", "off"])]
-    group_commit: String,
+          action = clap::ArgAction::Set, value_parser = crate::env::switch)]
+    group_commit: bool,
 
     /// Most calls one group-commit store transaction carries. On PostgreSQL a transaction holds
     /// at most 308 locks whatever the group's size; a group of more than 64 lease ids (or 128
@@ -243,7 +245,7 @@ struct TlsArgs {
 
     /// Serve plaintext (no identities: every caller trusted) on an address that is not
     /// loopback. Without it, such a --listen is refused; see docs/security.md.
-    #[arg(long, env = "TOPOLOGY_CLAIMS_ALLOW_PLAINTEXT")]
+    #[arg(long, env = "TOPOLOGY_CLAIMS_ALLOW_PLAINTEXT", value_parser = crate::env::switch)]
     allow_plaintext: bool,
 }
 
@@ -520,10 +522,10 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         .metrics_listen
         .as_ref()
         .map(|_| Arc::new(ServerMetrics::new()));
-    if args.group_commit == "on" && !store.group_commit_saves() {
+    if args.group_commit && !store.group_commit_saves() {
         tracing::info!("group commit skipped: this store has no transaction for calls to share");
     }
-    let store: Arc<dyn ClaimStore> = if args.group_commit == "on" && store.group_commit_saves() {
+    let store: Arc<dyn ClaimStore> = if args.group_commit && store.group_commit_saves() {
         let config = GroupConfig {
             max: args.group_max as usize,
             max_claims: args.group_max_claims as usize,
@@ -618,7 +620,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         health_listener: health_listener
             .as_ref()
             .map(|(listener, _)| listener.clone()),
-        restore_quarantine: args.restore_quarantine == "on",
+        restore_quarantine: args.restore_quarantine,
         restore_refresh: args.restore_refresh,
     };
     reload_on_sighup(tls, audit.clone())?;

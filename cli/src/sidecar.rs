@@ -106,7 +106,7 @@ pub struct ReconcileArgs {
     /// Run one pass and exit (exit status 0 if it ran or another reconciler held the lock, 2 if
     /// it failed). Env: true/false, 1/0, yes/no, on/off.
     #[arg(long, env = "TOPOLOGY_CLAIMS_RECONCILE_ONCE",
-          value_parser = clap::builder::BoolishValueParser::new())]
+          value_parser = crate::env::switch)]
     once: bool,
 
     /// Leases per ListOutstandingLeases page (1..=1000). A page also stops before the server's
@@ -136,7 +136,7 @@ pub struct VerifyArgs {
     /// Print the differences and change nothing (the saved cursor included). Env: true/false,
     /// 1/0, yes/no, on/off.
     #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_DRY_RUN",
-          value_parser = clap::builder::BoolishValueParser::new())]
+          value_parser = crate::env::switch)]
     dry_run: bool,
 
     /// Records and claims younger than this are left alone (they may still be in flight). A
@@ -165,7 +165,7 @@ pub struct VerifyArgs {
     /// StreamClaims stream per table: the same pages and cursor, for servers or proxies where
     /// streaming misbehaves, and for comparing the two. Env: true/false, 1/0, yes/no, on/off.
     #[arg(long, env = "TOPOLOGY_CLAIMS_VERIFY_NO_STREAM",
-          value_parser = clap::builder::BoolishValueParser::new())]
+          value_parser = crate::env::switch)]
     no_stream: bool,
 
     /// Most claims per correcting BeginUpdate (1..=1000).

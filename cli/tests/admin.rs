@@ -191,8 +191,13 @@ async fn runbooks(backend: Backend) {
     .await;
     assert_eq!(
         unconfirmed.status.code(),
-        Some(2),
-        "no terminal and no --yes"
+        Some(1),
+        "no terminal and no --yes: not confirmed, exit 1"
+    );
+    assert!(
+        text(&unconfirmed.stderr).contains("not confirmed: nothing was changed"),
+        "{}",
+        text(&unconfirmed.stderr)
     );
     assert!(
         text(&unconfirmed.stderr).contains("--yes"),
@@ -216,6 +221,11 @@ async fn runbooks(backend: Backend) {
     assert!(
         text(&rolled.stdout).contains("1 lease(s) rolled back (2 claims)"),
         "{}",
+        text(&rolled.stdout)
+    );
+    assert!(
+        !text(&rolled.stdout).contains("would roll back"),
+        "a confirmed run prints only what it does: {}",
         text(&rolled.stdout)
     );
     for value in ["stuck-1", "stuck-2"] {
@@ -354,7 +364,7 @@ async fn runbooks(backend: Backend) {
             .iter()
             .filter(|l| l["method"] == "ForceRollback" && l["stage"] == "done")
             .count();
-        if done >= 4 || std::time::Instant::now() > deadline {
+        if done >= 2 || std::time::Instant::now() > deadline {
             break lines;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -366,9 +376,18 @@ async fn runbooks(backend: Backend) {
             .count()
     };
     assert!(admin_lines("ListLeases", "intent") >= 1);
-    // --dry-run: 1 call; unconfirmed: its plan; --yes: plan and act.
-    assert_eq!(admin_lines("ForceRollback", "intent"), 4);
-    assert_eq!(admin_lines("ForceRollback", "done"), 4);
+    // --dry-run: 1 call; unconfirmed: none (nothing can be confirmed without a terminal);
+    // --yes: it acts at once, with no preview.
+    assert_eq!(admin_lines("ForceRollback", "intent"), 2);
+    assert_eq!(admin_lines("ForceRollback", "done"), 2);
+    let previews = lines
+        .iter()
+        .filter(|l| l["method"] == "ForceRollback" && l["dry_run"] == true)
+        .count();
+    assert_eq!(
+        previews, 2,
+        "the --dry-run's intent and done lines, and no other dry run"
+    );
     assert!(admin_lines("DecommissionCell", "intent") >= doomed_claims / BATCH);
     let acted = lines
         .iter()

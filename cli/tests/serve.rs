@@ -474,3 +474,105 @@ fn serve_exits_after_the_drain_timeout_when_a_client_never_lets_go() {
     let status = server.stop_with("TERM");
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
+
+/// `serve` with `vars` in its environment: `Ok` once it announced its port (then stopped), or
+/// its exit code and stderr.
+fn serve_with_env(dir: &Path, args: &[&str], vars: &[(&str, &str)]) -> Result<(), (i32, String)> {
+    let mut serve = command(dir, &[&["serve"], args].concat());
+    serve
+        .envs(vars.iter().copied())
+        .stderr(std::process::Stdio::piped());
+    match topology_claims_harness::serve::ServeChild::start(serve) {
+        Ok(child) => {
+            drop(child);
+            Ok(())
+        }
+        Err(_) => {
+            let mut again = command(dir, &[&["serve"], args].concat());
+            let out = again
+                .envs(vars.iter().copied())
+                .output()
+                .expect("run serve");
+            Err((out.status.code().unwrap_or(-1), text(&out.stderr)))
+        }
+    }
+}
+
+#[test]
+fn the_environment_reads_empty_as_unset_every_switch_word_alike_and_names_a_bad_variable() {
+    let (dir, db) = temp();
+    let store = sqlite_url(&db);
+    let open = ["--listen", "0.0.0.0:0", "--store", "memory:"];
+    // One vocabulary for every switch, from a flag's variable.
+    for word in ["true", "1", "yes", "on", "YES"] {
+        serve_with_env(
+            dir.path(),
+            &open,
+            &[("TOPOLOGY_CLAIMS_ALLOW_PLAINTEXT", word)],
+        )
+        .unwrap_or_else(|e| panic!("ALLOW_PLAINTEXT={word}: {e:?}"));
+    }
+    for word in ["false", "0", "no", "off"] {
+        let (code, stderr) = serve_with_env(
+            dir.path(),
+            &open,
+            &[("TOPOLOGY_CLAIMS_ALLOW_PLAINTEXT", word)],
+        )
+        .expect_err(word);
+        assert_eq!(code, 1, "ALLOW_PLAINTEXT={word}: {stderr}");
+        assert!(stderr.contains("refusing to serve plaintext"), "{stderr}");
+    }
+    for (var, word) in [
+        ("TOPOLOGY_CLAIMS_GROUP_COMMIT", "yes"),
+        ("TOPOLOGY_CLAIMS_RESTORE_QUARANTINE", "false"),
+        ("TOPOLOGY_CLAIMS_NO_MIGRATE", "0"),
+    ] {
+        serve_with_env(
+            dir.path(),
+            &["--listen", "127.0.0.1:0", "--store", "memory:"],
+            &[(var, word)],
+        )
+        .unwrap_or_else(|e| panic!("{var}={word}: {e:?}"));
+    }
+    // An empty variable is unset: the default applies.
+    serve_with_env(
+        dir.path(),
+        &["--listen", "127.0.0.1:0", "--store", "memory:"],
+        &[
+            ("TOPOLOGY_CLAIMS_HEALTH_LISTEN", ""),
+            ("TOPOLOGY_CLAIMS_GROUP_COMMIT", ""),
+        ],
+    )
+    .expect("empty variables are unset");
+    // A bad value names the variable that carried it, and is refused before the store is
+    // opened (no database file, no migration).
+    for (var, bad, why) in [
+        ("TOPOLOGY_CLAIMS_GROUP_COMMIT", "maybe", "is not a switch"),
+        (
+            "TOPOLOGY_CLAIMS_HEALTH_LISTEN",
+            "nonsense",
+            "is not HOST:PORT",
+        ),
+        (
+            "TOPOLOGY_CLAIMS_METRICS_LISTEN",
+            "host:port",
+            "is not a number",
+        ),
+    ] {
+        let (code, stderr) = serve_with_env(
+            dir.path(),
+            &["--listen", "127.0.0.1:0", "--store", &store],
+            &[(var, bad)],
+        )
+        .expect_err(var);
+        assert_eq!(code, 2, "{var}={bad}: {stderr}");
+        assert!(
+            stderr.contains(&format!("environment variable {var}")) && stderr.contains(why),
+            "{var}={bad}: {stderr}"
+        );
+        assert!(
+            !db.exists(),
+            "{var}={bad}: nothing opened before the configuration is whole"
+        );
+    }
+}
