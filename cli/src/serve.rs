@@ -16,7 +16,7 @@ use std::sync::Arc;
 use topology_claims::{ClaimStore, MigrationPolicy};
 use topology_claims_server::auth::{IdentityFrom, DEFAULT_TRUST_DOMAIN};
 use topology_claims_server::group::{GroupCommit, GroupConfig};
-use topology_claims_server::grpc::audit::AuditLog;
+use topology_claims_server::grpc::audit::{AuditLog, ClaimValues};
 use topology_claims_server::grpc::cell_limits::{CellLimits, CellRate};
 use topology_claims_server::grpc::health::HealthConfig;
 use topology_claims_server::grpc::limits::{ServerLimits, DEFAULT_ANONYMOUS_REQUEST_BYTES};
@@ -226,8 +226,15 @@ struct TlsArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_AUDIT_LOG")]
     audit_log: Option<PathBuf>,
 
-    /// Write claim values in the audit log as HMAC-SHA256 under the key in this file (at least
-    /// 16 bytes) instead of in clear: claim values can be personal data (emails).
+    /// How the audit log writes claim values, which can be personal data (emails): clear (as
+    /// sent), hmac (HMAC-SHA256 under --audit-hash-key-file: a known value can be searched for,
+    /// none read back) or omit. Default: hmac when --audit-hash-key-file is given, else clear
+    /// (docs/security.md, "Audit log", says why).
+    #[arg(long, env = "TOPOLOGY_CLAIMS_AUDIT_CLAIM_VALUES", value_parser = ["clear", "hmac", "omit"],
+          requires = "audit_log")]
+    audit_claim_values: Option<String>,
+
+    /// The key (at least 16 bytes) of --audit-claim-values hmac.
     #[arg(
         long,
         env = "TOPOLOGY_CLAIMS_AUDIT_HASH_KEY_FILE",
@@ -262,7 +269,24 @@ impl TlsArgs {
                 })?),
                 None => None,
             };
-        AuditLog::open(path, key.as_deref(), self.audit_queue_bytes as usize)
+        let mode = self.audit_claim_values.as_deref().unwrap_or(match key {
+            Some(_) => "hmac",
+            None => "clear",
+        });
+        let values = match (mode, key.as_deref()) {
+            ("hmac", Some(key)) => ClaimValues::Hmac(key),
+            ("hmac", None) => {
+                return Err("--audit-claim-values hmac needs its key: --audit-hash-key-file".into())
+            }
+            (mode, Some(_)) => {
+                return Err(format!(
+                    "--audit-hash-key-file is the key of --audit-claim-values hmac, not of {mode}"
+                ))
+            }
+            ("omit", None) => ClaimValues::Omit,
+            _ => ClaimValues::Clear,
+        };
+        AuditLog::open(path, values, self.audit_queue_bytes as usize)
             .map(|log| Some(Arc::new(log)))
             .map_err(|e| e.to_string())
     }

@@ -215,3 +215,68 @@ async fn no_audit_line_of_an_answered_call_is_lost_on_sigterm() {
     println!("SIGTERM after an answered BeginUpdate: {lost} of {TRIALS} audit lines lost");
     assert_eq!(lost, 0);
 }
+
+/// The audit log is created readable by its owner only, and `--audit-claim-values omit` keeps
+/// claim values out of it (hmac without its key is refused at start, naming the flag).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_log_is_private_and_can_omit_claim_values() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        "memory:",
+        "--audit-log",
+        log.to_str().unwrap(),
+        "--audit-claim-values",
+        "omit",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let server = Server::start_async(dir.path(), args).await;
+    let channel = Endpoint::from_shared(server.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    ClaimsServiceClient::new(channel)
+        .begin_update(begin("cell-a", vec![claim("private@example.com")], vec![]))
+        .await
+        .expect("BeginUpdate");
+    let status = tokio::task::spawn_blocking(move || server.stop_with("TERM"))
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let mode = std::fs::metadata(&log).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the audit log is created 0600");
+    let written = std::fs::read_to_string(&log).unwrap();
+    let line = written
+        .lines()
+        .find(|l| l.contains("\"method\":\"BeginUpdate\""))
+        .expect("the BeginUpdate line");
+    assert!(line.contains("\"namespace\":\"usernames\""), "{line}");
+    assert!(
+        !line.contains("private@example.com") && !line.contains("claim_value"),
+        "{line}"
+    );
+    let refused = common::run(
+        dir.path(),
+        &[
+            "serve",
+            "--store",
+            "memory:",
+            "--audit-log",
+            log.to_str().unwrap(),
+            "--audit-claim-values",
+            "hmac",
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        common::text(&refused.stderr).contains("--audit-hash-key-file"),
+        "{}",
+        common::text(&refused.stderr)
+    );
+}

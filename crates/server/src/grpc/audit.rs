@@ -167,11 +167,30 @@ enum Job {
     Barrier(std::sync::mpsc::Sender<()>),
 }
 
+/// How claim values are written (`serve --audit-claim-values`, docs/security.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimValues<'a> {
+    /// As sent (cut to 256 bytes).
+    Clear,
+    /// As `hmac-sha256:HEX` under this key (at least 16 bytes): a known value can be searched
+    /// for, no value can be read back.
+    Hmac(&'a [u8]),
+    /// Not at all: the line names the namespace and the operation only.
+    Omit,
+}
+
+/// [`ClaimValues`] as the log keeps it.
+enum Values {
+    Clear,
+    Hmac(Box<aws_lc_rs::hmac::Key>),
+    Omit,
+}
+
 /// What the writer thread and the request side share.
 struct Shared {
     path: PathBuf,
     file: Mutex<File>,
-    hash_key: Option<aws_lc_rs::hmac::Key>,
+    values: Values,
     failures: Arc<AtomicU64>,
     failure_log: RateLimitedLog,
 }
@@ -194,30 +213,34 @@ impl std::fmt::Debug for AuditLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AuditLog")
             .field("path", &self.shared.path)
-            .field("hashed", &self.shared.hash_key.is_some())
+            .field("hashed", &matches!(self.shared.values, Values::Hmac(_)))
             .finish()
     }
 }
 
+/// Opens `path` for appending, creating it readable and writable by its owner only (0600): its
+/// lines name identities, peers and, unless omitted, claim values.
 fn open(path: &Path) -> Result<File, String> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
+    let mut options = OpenOptions::new();
+    options.create(true).append(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options
         .open(path)
         .map_err(|e| format!("cannot open the audit log {}: {e}", path.display()))
 }
 
 impl AuditLog {
-    /// Opens (appending, creating) `path` and starts its writer thread; `hash_key`: write claim
-    /// values as keyed hashes; `queue_bytes`: bytes of lines that may wait for the writer
-    /// (`--audit-queue-bytes`).
+    /// Opens (appending, creating with mode 0600) `path` and starts its writer thread;
+    /// `values`: how claim values are written; `queue_bytes`: bytes of lines that may wait for
+    /// the writer (`--audit-queue-bytes`).
     pub fn open(
         path: &Path,
-        hash_key: Option<&[u8]>,
+        values: ClaimValues<'_>,
         queue_bytes: usize,
     ) -> Result<Self, ClaimsError> {
         let file = open(path).map_err(|message| ClaimsError::Configuration { message })?;
-        if hash_key.is_some_and(|key| key.len() < 16) {
+        if matches!(values, ClaimValues::Hmac(key) if key.len() < 16) {
             return Err(ClaimsError::Configuration {
                 message: "the audit hash key must be at least 16 bytes".into(),
             });
@@ -232,8 +255,14 @@ impl AuditLog {
         let shared = Arc::new(Shared {
             path: path.to_path_buf(),
             file: Mutex::new(file),
-            hash_key: hash_key
-                .map(|key| aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key)),
+            values: match values {
+                ClaimValues::Clear => Values::Clear,
+                ClaimValues::Hmac(key) => Values::Hmac(Box::new(aws_lc_rs::hmac::Key::new(
+                    aws_lc_rs::hmac::HMAC_SHA256,
+                    key,
+                ))),
+                ClaimValues::Omit => Values::Omit,
+            },
             failures: Arc::clone(&failures),
             failure_log: RateLimitedLog::default(),
         });
@@ -379,14 +408,16 @@ impl Shared {
         Ok(())
     }
 
-    fn value(&self, value: &str) -> String {
-        match &self.hash_key {
-            Some(key) => {
+    /// The `claim_value` as written; `None` when values are omitted.
+    fn value(&self, value: &str) -> Option<String> {
+        match &self.values {
+            Values::Hmac(key) => {
                 let tag = aws_lc_rs::hmac::sign(key, value.as_bytes());
                 let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-                format!("hmac-sha256:{hex}")
+                Some(format!("hmac-sha256:{hex}"))
             }
-            None => cut(value, FIELD_LIMITS.claim_value),
+            Values::Clear => Some(cut(value, FIELD_LIMITS.claim_value)),
+            Values::Omit => None,
         }
     }
 
@@ -396,11 +427,14 @@ impl Shared {
             .claims
             .iter()
             .map(|c| {
+                let value = self
+                    .value(&c.claim_value)
+                    .map(|v| format!(",\"claim_value\":{}", json(&v)))
+                    .unwrap_or_default();
                 format!(
-                    "{{\"op\":{},\"namespace\":{},\"claim_value\":{}}}",
+                    "{{\"op\":{},\"namespace\":{}{value}}}",
                     json(c.op),
                     short(&c.namespace),
-                    json(&self.value(&c.claim_value))
                 )
             })
             .collect();
@@ -574,7 +608,12 @@ mod tests {
     #[test]
     fn a_failed_write_is_counted_and_does_not_fail_the_caller() {
         // /dev/full opens fine and fails every write with ENOSPC.
-        let log = AuditLog::open(Path::new("/dev/full"), None, DEFAULT_QUEUE_BYTES).unwrap();
+        let log = AuditLog::open(
+            Path::new("/dev/full"),
+            ClaimValues::Clear,
+            DEFAULT_QUEUE_BYTES,
+        )
+        .unwrap();
         log.write(AuditRecord::default());
         log.write(AuditRecord::default());
         log.flush_blocking();
@@ -595,7 +634,12 @@ mod tests {
             code: "OK".into(),
             ..AuditRecord::default()
         };
-        let plain = AuditLog::open(&dir.join("plain.log"), None, DEFAULT_QUEUE_BYTES).unwrap();
+        let plain = AuditLog::open(
+            &dir.join("plain.log"),
+            ClaimValues::Clear,
+            DEFAULT_QUEUE_BYTES,
+        )
+        .unwrap();
         let line = plain.line(&record, UNIX_EPOCH);
         assert!(
             line.contains(r#""claim_value":"a\"b@example.com""#),
@@ -603,7 +647,7 @@ mod tests {
         );
         let hashed = AuditLog::open(
             &dir.join("hashed.log"),
-            Some(b"0123456789abcdef"),
+            ClaimValues::Hmac(b"0123456789abcdef"),
             DEFAULT_QUEUE_BYTES,
         )
         .unwrap();
@@ -615,16 +659,45 @@ mod tests {
             hashed.shared.value("x"),
             "equal values, equal hashes"
         );
+        assert!(AuditLog::open(
+            &dir.join("short.log"),
+            ClaimValues::Hmac(b"short"),
+            DEFAULT_QUEUE_BYTES
+        )
+        .is_err());
+        let omitted = AuditLog::open(
+            &dir.join("omit.log"),
+            ClaimValues::Omit,
+            DEFAULT_QUEUE_BYTES,
+        )
+        .unwrap();
+        let line = omitted.line(&record, UNIX_EPOCH);
+        assert!(line.contains(r#""namespace":"emails""#), "{line}");
         assert!(
-            AuditLog::open(&dir.join("short.log"), Some(b"short"), DEFAULT_QUEUE_BYTES).is_err()
+            !line.contains("claim_value") && !line.contains("example.com"),
+            "{line}"
         );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.join("omit.log"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "created readable by its owner only");
+        }
         let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
     fn every_field_is_cut_so_a_line_has_a_bound() {
         let dir = tempfile::tempdir().unwrap();
-        let log = AuditLog::open(&dir.path().join("a.log"), None, DEFAULT_QUEUE_BYTES).unwrap();
+        let log = AuditLog::open(
+            &dir.path().join("a.log"),
+            ClaimValues::Clear,
+            DEFAULT_QUEUE_BYTES,
+        )
+        .unwrap();
         let huge = "é".repeat(1 << 20);
         let record = AuditRecord {
             peer: huge.clone(),
@@ -680,7 +753,7 @@ mod tests {
     fn a_full_queue_drops_and_counts_instead_of_waiting() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.log");
-        let log = AuditLog::open(&path, None, 64 * 1024).unwrap();
+        let log = AuditLog::open(&path, ClaimValues::Clear, 64 * 1024).unwrap();
         // Hold the file so the writer thread blocks on its first line; the queue (64 KiB) fills
         // with the lines of ten 10 KB reasons.
         let held = log.shared.file.lock().unwrap();
