@@ -24,7 +24,7 @@ use topology_claims_server::grpc::server::{
     max_request_message_bytes, serve, HealthListener, ServerConfig,
 };
 use topology_claims_server::grpc::tls::{ServerTls, TlsFiles};
-use topology_claims_server::metrics::{catch_up, render, ServerMetrics};
+use topology_claims_server::metrics::{catch_up, ServerMetrics};
 
 use crate::metrics_args::MetricsArgs;
 
@@ -541,11 +541,10 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let store = store::open(&store_url, policy, &args.store_options)
         .await
         .map_err(|e| format!("opening {store_url}: {e}"))?;
-    let metrics = args
-        .metrics
-        .metrics_listen
-        .as_ref()
-        .map(|_| Arc::new(ServerMetrics::new()));
+    let metrics = args.metrics.metrics_listen.as_ref().map(|_| {
+        let rpcs = topology_claims_server::auth::Method::RPCS.map(|m| m.name());
+        Arc::new(ServerMetrics::new().with_methods(&rpcs))
+    });
     if args.group_commit && !store.group_commit_saves() {
         tracing::info!("group commit skipped: this store has no transaction for calls to share");
     }
@@ -614,7 +613,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
                             audit.dropped.load(std::sync::atomic::Ordering::Relaxed),
                         );
                     }
-                    render(metrics.registry())
+                    metrics.render()
                 })
             };
             metrics_addr = args.metrics.bind(render).await?;

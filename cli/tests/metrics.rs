@@ -99,6 +99,39 @@ async fn server_metrics_move_with_traffic_and_pass_promtool() {
         Some(1.0)
     );
     promtool_accepts(&idle);
+    // Every family is announced from the start, and every RPC's series start at zero.
+    for family in [
+        "topology_claims_leases_outstanding",
+        "topology_claims_oldest_lease_age_seconds",
+        "topology_claims_rate_limited_total",
+        "topology_claims_claim_conflicts_total",
+        "topology_claims_request_duration_seconds",
+    ] {
+        assert!(
+            idle.contains(&format!("# TYPE {family} ")),
+            "{family} announced on an idle server:\n{idle}"
+        );
+    }
+    for method in ["BeginUpdate", "LookupClaim", "ForceRollback"] {
+        assert_eq!(
+            value(
+                &idle,
+                "topology_claims_requests_total",
+                &[("method", method), ("code", "OK")]
+            ),
+            Some(0.0),
+            "{method}"
+        );
+        assert_eq!(
+            value(
+                &idle,
+                "topology_claims_request_duration_seconds_count",
+                &[("method", method)]
+            ),
+            Some(0.0),
+            "{method}"
+        );
+    }
 
     let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
     let (a, b) = (cell("cell-a"), cell("cell-b"));

@@ -187,6 +187,27 @@ pub enum Method {
 }
 
 impl Method {
+    /// The RPCs of `ClaimsService` and `AdminService`, in the proto's order.
+    pub const RPCS: [Method; 17] = [
+        Self::BeginUpdate,
+        Self::CommitUpdate,
+        Self::RollbackUpdate,
+        Self::RenewLease,
+        Self::ListOutstandingLeases,
+        Self::ListClaims,
+        Self::StreamClaims,
+        Self::LookupClaim,
+        Self::AcquireVerificationSlot,
+        Self::ReleaseVerificationSlot,
+        Self::ReportVerificationPass,
+        Self::ListLeases,
+        Self::ForceRollback,
+        Self::DecommissionCell,
+        Self::MarkRestored,
+        Self::LiftQuarantine,
+        Self::GetRestoreStatus,
+    ];
+
     /// The method of an HTTP/2 `:path` such as `/topology.claims.v1.ClaimsService/BeginUpdate`.
     pub fn from_path(path: &str) -> Method {
         let Some((service, method)) = path.trim_start_matches('/').split_once('/') else {

@@ -266,6 +266,43 @@ impl ServerMetrics {
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
+
+    /// The exposition of every series, and of every family at all: a family with no series yet
+    /// (the per-cell ones on a store without leases, `rate_limited_total` before a refusal) is
+    /// still announced with its HELP and TYPE, so a scrape shows from the start what exists.
+    pub fn render(&self) -> String {
+        let mut text = render(&self.registry);
+        let families: [(&dyn prometheus::core::Collector, &str); 6] = [
+            (&self.requests, "counter"),
+            (&self.request_duration, "histogram"),
+            (&self.claim_conflicts, "counter"),
+            (&self.leases_outstanding, "gauge"),
+            (&self.oldest_lease_age, "gauge"),
+            (&self.rate_limited, "counter"),
+        ];
+        for (family, kind) in families {
+            for desc in family.desc() {
+                if !text.contains(&format!("# TYPE {} ", desc.fq_name)) {
+                    let help = desc.help.replace('\\', "\\\\").replace('\n', "\\n");
+                    text.push_str(&format!(
+                        "# HELP {name} {help}\n# TYPE {name} {kind}\n",
+                        name = desc.fq_name
+                    ));
+                }
+            }
+        }
+        text
+    }
+
+    /// Starts the series of every RPC at zero: `requests_total{code="OK"}` and an empty
+    /// `request_duration_seconds` per method, so rates and ratios exist before the first call.
+    pub fn with_methods(self, methods: &[&str]) -> Self {
+        for method in methods {
+            self.requests.with_label_values(&[method, "OK"]);
+            self.request_duration.with_label_values(&[method]);
+        }
+        self
+    }
 }
 
 fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
