@@ -14,22 +14,26 @@ use topology_claims_client::{ClientTls, TlsFiles};
 pub struct TlsArgs {
     /// CA bundle (PEM, one or more certificates) that the server's certificate must chain to.
     /// Required for an https:// --server, refused with http://. Default: none (plain text).
-    #[arg(long, value_name = "PEM", env = "TOPOLOGY_CLAIMS_TLS_CA")]
+    #[arg(long, value_name = "PEM", env = "TOPOLOGY_CLAIMS_CLIENT_TLS_CA")]
     tls_ca: Option<PathBuf>,
 
     /// Client certificate (PEM: this client's certificate first, then any intermediates) for
     /// mutual TLS; needs --tls-key and --tls-ca. Default: none (no client certificate).
-    #[arg(long, value_name = "PEM", env = "TOPOLOGY_CLAIMS_TLS_CERT")]
+    #[arg(long, value_name = "PEM", env = "TOPOLOGY_CLAIMS_CLIENT_TLS_CERT")]
     tls_cert: Option<PathBuf>,
 
     /// Private key (PEM: PKCS#8, SEC1 or PKCS#1) of --tls-cert. Default: none.
-    #[arg(long, value_name = "PEM", env = "TOPOLOGY_CLAIMS_TLS_KEY")]
+    #[arg(long, value_name = "PEM", env = "TOPOLOGY_CLAIMS_CLIENT_TLS_KEY")]
     tls_key: Option<PathBuf>,
 
     /// Verify the server's certificate for this DNS name (also sent as SNI) instead of the
     /// --server URL's host, e.g. when the server is reached by IP address or through a tunnel.
     /// Default: the URL's host.
-    #[arg(long, value_name = "NAME", env = "TOPOLOGY_CLAIMS_TLS_SERVER_NAME")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "TOPOLOGY_CLAIMS_CLIENT_TLS_SERVER_NAME"
+    )]
     tls_server_name: Option<String>,
 }
 

@@ -449,9 +449,13 @@ async fn the_commands_speak_tls_with_the_tls_flags_and_env_vars() {
                 "nobody@example.com",
             ],
         )
-        .env("TOPOLOGY_CLAIMS_TLS_CA", &ca)
-        .env("TOPOLOGY_CLAIMS_TLS_CERT", &cert)
-        .env("TOPOLOGY_CLAIMS_TLS_KEY", &key)
+        .env("TOPOLOGY_CLAIMS_CLIENT_TLS_CA", &ca)
+        .env("TOPOLOGY_CLAIMS_CLIENT_TLS_CERT", &cert)
+        .env("TOPOLOGY_CLAIMS_CLIENT_TLS_KEY", &key)
+        // A shell with the server's environment: its certificate is not the client's.
+        .env("TOPOLOGY_CLAIMS_TLS_CERT", path("server.pem"))
+        .env("TOPOLOGY_CLAIMS_TLS_KEY", path("server-key.pem"))
+        .env("TOPOLOGY_CLAIMS_TLS_CLIENT_CA", &ca)
         .output()
         .unwrap();
         // The sidecars take the same flags: one reconcile pass over TLS.

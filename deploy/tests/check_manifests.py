@@ -270,7 +270,7 @@ def check_sidecars(docs):
         env = env_of(c)
         check(env.get("TOPOLOGY_CLAIMS_SERVER", {}).get("value", "").startswith("https://"),
               f"sidecars: {sidecar} must reach the server over https")
-        for var in ["TOPOLOGY_CLAIMS_TLS_CA", "TOPOLOGY_CLAIMS_TLS_CERT", "TOPOLOGY_CLAIMS_TLS_KEY",
+        for var in ["TOPOLOGY_CLAIMS_CLIENT_TLS_CA", "TOPOLOGY_CLAIMS_CLIENT_TLS_CERT", "TOPOLOGY_CLAIMS_CLIENT_TLS_KEY",
                     "TOPOLOGY_CLAIMS_CELL_ID", "TOPOLOGY_CLAIMS_LOCAL_DB"]:
             check(var in env, f"sidecars: {sidecar} lacks {var}")
         check(any(a.startswith("--metrics-listen=") for a in c["args"]),

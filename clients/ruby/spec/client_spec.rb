@@ -104,7 +104,7 @@ end
 RSpec.describe TopologyClaims::Configuration do
   it "reads the sidecars' environment variables, with documented defaults" do
     config = described_class.new("TOPOLOGY_CLAIMS_SERVER" => "https://claims:443", "TOPOLOGY_CLAIMS_CELL_ID" => "c1",
-                                 "TOPOLOGY_CLAIMS_CALL_TIMEOUT" => "500ms", "TOPOLOGY_CLAIMS_TLS_CA" => "/ca.pem")
+                                 "TOPOLOGY_CLAIMS_CALL_TIMEOUT" => "500ms", "TOPOLOGY_CLAIMS_CLIENT_TLS_CA" => "/ca.pem")
     expect([config.address, config.cell_id, config.timeout, config.tls]).to eq(["https://claims:443", "c1", 0.5, { ca: "/ca.pem" }])
     defaults = described_class.new({})
     expect([defaults.address, defaults.in_transaction_deadline, defaults.staleness]).to eq(["http://127.0.0.1:50051", 0.2, 600.0])

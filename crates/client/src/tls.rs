@@ -256,7 +256,7 @@ pub fn server_endpoint(url: &str, tls: Option<&ClientTls>) -> Result<Endpoint, C
         ("https", None) => {
             return Err(configuration(format!(
                 "the claims server URL {url:?} is https:// but no TLS CA bundle is configured to \
-                 verify the server with (--tls-ca, TOPOLOGY_CLAIMS_TLS_CA)"
+                 verify the server with (--tls-ca, TOPOLOGY_CLAIMS_CLIENT_TLS_CA)"
             )))
         }
         ("http", Some(_)) => {

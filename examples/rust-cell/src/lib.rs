@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Over mutual TLS (docs/security.md): an `https://` URL, and the CA bundle and this cell's
-//! certificate in TOPOLOGY_CLAIMS_TLS_CA, TOPOLOGY_CLAIMS_TLS_CERT, TOPOLOGY_CLAIMS_TLS_KEY.
+//! certificate in TOPOLOGY_CLAIMS_CLIENT_TLS_CA, TOPOLOGY_CLAIMS_CLIENT_TLS_CERT, TOPOLOGY_CLAIMS_CLIENT_TLS_KEY.
 
 use topology_claims_client::{
     BeginUpdate, CellId, ClaimKey, ClaimRecord, ClaimType, ClaimsClient, ClaimsError, OwnerType,

@@ -13,9 +13,9 @@ async fn main() -> std::process::ExitCode {
     let run = async {
         // Over mutual TLS (an https:// SERVER_URL): the CA bundle and this cell's certificate.
         let tls = match (
-            std::env::var_os("TOPOLOGY_CLAIMS_TLS_CA"),
-            std::env::var_os("TOPOLOGY_CLAIMS_TLS_CERT"),
-            std::env::var_os("TOPOLOGY_CLAIMS_TLS_KEY"),
+            std::env::var_os("TOPOLOGY_CLAIMS_CLIENT_TLS_CA"),
+            std::env::var_os("TOPOLOGY_CLAIMS_CLIENT_TLS_CERT"),
+            std::env::var_os("TOPOLOGY_CLAIMS_CLIENT_TLS_KEY"),
         ) {
             (Some(ca), Some(cert), Some(key)) => Some(
                 ClientTls::from_files(ca.as_ref(), Some((cert.as_ref(), key.as_ref())))

@@ -22,7 +22,7 @@ fn the_example_signs_users_up_and_names_the_taken_username() {
         let db = db.to_str().expect("a UTF-8 path");
         Command::new(env!("CARGO_BIN_EXE_rust-cell"))
             .args([url.as_str(), cell, db, name, email])
-            .env_remove("TOPOLOGY_CLAIMS_TLS_CA")
+            .env_remove("TOPOLOGY_CLAIMS_CLIENT_TLS_CA")
             .output()
             .expect("rust-cell runs")
     };

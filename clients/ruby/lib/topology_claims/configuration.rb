@@ -27,8 +27,8 @@ module TopologyClaims
       allow_untested_activerecord: ["TOPOLOGY_CLAIMS_ALLOW_UNTESTED_ACTIVERECORD", false, :boolean]
     }.freeze
     TLS_ENV = {
-      ca: "TOPOLOGY_CLAIMS_TLS_CA", cert: "TOPOLOGY_CLAIMS_TLS_CERT",
-      key: "TOPOLOGY_CLAIMS_TLS_KEY", server_name: "TOPOLOGY_CLAIMS_TLS_SERVER_NAME"
+      ca: "TOPOLOGY_CLAIMS_CLIENT_TLS_CA", cert: "TOPOLOGY_CLAIMS_CLIENT_TLS_CERT",
+      key: "TOPOLOGY_CLAIMS_CLIENT_TLS_KEY", server_name: "TOPOLOGY_CLAIMS_CLIENT_TLS_SERVER_NAME"
     }.freeze
 
     attr_accessor(*KNOBS.keys)
