@@ -164,6 +164,11 @@ pub enum ClaimsError {
     /// The store cannot be reached (down, restarting, network): retry later.
     #[error("store unavailable: {message}")]
     Unavailable { message: String },
+    /// The claims server could not be reached, or gave no answer of its own (a refused or cut
+    /// connection, TLS or protocol trouble, no answer within the deadline): retry later. Raised
+    /// by clients, never sent by the service (whose store outages are [`Self::Unavailable`]).
+    #[error("claims server unavailable: {message}")]
+    ServerUnavailable { message: String },
     /// The store's schema is behind this binary and migrations were not allowed to run.
     #[error("schema migrations pending: {}; run `topology-claims migrate` or start without --no-migrate", pending.join(", "))]
     MigrationsPending { pending: Vec<String> },
@@ -214,6 +219,7 @@ impl ClaimsError {
             Self::NamespaceNotFound { .. } => "NAMESPACE_NOT_FOUND",
             Self::TooManyNamespaces { .. } => "TOO_MANY_NAMESPACES",
             Self::Unavailable { .. } => "STORE_UNAVAILABLE",
+            Self::ServerUnavailable { .. } => "SERVER_UNAVAILABLE",
             Self::MigrationsPending { .. } => "MIGRATIONS_PENDING",
             Self::Configuration { .. } => "CONFIGURATION",
             Self::Internal { .. } => "INTERNAL",
@@ -263,6 +269,21 @@ impl ClaimsError {
         Self::Unavailable {
             message: message.to_string(),
         }
+    }
+
+    pub fn server_unavailable(message: impl std::fmt::Display) -> Self {
+        Self::ServerUnavailable {
+            message: message.to_string(),
+        }
+    }
+
+    /// Whether the call may or may not have been applied and can be retried: the store or the
+    /// claims server was unavailable.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable { .. } | Self::ServerUnavailable { .. }
+        )
     }
 }
 

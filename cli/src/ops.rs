@@ -16,7 +16,7 @@ use topology_claims_client::server_endpoint;
 use topology_claims_proto::convert::timestamp_from_pb;
 use topology_claims_proto::pb;
 use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
-use topology_claims_proto::status::from_status;
+use topology_claims_proto::status::{code_name, from_service, from_status};
 
 use topology_claims::config::format_duration;
 use topology_claims::error::error_chain;
@@ -86,14 +86,58 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A channel to `server` for operator commands (bounded connect and request times).
 pub async fn channel(server: &str, tls: &TlsArgs) -> Result<Channel, String> {
+    let _ = SERVER.set(server.to_owned());
     let endpoint = server_endpoint(server, tls.load().map_err(|e| e.to_string())?.as_ref())
         .map_err(|e| e.to_string())?
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(REQUEST_TIMEOUT);
-    endpoint
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect to {server}: {}", error_chain(&e)))
+    endpoint.connect().await.map_err(|e| {
+        let detail = error_chain(&e);
+        transport_hint(server, &detail)
+            .unwrap_or_else(|| format!("cannot connect to {server}: {detail}"))
+    })
+}
+
+/// The `--server` this command talks to (one per process), for the messages of failed calls.
+static SERVER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// What a transport failure most likely means, said with the fix: a plaintext client at a TLS
+/// port, a TLS client at a plaintext port, nothing listening. `None` when the detail says none
+/// of these.
+fn transport_hint(server: &str, detail: &str) -> Option<String> {
+    let lower = detail.to_ascii_lowercase();
+    if lower.contains("connection refused") {
+        return Some(format!(
+            "nothing listens at {server} (connection refused): is the server running, and is \
+             the address right?"
+        ));
+    }
+    let plaintext = server.starts_with("http://");
+    let garbled = [
+        "h2 protocol error",
+        "frame with invalid size",
+        "connection closed",
+        "broken pipe",
+        "connection reset",
+        "invalid http",
+        "unexpected eof",
+        "protocol error",
+    ]
+    .iter()
+    .any(|sign| lower.contains(sign));
+    if plaintext && garbled {
+        return Some(format!(
+            "the server at {server} did not answer plaintext gRPC ({detail}): if it serves TLS \
+             (every server started with --tls-cert does), use https://HOST:PORT with --tls-ca"
+        ));
+    }
+    if !plaintext && (lower.contains("invalidcontenttype") || lower.contains("corrupt message")) {
+        return Some(format!(
+            "the server at {server} does not speak TLS ({detail}): use http://HOST:PORT, or \
+             start the server with --tls-cert and --tls-key"
+        ));
+    }
+    None
 }
 
 async fn connect(server: &str, tls: &TlsArgs) -> Result<ClaimsServiceClient<Channel>, String> {
@@ -106,10 +150,24 @@ async fn connect(server: &str, tls: &TlsArgs) -> Result<ClaimsServiceClient<Chan
 /// A server error as `REASON: message`; the server hides its internal errors' details, so
 /// those say where to look instead of repeating "internal error".
 pub fn describe(status: &tonic::Status) -> String {
+    let server = SERVER.get().map_or("the server", String::as_str);
+    if !from_service(status) {
+        // Not the service's answer: the transport, a proxy, or something else at that port.
+        let cause = std::error::Error::source(status)
+            .map(|cause| format!(": {}", error_chain(cause)))
+            .unwrap_or_default();
+        let detail = format!("{}: {}{cause}", code_name(status.code()), status.message());
+        return transport_hint(server, &detail)
+            .unwrap_or_else(|| format!("no answer from the claims service at {server}: {detail}"));
+    }
     match from_status(status) {
         ClaimsError::Internal { .. } if status.code() == tonic::Code::Internal => {
             "INTERNAL: the server failed; its log has the details".to_owned()
         }
+        error @ ClaimsError::Unavailable { .. } => format!(
+            "{}: the server at {server} is up, its store is not: {error}",
+            error.reason()
+        ),
         error => format!("{}: {error}", error.reason()),
     }
 }

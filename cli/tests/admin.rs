@@ -194,15 +194,10 @@ async fn runbooks(backend: Backend) {
         Some(1),
         "no terminal and no --yes: not confirmed, exit 1"
     );
+    let said = text(&unconfirmed.stderr);
     assert!(
-        text(&unconfirmed.stderr).contains("not confirmed: nothing was changed"),
-        "{}",
-        text(&unconfirmed.stderr)
-    );
-    assert!(
-        text(&unconfirmed.stderr).contains("--yes"),
-        "{}",
-        text(&unconfirmed.stderr)
+        said.contains("not confirmed: nothing was changed") && said.contains("--yes"),
+        "{said}"
     );
     let rolled = admin(
         dir.path(),
@@ -380,13 +375,11 @@ async fn runbooks(backend: Backend) {
     // --yes: it acts at once, with no preview.
     assert_eq!(admin_lines("ForceRollback", "intent"), 2);
     assert_eq!(admin_lines("ForceRollback", "done"), 2);
-    let previews = lines
-        .iter()
-        .filter(|l| l["method"] == "ForceRollback" && l["dry_run"] == true)
-        .count();
+    let dry = |l: &&serde_json::Value| l["method"] == "ForceRollback" && l["dry_run"] == true;
     assert_eq!(
-        previews, 2,
-        "the --dry-run's intent and done lines, and no other dry run"
+        lines.iter().filter(dry).count(),
+        2,
+        "--dry-run's intent and done, no other"
     );
     assert!(admin_lines("DecommissionCell", "intent") >= doomed_claims / BATCH);
     let acted = lines

@@ -385,7 +385,7 @@ async fn clients_without_the_ca_or_without_a_certificate_are_refused() {
     let stranger = ClientTls::from_files(&other.path().join("ca.pem"), None).unwrap();
     let client = ClaimsClient::connect_lazy(&url, quick(Some(stranger))).unwrap();
     match client.lookup_claim(&missing_claim()).await {
-        Err(ClaimsError::Unavailable { message }) => {
+        Err(ClaimsError::ServerUnavailable { message }) => {
             assert!(message.contains("UnknownIssuer"), "{message}")
         }
         other => panic!("expected the server's certificate refused, got {other:?}"),
@@ -395,7 +395,7 @@ async fn clients_without_the_ca_or_without_a_certificate_are_refused() {
     let anonymous = ClientTls::from_files(&dir.path().join("ca.pem"), None).unwrap();
     let client = ClaimsClient::connect_lazy(&url, quick(Some(anonymous))).unwrap();
     match client.lookup_claim(&missing_claim()).await {
-        Err(ClaimsError::Unavailable { .. }) => {}
+        Err(ClaimsError::ServerUnavailable { .. }) => {}
         other => panic!("expected the connection refused without a certificate, got {other:?}"),
     }
 }
@@ -485,6 +485,19 @@ async fn the_commands_speak_tls_with_the_tls_flags_and_env_vars() {
         );
         let without = lookup(&d, &url, &[]);
         let plain = lookup(&d, "http://127.0.0.1:1", &["--tls-ca", &ca]);
+        let plaintext_at_tls = lookup(&d, &url.replace("https://", "http://"), &[]);
+        let nobody = lookup(&d, "http://127.0.0.1:1", &[]);
+        for (output, says) in [
+            (&plaintext_at_tls, "use https://HOST:PORT with --tls-ca"),
+            (&nobody, "nothing listens at http://127.0.0.1:1"),
+        ] {
+            let err = common::text(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{err}");
+            assert!(
+                err.contains(says) && !err.contains("store"),
+                "{says}: {err}"
+            );
+        }
         (flags, env, reconcile, without, plain)
     })
     .await

@@ -309,7 +309,7 @@ async fn unavailable_service_is_reported_after_retries() {
         .begin_update(creates(&cell("cell-a"), &[username("x")]))
         .await
         .unwrap_err();
-    assert!(matches!(err, ClaimsError::Unavailable { .. }), "{err:?}");
+    assert!(err.is_unavailable(), "{err:?}");
 }
 
 #[tokio::test]

@@ -159,7 +159,7 @@ async fn shutdown_drains_with_idle_clients_still_connected() {
     assert!(
         matches!(
             topology_claims_proto::status::from_status(&status),
-            ClaimsError::Unavailable { .. }
+            ClaimsError::ServerUnavailable { .. }
         ),
         "{status:?}"
     );

@@ -382,7 +382,7 @@ mod in_transaction {
         )
         .await;
         match result {
-            Err(TransactionError::Claims(error @ ClaimsError::Unavailable { .. })) => {
+            Err(TransactionError::Claims(error @ ClaimsError::ServerUnavailable { .. })) => {
                 assert!(
                     error.to_string().contains("in-transaction deadline"),
                     "{error}"

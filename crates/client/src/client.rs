@@ -124,7 +124,9 @@ pub type ClaimsPageStream = Pin<Box<dyn Stream<Item = Result<ClaimViewsPage, Cla
 fn retryable(error: &ClaimsError) -> bool {
     matches!(
         error,
-        ClaimsError::Unavailable { .. } | ClaimsError::RateLimited { .. }
+        ClaimsError::Unavailable { .. }
+            | ClaimsError::ServerUnavailable { .. }
+            | ClaimsError::RateLimited { .. }
     )
 }
 
@@ -192,7 +194,7 @@ impl ClaimsClient {
     /// names its kind.
     fn status_error(&self, status: &tonic::Status) -> ClaimsError {
         match std::error::Error::source(status) {
-            Some(cause) => ClaimsError::unavailable(format!(
+            Some(cause) => ClaimsError::server_unavailable(format!(
                 "cannot reach {}: {}",
                 self.server,
                 error_chain(cause)
@@ -230,14 +232,14 @@ impl ClaimsClient {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(status)) => (self.status_error(&status), status::retry_delay(&status)),
                 Err(_) => (
-                    ClaimsError::unavailable(format!(
+                    ClaimsError::server_unavailable(format!(
                         "no answer from {} within {:?} (deadline exceeded)",
                         self.server, self.config.call_timeout
                     )),
                     None,
                 ),
             };
-            if let ClaimsError::Unavailable { .. } = outcome {
+            if outcome.is_unavailable() {
                 *lost = true;
             }
             // Nothing was written (the refusal is decided before any write), so the same
@@ -298,7 +300,7 @@ impl ClaimsClient {
         match self.retrying(call, &mut lost).await {
             Ok(response) => decode::lease_from_pb(response.get_ref().lease_payload.as_ref(), None),
             Err(refusal) => {
-                if lost && !matches!(refusal, ClaimsError::Unavailable { .. }) {
+                if lost && !refusal.is_unavailable() {
                     self.fence(&request.cell_id, lease_id, &refusal).await;
                 }
                 Err(refusal)
@@ -397,7 +399,7 @@ impl ClaimsClient {
         {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(status)) => Err(status::from_status(&status)),
-            Err(_) => Err(ClaimsError::unavailable("rollback timed out")),
+            Err(_) => Err(ClaimsError::server_unavailable("rollback timed out")),
         }
     }
 
@@ -583,7 +585,7 @@ impl ClaimsClient {
                     Ok(Ok(Some(range))) => decode::claims_page_from_pb(&range.into(), &cell_id),
                     Ok(Ok(None)) => return None,
                     Ok(Err(status)) => Err(this.status_error(&status)),
-                    Err(_) => Err(ClaimsError::unavailable(format!(
+                    Err(_) => Err(ClaimsError::server_unavailable(format!(
                         "no range from {} within {deadline:?} (deadline exceeded)",
                         this.server
                     ))),

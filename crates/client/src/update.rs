@@ -49,7 +49,7 @@ pub struct UpdateConfig {
     /// In the in-transaction order, the longest BeginUpdate may take, retries with the same
     /// lease id included, while the local transaction stays open and holds its locks (and its
     /// connection). Default 200 ms, as GitLab's Cells ADR 021. On expiry the local transaction
-    /// is rolled back and the caller gets `Unavailable`.
+    /// is rolled back and the caller gets `ServerUnavailable`.
     pub in_transaction_deadline: Duration,
 }
 
@@ -205,7 +205,7 @@ impl PendingUpdate {
         let call = async {
             match tokio::time::timeout(deadline, bounded.begin_update(request.clone())).await {
                 Ok(answer) => answer,
-                Err(_) => Err(ClaimsError::unavailable(format!(
+                Err(_) => Err(ClaimsError::server_unavailable(format!(
                     "BeginUpdate got no answer within the in-transaction deadline of {deadline:?}"
                 ))),
             }
@@ -225,7 +225,7 @@ impl PendingUpdate {
         let sent = Instant::now();
         let lease = match call.await {
             Ok(lease) => lease,
-            Err(error @ ClaimsError::Unavailable { .. }) => {
+            Err(error) if error.is_unavailable() => {
                 return Err(BeginFailure {
                     error,
                     unconfirmed: Some((client.clone(), request.cell_id.clone(), lease_id)),

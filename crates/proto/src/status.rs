@@ -88,7 +88,9 @@ pub fn code_of(error: &ClaimsError) -> Code {
         // Client-side only (the verifier's own slot bookkeeping); never on the wire.
         ClaimsError::VerificationSlotLost { .. } => Code::Aborted,
         ClaimsError::Unauthenticated { .. } => Code::Unauthenticated,
-        ClaimsError::Unavailable { .. } => Code::Unavailable,
+        ClaimsError::Unavailable { .. } | ClaimsError::ServerUnavailable { .. } => {
+            Code::Unavailable
+        }
         ClaimsError::MigrationsPending { .. }
         | ClaimsError::Configuration { .. }
         | ClaimsError::Internal { .. } => Code::Internal,
@@ -477,6 +479,15 @@ pub fn from_status(status: &Status) -> ClaimsError {
     }
 }
 
+/// Whether `status` is this service's answer (it carries the service's ErrorInfo), rather than
+/// the transport's, a proxy's or another program's at that address.
+pub fn from_service(status: &Status) -> bool {
+    status
+        .get_error_details()
+        .error_info()
+        .is_some_and(|info| info.domain == ERROR_DOMAIN)
+}
+
 /// The google.rpc.RetryInfo delay a status carries, if any (RATE_LIMITED,
 /// VERIFICATION_SLOTS_BUSY, CLAIM_LEASED, RESTORE_QUARANTINE).
 pub fn retry_delay(status: &Status) -> Option<std::time::Duration> {
@@ -494,7 +505,7 @@ fn without_error_info(status: &Status) -> ClaimsError {
         | Code::DeadlineExceeded
         | Code::Unknown
         | Code::Cancelled
-        | Code::ResourceExhausted => ClaimsError::unavailable(text),
+        | Code::ResourceExhausted => ClaimsError::server_unavailable(text),
         _ => ClaimsError::internal(text),
     }
 }
@@ -679,11 +690,12 @@ mod tests {
     }
 
     #[test]
-    fn status_without_error_info_is_unavailable_only_when_retryable() {
+    fn status_without_error_info_is_server_unavailable_only_when_retryable() {
+        // The claims server's trouble, not its store's: ServerUnavailable (retryable).
         let transport = Status::unavailable("connection refused");
         assert!(matches!(
             from_status(&transport),
-            ClaimsError::Unavailable { .. }
+            ClaimsError::ServerUnavailable { .. }
         ));
         for cut in [
             Status::unknown("transport error"),
@@ -693,7 +705,7 @@ mod tests {
             Status::deadline_exceeded("took longer than the server's --request-timeout 30s"),
         ] {
             assert!(
-                matches!(from_status(&cut), ClaimsError::Unavailable { .. }),
+                matches!(from_status(&cut), ClaimsError::ServerUnavailable { .. }),
                 "{cut:?}"
             );
         }

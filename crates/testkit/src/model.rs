@@ -258,8 +258,11 @@ async fn run_history<S: ClaimStore>(store: &S, history: &[Command]) -> Result<()
     let mut model = Tables::default();
     for (step, command) in history.iter().enumerate() {
         let (actual, expected) = apply(store, &mut model, command).await;
-        if let Observed::Error(ClaimsError::Unavailable { .. } | ClaimsError::Internal { .. }) =
-            actual
+        if let Observed::Error(
+            ClaimsError::Unavailable { .. }
+            | ClaimsError::ServerUnavailable { .. }
+            | ClaimsError::Internal { .. },
+        ) = actual
         {
             return Err(TestCaseError::fail(format!(
                 "step {step} {command:?}: store failed: {actual:?}"

@@ -151,7 +151,9 @@ impl ErrorKind {
     /// status without the service's error details).
     pub fn of(error: &ClaimsError) -> Option<ErrorKind> {
         Some(match error {
-            ClaimsError::Unavailable { .. } | ClaimsError::Internal { .. } => return None,
+            ClaimsError::Unavailable { .. }
+            | ClaimsError::ServerUnavailable { .. }
+            | ClaimsError::Internal { .. } => return None,
             ClaimsError::InvalidRequest { .. } => ErrorKind::InvalidRequest,
             ClaimsError::BatchConflict { .. } => ErrorKind::BatchConflict,
             ClaimsError::ClaimTaken { .. } => ErrorKind::ClaimTaken,
