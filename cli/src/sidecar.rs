@@ -404,13 +404,18 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
     }
 }
 
-/// One stderr line per slot event, stamped with the wall clock in unix milliseconds (`at=…`) so
-/// that operators and tests can line up the runs of several cells.
+/// One stderr line per slot event, stamped with the wall clock as RFC 3339 UTC to the
+/// millisecond (`at=2026-11-27T15:10:13.248Z`) so that operators and tests can line up the runs
+/// of several cells.
 fn print_slot_event(event: &SlotEvent) {
-    let at = std::time::SystemTime::now()
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+        .unwrap_or_default();
+    let at = prost_types::Timestamp {
+        seconds: i64::try_from(now.as_secs()).unwrap_or(i64::MAX),
+        // Milliseconds: the stamp lines up runs, it does not time them.
+        nanos: i32::try_from(now.subsec_millis() * 1_000_000).unwrap_or(0),
+    };
     match event {
         SlotEvent::Waiting {
             in_use,

@@ -674,3 +674,26 @@ async fn reconcile_logs_why_a_young_lease_waits_once_not_on_every_pass() {
     drop(app);
     cell_a.stop().await;
 }
+
+/// A store that is up to date starts without PostgreSQL's NOTICEs ("relation … already exists,
+/// skipping") in the log: they are not news, and the driver would log each at INFO.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_up_to_date_store_starts_without_postgres_notices_in_the_log() {
+    let Some(db) = FreshDb::create().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for round in ["first", "second"] {
+        let out = command(dir.path(), &["migrate", "--store", &db.url])
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{round} migrate: {err}");
+        assert!(
+            !err.contains("NOTICE") && !err.contains("skipping"),
+            "{round} migrate: {err}"
+        );
+    }
+    db.drop_database().await;
+}

@@ -107,11 +107,17 @@ fn spawn_verify(
     (child, received)
 }
 
-/// The `at=` unix milliseconds of the first line containing `what`, waiting for it.
+/// The `at=` stamp (RFC 3339) of the first line containing `what`, as unix milliseconds,
+/// waiting for it.
 fn stamp(lines: &mpsc::Receiver<String>, what: &str, seen: &mut Vec<String>) -> u128 {
     let line = wait_for(lines, seen, |l| l.contains(what));
     let at = line.split("at=").nth(1).expect("an at= stamp");
-    at.split_whitespace().next().unwrap().parse().unwrap()
+    let text = at.split_whitespace().next().unwrap().trim_end_matches(':');
+    let time: prost_types::Timestamp = text
+        .parse()
+        .unwrap_or_else(|e| panic!("at={text} is not RFC 3339: {e:?}"));
+    assert!(text.ends_with('Z'), "UTC: {text}");
+    (time.seconds as u128) * 1000 + (time.nanos as u128) / 1_000_000
 }
 
 /// The first line that is `what`, waiting for it.

@@ -79,6 +79,11 @@ impl Settings {
         ));
         // A transaction left open by a bug or a stuck client must not hold claim locks forever.
         session.push_str(" -c idle_in_transaction_session_timeout=60000");
+        // NOTICEs ("relation … already exists, skipping" at every start) are not news: the
+        // driver would log each at INFO. Warnings and errors still come through.
+        if !session.contains("client_min_messages") {
+            session.push_str(" -c client_min_messages=warning");
+        }
         if let Some(schema) = &options.schema {
             sql::quote_schema(schema)?;
             session.push_str(&format!(" -c search_path={schema}"));

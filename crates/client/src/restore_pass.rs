@@ -133,7 +133,7 @@ pub(crate) async fn report_pass(
     }
     let (after, pending) = client.report_verification_pass(cell, view.epoch).await?;
     report.restore_reported = Some(view.epoch);
-    tracing::warn!(
+    tracing::info!(
         epoch = view.epoch,
         quarantined = after.quarantined,
         cells_pending = pending,
