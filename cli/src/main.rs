@@ -63,6 +63,10 @@ enum Command {
     Migrate(MigrateArgs),
     /// Show which cell holds a claim. Exit status: 0 found, 1 not found, 2 error.
     Lookup(ops::LookupArgs),
+    /// Ask a server's grpc.health.v1 whether it serves: readiness (its store answers) by
+    /// default, liveness with --service "". Works over mutual TLS and against --health-listen.
+    /// Exit status: 0 SERVING, 1 not serving (says why), 2 could not ask.
+    Health(ops::HealthArgs),
     /// List a cell's outstanding leases with their age by the server's clock.
     Leases(ops::LeasesArgs),
     /// Sidecar: heal a cell's leases left between the three phases (commit those recorded
@@ -135,6 +139,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(*args).await,
             Command::Migrate(args) => migrate(args).await,
             Command::Lookup(args) => ops::lookup(args).await,
+            Command::Health(args) => ops::health(args).await,
             Command::Leases(args) => ops::leases(args).await,
             Command::Reconcile(args) => sidecar::reconcile(args).await,
             Command::Verify(args) => sidecar::verify(args).await,

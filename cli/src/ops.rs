@@ -24,6 +24,31 @@ use topology_claims::error::error_chain;
 use crate::client_tls::TlsArgs;
 
 #[derive(Args, Debug)]
+pub struct HealthArgs {
+    /// The server's URL: http://HOST:PORT, https://HOST:PORT with --tls-ca (and, under mutual
+    /// TLS, any client certificate the server's CA signed), or a --health-listen address.
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_SERVER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    server: String,
+
+    #[command(flatten)]
+    tls: TlsArgs,
+
+    /// The grpc.health.v1 service to check: topology.claims.v1.ClaimsService (SERVING when the
+    /// server's store answers: readiness) or "" (SERVING while the process runs and is not
+    /// draining: liveness).
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_HEALTH_SERVICE",
+        default_value = "topology.claims.v1.ClaimsService"
+    )]
+    service: String,
+}
+
+#[derive(Args, Debug)]
 pub struct LookupArgs {
     /// The server's URL: http://HOST:PORT, or https://HOST:PORT with --tls-ca.
     #[arg(
@@ -169,6 +194,64 @@ pub fn describe(status: &tonic::Status) -> String {
             error.reason()
         ),
         error => format!("{}: {error}", error.reason()),
+    }
+}
+
+/// `health`: asks the server's grpc.health.v1 for `--service`. Exit 0 SERVING, 1 anything else
+/// (said with why), 2 when it could not ask.
+pub async fn health(args: HealthArgs) -> ExitCode {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let channel = match channel(&args.server, &args.tls).await {
+        Ok(channel) => channel,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let shown = if args.service.is_empty() {
+        "the server (\"\")".to_owned()
+    } else {
+        args.service.clone()
+    };
+    let request = HealthCheckRequest {
+        service: args.service.clone(),
+    };
+    match HealthClient::new(channel).check(request).await {
+        Ok(response) => match response.into_inner().status() {
+            ServingStatus::Serving => {
+                println!("{shown} at {}: SERVING", args.server);
+                ExitCode::SUCCESS
+            }
+            ServingStatus::NotServing => {
+                println!(
+                    "{shown} at {}: NOT_SERVING ({})",
+                    args.server,
+                    if args.service.is_empty() {
+                        "the server is draining after SIGTERM"
+                    } else {
+                        "its store did not answer the last probe, or the server is draining; its \
+                         log and topology_claims_store_up say which"
+                    }
+                );
+                ExitCode::from(1)
+            }
+            other => {
+                println!("{shown} at {}: {}", args.server, other.as_str_name());
+                ExitCode::from(1)
+            }
+        },
+        Err(status) if status.code() == tonic::Code::NotFound => {
+            println!(
+                "{shown} at {}: SERVICE_UNKNOWN (this server has no such health service)",
+                args.server
+            );
+            ExitCode::from(1)
+        }
+        Err(status) => {
+            eprintln!("error: {}", describe(&status));
+            ExitCode::from(2)
+        }
     }
 }
 

@@ -714,4 +714,58 @@ async fn the_plaintext_health_listener_serves_health_and_nothing_else() {
         .await
         .expect_err("the claims service is not on the health listener");
     assert_eq!(refused.code(), Code::Unimplemented, "{refused:?}");
+
+    // The `health` command: on the health listener, and on the main listener under mutual TLS.
+    pki.client(
+        "cell-h",
+        Some("spiffe://topology-claims/cell/cell-h"),
+        false,
+        false,
+    );
+    let main = format!(
+        "https://localhost:{}",
+        server.addr.rsplit(':').next().unwrap()
+    );
+    let (ca, cert, key) = (
+        pki.path("ca.pem"),
+        pki.path("cell-h.pem"),
+        pki.path("cell-h-key.pem"),
+    );
+    let mtls = [
+        "--tls-ca",
+        ca.to_str().unwrap(),
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ];
+    let health = |server: &str, extra: &[&str]| {
+        let out = common::run(
+            pki.dir.path(),
+            &[&["health", "--server", server], extra].concat(),
+        );
+        (out.status.code(), text(&out.stdout) + &text(&out.stderr))
+    };
+    let plain = format!("http://{addr}");
+    for (server, extra, code, says) in [
+        (
+            plain.as_str(),
+            &[][..],
+            0,
+            "topology.claims.v1.ClaimsService at http",
+        ),
+        (plain.as_str(), &["--service", ""][..], 0, "SERVING"),
+        (main.as_str(), &mtls[..], 0, "SERVING"),
+        (
+            plain.as_str(),
+            &["--service", "nope"][..],
+            1,
+            "SERVICE_UNKNOWN",
+        ),
+        ("http://127.0.0.1:1", &[][..], 2, "nothing listens"),
+    ] {
+        let (got, output) = health(server, extra);
+        assert_eq!(got, Some(code), "{server} {extra:?}: {output}");
+        assert!(output.contains(says), "{server} {extra:?}: {output}");
+    }
 }
