@@ -122,8 +122,8 @@ pub enum ClaimsError {
     #[error("audit log unavailable: {message}; the admin call was not carried out")]
     AuditUnavailable { message: String },
     /// A request names a namespace the store does not hold (INVALID_ARGUMENT
-    /// `UNKNOWN_NAMESPACE`): a typo, or a namespace not created yet (`admin namespaces create`).
-    #[error("unknown namespace {namespace:?}: the store holds no such namespace (see `topology-claims admin namespaces list`)")]
+    /// `UNKNOWN_NAMESPACE`): a typo, or a namespace not created yet.
+    #[error("unknown namespace {namespace:?}: the store holds no such namespace")]
     UnknownNamespace { namespace: String },
     /// A value that breaks one of its namespace's rules (INVALID_ARGUMENT `INVALID_CLAIM_VALUE`,
     /// metadata `namespace` and `rule`); `field` is its path in the request.

@@ -11,6 +11,7 @@ mod admin;
 mod admin_restore;
 mod backup;
 mod certs;
+mod claim_cmd;
 mod client_tls;
 mod confirm;
 mod env;
@@ -63,6 +64,14 @@ enum Command {
     Migrate(MigrateArgs),
     /// Show which cell holds a claim. Exit status: 0 found, 1 not found, 2 error.
     Lookup(ops::LookupArgs),
+    /// Take one claim for a cell from the shell (BeginUpdate, then CommitUpdate): to try the
+    /// service or fix one name by hand. A claim with no record in the cell's database is drift
+    /// for that cell's verifier, which destroys it. Exit status: 0 claimed, 1 refused (taken,
+    /// leased, …), 2 error.
+    Claim(claim_cmd::ClaimArgs),
+    /// Give back one claim of a cell from the shell (a destroy, committed). Exit status: 0
+    /// released, 1 refused (not found, another cell's, leased), 2 error.
+    Release(claim_cmd::ClaimArgs),
     /// Ask a server's grpc.health.v1 whether it serves: readiness (its store answers) by
     /// default, liveness with --service "". Works over mutual TLS and against --health-listen.
     /// Exit status: 0 SERVING, 1 not serving (says why), 2 could not ask.
@@ -139,6 +148,8 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(*args).await,
             Command::Migrate(args) => migrate(args).await,
             Command::Lookup(args) => ops::lookup(args).await,
+            Command::Claim(args) => claim_cmd::run(args, false).await,
+            Command::Release(args) => claim_cmd::run(args, true).await,
             Command::Health(args) => ops::health(args).await,
             Command::Leases(args) => ops::leases(args).await,
             Command::Reconcile(args) => sidecar::reconcile(args).await,

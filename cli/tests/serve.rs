@@ -576,3 +576,63 @@ fn the_environment_reads_empty_as_unset_every_switch_word_alike_and_names_a_bad_
         );
     }
 }
+
+#[test]
+fn claim_lookup_and_release_from_the_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--listen", "127.0.0.1:0", "--store", "memory:"],
+    );
+    let s = server.endpoint();
+    let cli = |args: &[&str]| {
+        let out = run(
+            dir.path(),
+            &[&[args[0], "--server", &s], &args[1..]].concat(),
+        );
+        (out.status.code(), text(&out.stdout) + &text(&out.stderr))
+    };
+    let claim = ["--namespace", "usernames", "--value", "alice"];
+    for (args, code, says) in [
+        (
+            &[&["claim", "--cell-id", "cell-a"], &claim[..]].concat(),
+            0,
+            "claimed usernames \"alice\" for cell cell-a",
+        ),
+        (
+            &[&["claim", "--cell-id", "cell-b"], &claim[..]].concat(),
+            1,
+            "refused: CLAIM_TAKEN",
+        ),
+        (&[&["lookup"], &claim[..]].concat(), 0, "cell:       cell-a"),
+        (
+            &[&["release", "--cell-id", "cell-b"], &claim[..]].concat(),
+            1,
+            "refused: NOT_CLAIM_OWNER",
+        ),
+        (
+            &[&["release", "--cell-id", "cell-a"], &claim[..]].concat(),
+            0,
+            "released usernames \"alice\"",
+        ),
+        (&[&["lookup"], &claim[..]].concat(), 1, "not found"),
+        (
+            &[
+                "claim",
+                "--cell-id",
+                "cell-a",
+                "--namespace",
+                "ssh-keys",
+                "--value",
+                "x",
+            ][..]
+                .to_vec(),
+            1,
+            "refused: UNKNOWN_NAMESPACE",
+        ),
+    ] {
+        let (got, output) = cli(args);
+        assert_eq!(got, Some(code), "{args:?}: {output}");
+        assert!(output.contains(says), "{args:?}: {output}");
+    }
+}

@@ -91,9 +91,8 @@ module TopologyClaims
       end
 
       # Claims `attribute`'s value in the service's namespace `namespace` ("usernames",
-      # "emails", "routes", or one an administrator created: `topology-claims admin namespaces
-      # list`). The service compares values under the namespace's rules ("John" and "john" are
-      # one username); send them as the user typed them. `type:` (:username, :email, :routes)
+      # "emails", "routes", or one the store holds). The service compares values under the
+      # namespace's rules; send them as the user typed them. `type:` (:username, :email, :routes)
       # is the legacy name of a built-in namespace. Blank values are never claimed. `if:` a
       # lambda (run on the record) or a method name. `verify_where:` the same condition in SQL,
       # for TopologyClaims.verify_toml.

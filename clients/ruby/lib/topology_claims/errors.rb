@@ -65,7 +65,7 @@ module TopologyClaims
   end
 
   # UNKNOWN_NAMESPACE: a claim names a namespace the service does not hold (a typo, or one not
-  # created yet: `topology-claims admin namespaces create`). `namespace` names it.
+  # created yet). `namespace` names it.
   class UnknownNamespace < InvalidRequest
     def namespace = metadata["namespace"]
   end
