@@ -697,3 +697,84 @@ async fn an_up_to_date_store_starts_without_postgres_notices_in_the_log() {
     }
     db.drop_database().await;
 }
+
+/// TLS to PostgreSQL (the local cluster serves Debian's snake-oil certificate, CN and SAN
+/// `localhost`): `sslmode=require` encrypts every connection of the store (pg_stat_ssl says
+/// so), `verify-ca` checks the chain to `sslrootcert`, `verify-full` also the host name, and a
+/// mismatch is refused at start naming the certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_speaks_tls_to_postgres_as_sslmode_says() {
+    const SNAKE_OIL: &str = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
+    let Some(db) = FreshDb::create().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let localhost = db.url.replace("127.0.0.1", "localhost");
+    for (url, app) in [
+        (format!("{}?sslmode=require&application_name=tc_tls_require", db.url), "tc_tls_require"),
+        (
+            format!("{}?sslmode=verify-ca&sslrootcert={SNAKE_OIL}&application_name=tc_tls_ca", db.url),
+            "tc_tls_ca",
+        ),
+        (
+            format!("{localhost}?sslmode=verify-full&sslrootcert={SNAKE_OIL}&application_name=tc_tls_full"),
+            "tc_tls_full",
+        ),
+    ] {
+        let (d, store) = (dir.path().to_owned(), url.clone());
+        let server = tokio::task::spawn_blocking(move || {
+            Server::start(&d, &["--listen", "127.0.0.1:0", "--store", &store])
+        })
+        .await
+        .unwrap();
+        let client = one_attempt_client(&server);
+        client
+            .lookup_claim(&username("nobody").key)
+            .await
+            .expect_err("not found, over TLS");
+        // A cell's own database takes the same parameters (the sidecars' --local-db).
+        let (d, endpoint, local) = (dir.path().to_owned(), server.endpoint(), url.clone());
+        let pass = tokio::task::spawn_blocking(move || {
+            run(
+                &d,
+                &[
+                    "reconcile", "--once", "--server", &endpoint, "--cell-id", "cell-tls",
+                    "--local-db", &local,
+                ],
+            )
+        })
+        .await
+        .unwrap();
+        assert!(pass.status.success(), "{url}: {}", text(&pass.stderr));
+        let rows = db
+            .admin
+            .query(
+                "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                 WHERE a.application_name = $1",
+                &[&app],
+            )
+            .await
+            .unwrap();
+        assert!(!rows.is_empty(), "{url}: the store's connections are listed");
+        assert!(
+            rows.iter().all(|r| r.get::<_, bool>(0)),
+            "{url}: every connection encrypted"
+        );
+        tokio::task::spawn_blocking(move || server.stop_with("TERM"))
+            .await
+            .unwrap();
+    }
+    // verify-full against 127.0.0.1: the certificate names localhost only.
+    let out = run(
+        dir.path(),
+        &[
+            "migrate",
+            "--store",
+            &format!("{}?sslmode=verify-full&sslrootcert={SNAKE_OIL}", db.url),
+        ],
+    );
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    db.drop_database().await;
+}

@@ -59,11 +59,14 @@ pub(crate) struct Settings {
     pub config: Config,
     /// `postgres://user@host:port/db`, never the password: used in every error message.
     pub target: String,
+    /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey` (`crate::tls`).
+    pub tls: crate::tls::TlsParams,
 }
 
 impl Settings {
     pub fn new(url: &str, options: &PostgresOptions) -> Result<Self, ClaimsError> {
-        let mut config = Config::from_str(url).map_err(|e| ClaimsError::Configuration {
+        let (url, tls) = crate::tls::split_url(url)?;
+        let mut config = Config::from_str(&url).map_err(|e| ClaimsError::Configuration {
             // The driver's message never echoes the password.
             message: format!("invalid PostgreSQL URL: {}", crate::error::describe(&e)),
         })?;
@@ -101,21 +104,26 @@ impl Settings {
         config.connect_timeout(options.connect_timeout);
         // Notice a vanished server (no FIN, e.g. a network partition) within about a minute.
         config.keepalives_idle(Duration::from_secs(30));
+        config.ssl_mode(tls.mode.driver_mode());
         let target = describe_target(&config);
-        Ok(Self { config, target })
+        Ok(Self {
+            config,
+            target,
+            tls,
+        })
     }
 
     /// The connection pool. Connections are opened lazily, recycled with a cheap `is_closed`
     /// check, and a broken one is replaced on the next checkout: the store heals by itself once
     /// PostgreSQL is back.
     pub fn pool(&self, options: &PostgresOptions) -> Result<Pool, ClaimsError> {
-        let manager = Manager::from_config(
-            self.config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = || ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match crate::tls::connector(&self.tls)? {
+            Some(tls) => Manager::from_config(self.config.clone(), tls, manager_config()),
+            None => Manager::from_config(self.config.clone(), NoTls, manager_config()),
+        };
         Pool::builder(manager)
             .max_size(options.pool_size)
             .wait_timeout(Some(options.connect_timeout))
@@ -132,7 +140,8 @@ impl Settings {
 /// A store URL as it may be logged: `postgres://USER@HOST:PORT/DB`, without password or options;
 /// `postgres://(invalid URL)` when it does not parse.
 pub fn redacted_url(url: &str) -> String {
-    Config::from_str(url)
+    let url = crate::tls::split_url(url).map_or_else(|_| url.to_owned(), |(url, _)| url);
+    Config::from_str(&url)
         .map(|config| describe_target(&config))
         .unwrap_or_else(|_| "postgres://(invalid URL)".to_owned())
 }
