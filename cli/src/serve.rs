@@ -598,9 +598,27 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let metrics = match metrics {
         Some(metrics) => {
             let render = {
-                let (metrics, store, audit) =
-                    (Arc::clone(&metrics), Arc::clone(&store), audit.clone());
+                let (metrics, store, audit, tls) = (
+                    Arc::clone(&metrics),
+                    Arc::clone(&store),
+                    audit.clone(),
+                    tls.clone(),
+                );
                 Arc::new(move || {
+                    if let Some(tls) = &tls {
+                        let expiries = tls.expiries();
+                        for (name, at) in [
+                            ("server", expiries.server),
+                            ("client_ca", expiries.client_ca),
+                        ] {
+                            if let Some(at) = at {
+                                metrics
+                                    .tls_certificate_expiry
+                                    .with_label_values(&[name])
+                                    .set(at as f64);
+                            }
+                        }
+                    }
                     // Counters kept elsewhere, read (never queried) at scrape time.
                     catch_up(&metrics.store_retries, store.retries());
                     if let Some(audit) = &audit {

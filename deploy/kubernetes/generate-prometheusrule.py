@@ -5,6 +5,11 @@ deploy/prometheus/alerts.yml is the one place the alert rules are written (promt
 unit-tests it); the Prometheus operator's PrometheusRule carries the same groups under spec.
 Run this after changing alerts.yml. `--check` writes nothing and exits 1, naming the file, when
 the committed PrometheusRule differs from what it would write (deploy/test.sh runs it).
+
+Each rule's `runbook` (a path in this repository, e.g. docs/operations.md#runbook-cell-down) also
+becomes a `runbook_url` a pager can open: `--runbook-base-url` (env
+TOPOLOGY_CLAIMS_RUNBOOK_BASE_URL; default: this repository's docs on GitHub) followed by the path.
+Point it at your own mirror of the docs and write the result into your overlay with `--output`.
 """
 
 import argparse
@@ -39,12 +44,22 @@ def _str(dumper, value):
 Dumper.add_representer(str, _str)
 
 
-def render():
+DEFAULT_RUNBOOK_BASE_URL = "https://github.com/topology-claims/topology-claims/blob/main/"
+
+
+def render(runbook_base_url=DEFAULT_RUNBOOK_BASE_URL):
     with open(ALERTS, encoding="utf-8") as f:
         alerts = yaml.safe_load(f)
     groups = alerts.get("groups") if isinstance(alerts, dict) else None
     if not groups:
         sys.exit(f"generate-prometheusrule: {ALERTS} has no `groups`")
+    if not runbook_base_url.endswith("/"):
+        runbook_base_url += "/"
+    for group in groups:
+        for rule in group.get("rules", []):
+            annotations = rule.get("annotations", {})
+            if "runbook" in annotations:
+                annotations["runbook_url"] = runbook_base_url + annotations["runbook"]
     rule = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -65,8 +80,18 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if the committed file is out of date")
+    parser.add_argument("--runbook-base-url",
+                        default=os.environ.get("TOPOLOGY_CLAIMS_RUNBOOK_BASE_URL")
+                        or DEFAULT_RUNBOOK_BASE_URL,
+                        help="URL the runbook paths are appended to (default: %(default)s)")
+    parser.add_argument("--output", default=OUTPUT,
+                        help="file to write (default: the kustomize base's prometheusrule.yaml)")
     args = parser.parse_args()
-    return generated.write_or_check(OUTPUT, render(),
+    if args.check and (args.output != OUTPUT
+                       or args.runbook_base_url.rstrip("/") + "/" != DEFAULT_RUNBOOK_BASE_URL):
+        sys.exit("generate-prometheusrule: --check compares the committed base file, generated "
+                 "with the default --runbook-base-url and --output")
+    return generated.write_or_check(args.output, render(args.runbook_base_url),
                                     "deploy/kubernetes/generate-prometheusrule.py", args.check)
 
 if __name__ == "__main__":

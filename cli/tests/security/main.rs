@@ -769,3 +769,29 @@ async fn the_plaintext_health_listener_serves_health_and_nothing_else() {
         assert!(output.contains(says), "{server} {extra:?}: {output}");
     }
 }
+
+/// The certificates' expiry is a metric, for the expiry alert: the server's own and the client
+/// CA bundle's earliest, as unix times in the future.
+#[test]
+fn the_certificates_expiry_is_in_the_metrics() {
+    let pki = Pki::new();
+    let server = pki.start_on("memory:", &["--metrics-listen", "127.0.0.1:0"]);
+    let metrics = server.child.metrics_addr(common::PATIENCE).unwrap();
+    let text = common::scrape(metrics);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    for certificate in ["server", "client_ca"] {
+        let at = common::value(
+            &text,
+            "topology_claims_tls_certificate_expiry_seconds",
+            &[("certificate", certificate)],
+        )
+        .unwrap_or_else(|| panic!("{certificate} expiry missing:\n{text}"));
+        assert!(
+            at > now,
+            "{certificate} expires in the future: {at} vs {now}"
+        );
+    }
+}

@@ -129,6 +129,8 @@ pub struct ServerMetrics {
     pub restore_epoch: IntGauge,
     pub restore_quarantine: IntGauge,
     pub restore_cells_pending: IntGauge,
+    /// `notAfter` of the server's certificate and of the client CA bundle's earliest.
+    pub tls_certificate_expiry: GaugeVec,
 }
 
 impl ServerMetrics {
@@ -253,6 +255,14 @@ impl ServerMetrics {
                 "1 while this server refuses creates of absent claims (RESTORE_QUARANTINE) until \
                  the cells re-verify after a restore; 0 otherwise.",
             ),
+            tls_certificate_expiry: gauge_vec(
+                &registry,
+                "topology_claims_tls_certificate_expiry_seconds",
+                "Unix time at which a certificate of the server expires (its notAfter): \
+                 certificate=\"server\" (--tls-cert's first) or \"client_ca\" (the earliest of \
+                 --tls-client-ca). Follows SIGHUP reloads; absent without TLS.",
+                &["certificate"],
+            ),
             restore_cells_pending: int_gauge(
                 &registry,
                 "topology_claims_restore_cells_pending",
@@ -272,7 +282,8 @@ impl ServerMetrics {
     /// still announced with its HELP and TYPE, so a scrape shows from the start what exists.
     pub fn render(&self) -> String {
         let mut text = render(&self.registry);
-        let families: [(&dyn prometheus::core::Collector, &str); 6] = [
+        let families: [(&dyn prometheus::core::Collector, &str); 7] = [
+            (&self.tls_certificate_expiry, "gauge"),
             (&self.requests, "counter"),
             (&self.request_duration, "histogram"),
             (&self.claim_conflicts, "counter"),

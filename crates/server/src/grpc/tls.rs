@@ -33,10 +33,26 @@ pub struct TlsFiles {
     pub client_ca: Option<PathBuf>,
 }
 
+/// When the loaded certificates expire (`notAfter`, unix seconds): the server's leaf, and the
+/// earliest of the client CA bundle. For `topology_claims_tls_certificate_expiry_seconds`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Expiries {
+    pub server: Option<i64>,
+    pub client_ca: Option<i64>,
+}
+
+/// A certificate's `notAfter` as unix seconds; `None` if it does not parse.
+fn not_after(cert: &CertificateDer<'_>) -> Option<i64> {
+    x509_parser::parse_x509_certificate(cert.as_ref())
+        .ok()
+        .map(|(_, cert)| cert.validity().not_after.timestamp())
+}
+
 /// The live TLS configuration of a server, swappable while it runs.
 pub struct ServerTls {
     files: TlsFiles,
     current: RwLock<Arc<ServerConfig>>,
+    expiries: RwLock<Expiries>,
     pub identity_from: IdentityFrom,
     pub trust_domain: String,
 }
@@ -55,8 +71,9 @@ fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
 }
 
-/// A complete server configuration from `files`, or what is wrong with them.
-fn load(files: &TlsFiles) -> Result<ServerConfig, String> {
+/// A complete server configuration from `files`, with its certificates' expiries, or what is
+/// wrong with them.
+fn load(files: &TlsFiles) -> Result<(ServerConfig, Expiries), String> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let cert_pem = read(&files.cert, "TLS certificate (--tls-cert)")?;
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
@@ -65,6 +82,10 @@ fn load(files: &TlsFiles) -> Result<ServerConfig, String> {
     if chain.is_empty() {
         return Err(format!("{}: no certificate in it", files.cert.display()));
     }
+    let mut expiries = Expiries {
+        server: not_after(&chain[0]),
+        client_ca: None,
+    };
     let key_pem = read(&files.key, "TLS key (--tls-key)")?;
     let key = PrivateKeyDer::from_pem_slice(&key_pem)
         .map_err(|e| format!("{}: not a PEM private key: {e}", files.key.display()))?;
@@ -78,6 +99,9 @@ fn load(files: &TlsFiles) -> Result<ServerConfig, String> {
             for cert in CertificateDer::pem_slice_iter(&pem) {
                 let cert =
                     cert.map_err(|e| format!("{}: not a PEM certificate: {e}", ca.display()))?;
+                if let Some(at) = not_after(&cert) {
+                    expiries.client_ca = Some(expiries.client_ca.map_or(at, |seen| seen.min(at)));
+                }
                 roots
                     .add(cert)
                     .map_err(|e| format!("{}: not a CA certificate: {e}", ca.display()))?;
@@ -101,7 +125,7 @@ fn load(files: &TlsFiles) -> Result<ServerConfig, String> {
         )
     })?;
     config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(config)
+    Ok((config, expiries))
 }
 
 impl ServerTls {
@@ -111,10 +135,12 @@ impl ServerTls {
         identity_from: IdentityFrom,
         trust_domain: String,
     ) -> Result<Self, ClaimsError> {
-        let config = load(&files).map_err(|message| ClaimsError::Configuration { message })?;
+        let (config, expiries) =
+            load(&files).map_err(|message| ClaimsError::Configuration { message })?;
         Ok(Self {
             files,
             current: RwLock::new(Arc::new(config)),
+            expiries: RwLock::new(expiries),
             identity_from,
             trust_domain,
         })
@@ -127,9 +153,15 @@ impl ServerTls {
 
     /// Re-reads the files; on any error keeps the configuration it had and says why.
     pub fn reload(&self) -> Result<(), String> {
-        let config = load(&self.files)?;
+        let (config, expiries) = load(&self.files)?;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+        *self.expiries.write().unwrap_or_else(|p| p.into_inner()) = expiries;
         Ok(())
+    }
+
+    /// When the certificates in use expire.
+    pub fn expiries(&self) -> Expiries {
+        *self.expiries.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Who is on the other end of a finished handshake.
