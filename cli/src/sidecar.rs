@@ -255,6 +255,7 @@ async fn run_reconciler<L: LocalLeaseStore + LocalLock>(
     args: &ReconcileArgs,
 ) -> Result<(), ClaimsError> {
     let metrics = ReconcileMetrics::new();
+    topology_claims_server::metrics::register_process(metrics.registry());
     let cell = args.cell.cell_id.to_string();
     metrics.init(&cell);
     let exposed = metrics.clone();
@@ -349,6 +350,7 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
             ..VerifierConfig::new(cell_id, queries.keys().copied().collect())
         };
     let metrics = VerifyMetrics::new();
+    topology_claims_server::metrics::register_process(metrics.registry());
     metrics.init(config.cell_id.as_str());
     let exposed = metrics.clone();
     if let Err(e) = args

@@ -99,6 +99,17 @@ async fn server_metrics_move_with_traffic_and_pass_promtool() {
         Some(1.0)
     );
     promtool_accepts(&idle);
+    // The process's own series (the prometheus crate's process collector).
+    for series in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            value(&idle, series, &[]).is_some_and(|v| v > 0.0),
+            "{series} on the server:\n{idle}"
+        );
+    }
     // Every family is announced from the start, and every RPC's series start at zero.
     for family in [
         "topology_claims_leases_outstanding",
@@ -301,6 +312,10 @@ query = "SELECT id, 'username', name, 'user', CAST(id AS TEXT), created_at FROM 
     .await
     .unwrap();
     let _ = child.kill();
+    assert!(
+        value(&text, "process_resident_memory_bytes", &[]).is_some_and(|v| v > 0.0),
+        "the sidecar's own process series:\n{text}"
+    );
     let _ = child.wait();
     let last = value(
         &text,

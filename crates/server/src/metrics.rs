@@ -73,6 +73,18 @@ fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Ga
     )
 }
 
+/// Registers the standard `process_*` series of this process (CPU seconds, resident and virtual
+/// memory, open and maximum file descriptors, start time; Linux) in `registry`: the server's and
+/// the sidecars'.
+pub fn register_process(registry: &Registry) {
+    #[cfg(target_os = "linux")]
+    registry
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("process_* names are unique in a registry");
+}
+
 fn build_info(registry: &Registry) {
     let info = register(
         registry,
@@ -137,6 +149,7 @@ impl ServerMetrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         build_info(&registry);
+        register_process(&registry);
         let request_duration = register(
             &registry,
             HistogramVec::new(
