@@ -15,20 +15,12 @@ use topology_claims::domain::{
 use topology_claims::ClaimsError;
 use topology_claims_client::{ClaimsClient, ClientConfig};
 
-use crate::client_tls::TlsArgs;
+use crate::client_tls::ServerArgs;
 
 #[derive(Args, Debug)]
 pub struct ClaimArgs {
-    /// The server's URL: http://HOST:PORT, or https://HOST:PORT with --tls-ca.
-    #[arg(
-        long,
-        env = "TOPOLOGY_CLAIMS_SERVER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    server: String,
-
     #[command(flatten)]
-    tls: TlsArgs,
+    to: ServerArgs,
 
     /// The cell that takes (or gives back) the claim; under mutual TLS, the certificate's cell.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID")]
@@ -121,10 +113,10 @@ async fn claim_or_release(args: &ClaimArgs, release: bool) -> Result<String, Cla
     };
     record.check("claim")?;
     let config = ClientConfig {
-        tls: args.tls.load()?,
+        tls: args.to.tls.load()?,
         ..ClientConfig::default()
     };
-    let client = ClaimsClient::connect_lazy(&args.server, config)?;
+    let client = ClaimsClient::connect_lazy(&args.to.server, config)?;
     let (creates, destroys) = if release {
         (Vec::new(), vec![record])
     } else {

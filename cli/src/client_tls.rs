@@ -10,6 +10,22 @@ use clap::Args;
 use topology_claims::ClaimsError;
 use topology_claims_client::{ClientTls, TlsFiles};
 
+/// `--server` and the TLS flags: what every client command that talks to one claims server takes
+/// (`lookup`, `leases`, `health`, `claim`, `release`, the sidecars).
+#[derive(Args, Debug, Clone)]
+pub struct ServerArgs {
+    /// The claims server's URL: http://HOST:PORT, or https://HOST:PORT with --tls-ca.
+    #[arg(
+        long,
+        env = "TOPOLOGY_CLAIMS_SERVER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub server: String,
+
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
 #[derive(Args, Debug, Clone, Default)]
 pub struct TlsArgs {
     /// CA bundle (PEM, one or more certificates) that the server's certificate must chain to.

@@ -21,21 +21,13 @@ use topology_claims_proto::status::{code_name, from_service, from_status};
 use topology_claims::config::format_duration;
 use topology_claims::error::error_chain;
 
-use crate::client_tls::TlsArgs;
+use crate::client_tls::{ServerArgs, TlsArgs};
 
 #[derive(Args, Debug)]
 pub struct HealthArgs {
-    /// The server's URL: http://HOST:PORT, https://HOST:PORT with --tls-ca (and, under mutual
-    /// TLS, any client certificate the server's CA signed), or a --health-listen address.
-    #[arg(
-        long,
-        env = "TOPOLOGY_CLAIMS_SERVER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    server: String,
-
+    /// `--server` may also be a --health-listen address (plaintext).
     #[command(flatten)]
-    tls: TlsArgs,
+    to: ServerArgs,
 
     /// The grpc.health.v1 service to check: topology.claims.v1.ClaimsService (SERVING when the
     /// server's store answers: readiness) or "" (SERVING while the process runs and is not
@@ -50,16 +42,8 @@ pub struct HealthArgs {
 
 #[derive(Args, Debug)]
 pub struct LookupArgs {
-    /// The server's URL: http://HOST:PORT, or https://HOST:PORT with --tls-ca.
-    #[arg(
-        long,
-        env = "TOPOLOGY_CLAIMS_SERVER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    server: String,
-
     #[command(flatten)]
-    tls: TlsArgs,
+    to: ServerArgs,
 
     /// The claim's namespace, e.g. usernames, emails, routes.
     #[arg(long, required_unless_present = "claim_type")]
@@ -76,16 +60,8 @@ pub struct LookupArgs {
 
 #[derive(Args, Debug)]
 pub struct LeasesArgs {
-    /// The server's URL: http://HOST:PORT, or https://HOST:PORT with --tls-ca.
-    #[arg(
-        long,
-        env = "TOPOLOGY_CLAIMS_SERVER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    server: String,
-
     #[command(flatten)]
-    tls: TlsArgs,
+    to: ServerArgs,
 
     /// The cell whose outstanding leases to list.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID")]
@@ -202,7 +178,7 @@ pub fn describe(status: &tonic::Status) -> String {
 pub async fn health(args: HealthArgs) -> ExitCode {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
-    let channel = match channel(&args.server, &args.tls).await {
+    let channel = match channel(&args.to.server, &args.to.tls).await {
         Ok(channel) => channel,
         Err(message) => {
             eprintln!("error: {message}");
@@ -220,13 +196,13 @@ pub async fn health(args: HealthArgs) -> ExitCode {
     match HealthClient::new(channel).check(request).await {
         Ok(response) => match response.into_inner().status() {
             ServingStatus::Serving => {
-                println!("{shown} at {}: SERVING", args.server);
+                println!("{shown} at {}: SERVING", args.to.server);
                 ExitCode::SUCCESS
             }
             ServingStatus::NotServing => {
                 println!(
                     "{shown} at {}: NOT_SERVING ({})",
-                    args.server,
+                    args.to.server,
                     if args.service.is_empty() {
                         "the server is draining after SIGTERM"
                     } else {
@@ -237,14 +213,14 @@ pub async fn health(args: HealthArgs) -> ExitCode {
                 ExitCode::from(1)
             }
             other => {
-                println!("{shown} at {}: {}", args.server, other.as_str_name());
+                println!("{shown} at {}: {}", args.to.server, other.as_str_name());
                 ExitCode::from(1)
             }
         },
         Err(status) if status.code() == tonic::Code::NotFound => {
             println!(
                 "{shown} at {}: SERVICE_UNKNOWN (this server has no such health service)",
-                args.server
+                args.to.server
             );
             ExitCode::from(1)
         }
@@ -258,7 +234,7 @@ pub async fn health(args: HealthArgs) -> ExitCode {
 pub async fn lookup(args: LookupArgs) -> ExitCode {
     const NOT_FOUND: u8 = 1;
     const FAILED: u8 = 2;
-    let mut client = match connect(&args.server, &args.tls).await {
+    let mut client = match connect(&args.to.server, &args.to.tls).await {
         Ok(client) => client,
         Err(message) => {
             eprintln!("error: {message}");
@@ -362,7 +338,7 @@ pub async fn leases(args: LeasesArgs) -> ExitCode {
 }
 
 async fn list_all_leases(args: &LeasesArgs) -> Result<(), String> {
-    let mut client = connect(&args.server, &args.tls).await?;
+    let mut client = connect(&args.to.server, &args.to.tls).await?;
     let mut cursor = String::new();
     let mut count = 0usize;
     let mut last_server_time;

@@ -23,7 +23,7 @@ use topology_claims::config::{parse_duration, parse_nonzero_duration, StoreUrl};
 use topology_claims_client::metrics::{ReconcileMetrics, VerifyMetrics};
 use topology_claims_server::metrics::render;
 
-use crate::client_tls::TlsArgs;
+use crate::client_tls::ServerArgs;
 use crate::metrics_args::MetricsArgs;
 
 /// Where the cell's own database is.
@@ -56,16 +56,8 @@ impl std::str::FromStr for LocalDbUrl {
 
 #[derive(Args, Debug, Clone)]
 pub struct CellArgs {
-    /// The claims service's URL: http://HOST:PORT, or https://HOST:PORT with --tls-ca.
-    #[arg(
-        long,
-        env = "TOPOLOGY_CLAIMS_SERVER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    server: String,
-
     #[command(flatten)]
-    tls: TlsArgs,
+    to: ServerArgs,
 
     /// This cell's id.
     #[arg(long, env = "TOPOLOGY_CLAIMS_CELL_ID", value_parser = parse_cell_id)]
@@ -185,10 +177,10 @@ pub struct VerifyArgs {
 fn client(args: &CellArgs) -> Result<ClaimsClient, ClaimsError> {
     let config = ClientConfig {
         call_timeout: args.call_timeout,
-        tls: args.tls.load()?,
+        tls: args.to.tls.load()?,
         ..ClientConfig::default()
     };
-    ClaimsClient::connect_lazy(&args.server, config)
+    ClaimsClient::connect_lazy(&args.to.server, config)
 }
 
 /// Exit status of a sidecar that could not do its work: bad flags or verify source, the cell's

@@ -30,6 +30,8 @@ fn claim(claim_type: ClaimType, value: &str, table: TableName, record_id: i64) -
         owner_value: format!("owner-of-{value}"),
         table_name: table.number(),
         table_record_id: record_id,
+        // Both, agreeing: the server returns records with both set.
+        namespace: topology_claims::domain::NamespaceId::of_claim_type(claim_type).to_string(),
         ..Default::default()
     }
 }
