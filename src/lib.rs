@@ -36,5 +36,6 @@ pub use domain::{
 };
 pub use error::ClaimsError;
 pub use ports::{
-    ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, MigrationPolicy, SystemClock,
+    ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, MigrationPolicy, PoolStatus,
+    SystemClock,
 };

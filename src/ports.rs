@@ -172,6 +172,25 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// Transactions the adapter retried (contention, aborts, lost connections) since it was
     /// opened; read by the metrics (`topology_claims_store_retries_total`), never a query.
     fn retries(&self) -> u64;
+
+    /// The adapter's connection pool now, for the metrics (`topology_claims_store_pool_*`);
+    /// `None` for a store without one (memory, SQLite's single connection, Spanner's sessions).
+    fn pool_status(&self) -> Option<PoolStatus> {
+        None
+    }
+}
+
+/// A store's connection pool as the metrics show it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStatus {
+    /// Most connections the pool opens (`--pg-pool-size`).
+    pub max: usize,
+    /// Open connections checked out by a transaction.
+    pub in_use: usize,
+    /// Open connections waiting in the pool.
+    pub idle: usize,
+    /// Transactions waiting for a connection.
+    pub waiting: usize,
 }
 
 /// A lease id recorded in a cell's local `leases_outstanding` table.

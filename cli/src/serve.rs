@@ -621,6 +621,18 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
                     }
                     // Counters kept elsewhere, read (never queried) at scrape time.
                     catch_up(&metrics.store_retries, store.retries());
+                    if let Some(pool) = store.pool_status() {
+                        let as_gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+                        let by_state = &metrics.store_pool_connections;
+                        by_state
+                            .with_label_values(&["in_use"])
+                            .set(as_gauge(pool.in_use));
+                        by_state
+                            .with_label_values(&["idle"])
+                            .set(as_gauge(pool.idle));
+                        metrics.store_pool_max.set(as_gauge(pool.max));
+                        metrics.store_pool_waiting.set(as_gauge(pool.waiting));
+                    }
                     if let Some(audit) = &audit {
                         catch_up(
                             &metrics.audit_write_failures,

@@ -778,3 +778,63 @@ async fn serve_speaks_tls_to_postgres_as_sslmode_says() {
     assert!(err.to_lowercase().contains("certificate"), "{err}");
     db.drop_database().await;
 }
+
+/// The store's pool is in the metrics on PostgreSQL: its connections by state, its maximum
+/// (`--pg-pool-size`) and the transactions waiting for one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_pool_is_in_the_metrics() {
+    let Some(db) = FreshDb::create().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (d, store) = (dir.path().to_owned(), db.url.clone());
+    let server = tokio::task::spawn_blocking(move || {
+        Server::start(
+            &d,
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--store",
+                &store,
+                "--pg-pool-size",
+                "5",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let metrics = server.child.metrics_addr(common::PATIENCE).unwrap();
+    let client = one_attempt_client(&server);
+    let a = cell("cell-pool");
+    let lease = client
+        .begin_update(creates(&a, &[username("pooled")]))
+        .await
+        .unwrap();
+    client.commit_update(&a, lease.lease_id).await.unwrap();
+    let text = common::scrape(metrics);
+    let gauge = |name: &str, labels: &[(&str, &str)]| {
+        common::value(&text, name, labels).unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+    };
+    assert_eq!(
+        gauge("topology_claims_store_pool_max_connections", &[]),
+        5.0
+    );
+    let open = gauge(
+        "topology_claims_store_pool_connections",
+        &[("state", "in_use")],
+    ) + gauge(
+        "topology_claims_store_pool_connections",
+        &[("state", "idle")],
+    );
+    assert!(
+        (1.0..=5.0).contains(&open),
+        "connections opened and kept: {open}"
+    );
+    assert_eq!(gauge("topology_claims_store_pool_waiting", &[]), 0.0);
+    tokio::task::spawn_blocking(move || server.stop_with("TERM"))
+        .await
+        .unwrap();
+    db.drop_database().await;
+}

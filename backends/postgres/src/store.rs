@@ -136,7 +136,7 @@ use topology_claims::domain::{
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
-    LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy, Timestamp,
+    LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy, PoolStatus, Timestamp,
 };
 
 use crate::error::Failure;
@@ -845,5 +845,15 @@ impl ClaimStore for PostgresClaimStore {
     fn retries(&self) -> u64 {
         let stats = self.shared.stats();
         stats.contention_retries + stats.reconnects
+    }
+
+    fn pool_status(&self) -> Option<PoolStatus> {
+        let status = self.shared.pool.status();
+        Some(PoolStatus {
+            max: status.max_size,
+            in_use: status.size.saturating_sub(status.available),
+            idle: status.available,
+            waiting: status.waiting,
+        })
     }
 }

@@ -41,7 +41,7 @@ use topology_claims::domain::{
     SlotGrant, SlotHolder, SlotLimit,
 };
 use topology_claims::error::ClaimsError;
-use topology_claims::ports::{run_alone, ClaimStore};
+use topology_claims::ports::{run_alone, ClaimStore, PoolStatus};
 
 /// How the combiner batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -521,6 +521,10 @@ impl ClaimStore for GroupCommit {
 
     fn retries(&self) -> u64 {
         self.shared.store.retries()
+    }
+
+    fn pool_status(&self) -> Option<PoolStatus> {
+        self.shared.store.pool_status()
     }
 }
 

@@ -143,6 +143,11 @@ pub struct ServerMetrics {
     pub restore_cells_pending: IntGauge,
     /// `notAfter` of the server's certificate and of the client CA bundle's earliest.
     pub tls_certificate_expiry: GaugeVec,
+    /// The store's connection pool (`ClaimStore::pool_status`): connections by state, its
+    /// maximum, and transactions waiting for one.
+    pub store_pool_connections: IntGaugeVec,
+    pub store_pool_max: IntGauge,
+    pub store_pool_waiting: IntGauge,
 }
 
 impl ServerMetrics {
@@ -268,6 +273,28 @@ impl ServerMetrics {
                 "1 while this server refuses creates of absent claims (RESTORE_QUARANTINE) until \
                  the cells re-verify after a restore; 0 otherwise.",
             ),
+            store_pool_connections: register(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "topology_claims_store_pool_connections",
+                        "Open connections of the store's pool by state (in_use, idle); absent \
+                         for stores without a pool (memory, SQLite, Spanner).",
+                    ),
+                    &["state"],
+                )
+                .expect("valid metric"),
+            ),
+            store_pool_max: int_gauge(
+                &registry,
+                "topology_claims_store_pool_max_connections",
+                "Most connections the store's pool opens (--pg-pool-size); 0 without a pool.",
+            ),
+            store_pool_waiting: int_gauge(
+                &registry,
+                "topology_claims_store_pool_waiting",
+                "Store transactions waiting for a pooled connection now.",
+            ),
             tls_certificate_expiry: gauge_vec(
                 &registry,
                 "topology_claims_tls_certificate_expiry_seconds",
@@ -295,7 +322,8 @@ impl ServerMetrics {
     /// still announced with its HELP and TYPE, so a scrape shows from the start what exists.
     pub fn render(&self) -> String {
         let mut text = render(&self.registry);
-        let families: [(&dyn prometheus::core::Collector, &str); 7] = [
+        let families: [(&dyn prometheus::core::Collector, &str); 8] = [
+            (&self.store_pool_connections, "gauge"),
             (&self.tls_certificate_expiry, "gauge"),
             (&self.requests, "counter"),
             (&self.request_duration, "histogram"),
