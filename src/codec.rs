@@ -166,11 +166,7 @@ pub fn namespace_from_pb(
 /// built-ins (old clients read it), `claim_key` when the key differs from the value as sent.
 pub fn claim_record_to_pb(record: &ClaimRecord) -> pb::ClaimRecord {
     pb::ClaimRecord {
-        claim_type: record
-            .key
-            .namespace
-            .claim_type()
-            .map_or(0, ClaimType::number),
+        claim_type: record.key.namespace.claim_type_number(),
         claim_value: record.display_value().to_owned(),
         owner: record.owner_type.number(),
         owner_value: record.owner_value.clone(),

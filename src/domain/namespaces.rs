@@ -77,6 +77,12 @@ impl NamespaceId {
         ClaimType::from_number(number).map(Self::of_claim_type)
     }
 
+    /// The wire number of [`claim_type`](Self::claim_type) (`ClaimRecord.claim_type`): 1, 2 or
+    /// 3 for the built-ins, 0 (unset) for every other namespace.
+    pub fn claim_type_number(&self) -> i32 {
+        self.claim_type().map_or(0, ClaimType::number)
+    }
+
     /// The legacy `claim_type` of a built-in namespace; `None` for every other namespace.
     pub fn claim_type(&self) -> Option<ClaimType> {
         ClaimType::ALL

@@ -600,7 +600,7 @@ impl ClaimsClient {
     pub async fn lookup_claim(&self, key: &ClaimKey) -> Result<ClaimView, ClaimsError> {
         let message = pb::LookupClaimRequest {
             // Old servers read the claim type of a built-in namespace only.
-            claim_type: key.namespace.claim_type().map_or(0, |t| t.number()),
+            claim_type: key.namespace.claim_type_number(),
             claim_value: key.value.clone(),
             namespace: key.namespace.to_string(),
         };

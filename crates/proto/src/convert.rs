@@ -8,10 +8,10 @@ use crate::pb::admin as apb;
 use crate::{page_token, pb};
 use topology_claims::domain::{self, MarkRestored, RestoreEpoch, RestoreView};
 use topology_claims::domain::{
-    check_record_id, check_value, page_limit, CellId, Claim, ClaimKey, ClaimState, ClaimType,
-    ClaimsCursor, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, SlotGrant,
-    SlotHolder, SlotLimit, TableName, Timestamp, CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT,
-    LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT,
+    check_record_id, check_value, page_limit, CellId, Claim, ClaimKey, ClaimState, ClaimsCursor,
+    ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, SlotGrant, SlotHolder,
+    SlotLimit, TableName, Timestamp, CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT, LEASES_DEFAULT_LIMIT,
+    LEASES_MAX_LIMIT,
 };
 use topology_claims::error::ClaimsError;
 
@@ -42,11 +42,7 @@ pub fn claim_state_to_pb(state: ClaimState) -> pb::ClaimState {
 pub fn claim_info_to_pb(claim: &Claim) -> pb::ClaimInfo {
     let record = &claim.record;
     pb::ClaimInfo {
-        claim_type: record
-            .key
-            .namespace
-            .claim_type()
-            .map_or(0, ClaimType::number),
+        claim_type: record.key.namespace.claim_type_number(),
         claim_value: record.display_value().to_owned(),
         namespace: record.key.namespace.to_string(),
         claim_key: record.key.value.clone(),
@@ -172,7 +168,7 @@ pub fn claim_key_cursor_from_pb(
 
 pub fn claim_key_cursor_to_pb(key: &ClaimKey) -> pb::ClaimKeyCursor {
     pb::ClaimKeyCursor {
-        claim_type: key.namespace.claim_type().map_or(0, ClaimType::number),
+        claim_type: key.namespace.claim_type_number(),
         claim_value: key.value.clone(),
         namespace: key.namespace.to_string(),
     }
@@ -408,6 +404,7 @@ mod tests {
     use prost::Message;
 
     use super::*;
+    use topology_claims::domain::ClaimType;
     use topology_claims::domain::{
         claim_encoded_len_bound, claims_page, lease_encoded_len_bound, leases_page, BeginUpdate,
         ClaimLease, ClaimRecord, LeaseOp, OwnerType, Timestamp, MAX_CELL_ID_LEN, MAX_VALUE_LEN,
