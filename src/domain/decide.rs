@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
+use crate::domain::resolve::{check_creates, NamespaceSet};
 use crate::domain::types::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimRecord, Lease, LeaseId, LeaseOp, LeaseOutcome,
     LeaseRecord, Timestamp,
@@ -90,7 +91,11 @@ pub fn check_claim(
     caller: &CellId,
     current: Option<&Claim>,
 ) -> Result<(), ClaimsError> {
-    let claim = || record.key.clone();
+    // Named as the caller sent it: that is the value it can find in its own request.
+    let claim = || ClaimKey {
+        namespace: record.key.namespace.clone(),
+        value: record.display_value().to_owned(),
+    };
     match (op, current) {
         (LeaseOp::Create, None) => Ok(()),
         (LeaseOp::Create, Some(row)) if row.lease.is_some() => {
@@ -132,15 +137,20 @@ pub struct BeginWrites {
     pub update_marks: Vec<ClaimKey>,
 }
 
-/// Decides a BeginUpdate (already through [`check_batch`]).
+/// Decides a BeginUpdate (already through [`prepare_begin`](super::resolve::prepare_begin): its
+/// keys computed under `namespaces`, the batch checked).
 ///
 /// `lease_id` is the client's id or a fresh one; `known` is what the store knows of that id;
-/// `current` holds the current row of every claim in the batch that exists.
+/// `current` holds the current row of every claim in the batch that exists. A replay is
+/// answered before the create-only rules are consulted (`check_creates`): it was decided under
+/// the rules of its first attempt, and a namespace deprecated or a value reserved since then
+/// does not undo a lease already granted.
 pub fn decide_begin(
     request: &BeginUpdate,
     lease_id: LeaseId,
     known: Option<&LeaseRecord>,
     current: &BTreeMap<ClaimKey, Claim>,
+    namespaces: &NamespaceSet,
 ) -> Result<BeginPlan, ClaimsError> {
     match known {
         Some(LeaseRecord::Outstanding(lease)) => {
@@ -162,6 +172,7 @@ pub fn decide_begin(
         }
         None => {}
     }
+    check_creates(request, namespaces)?;
     for (op, record) in request.operations() {
         check_claim(op, record, &request.cell_id, current.get(&record.key))?;
     }

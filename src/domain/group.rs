@@ -23,6 +23,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::domain::namespaces::NamespaceId;
+use crate::domain::resolve::{self, NamespaceSet};
 pub use crate::domain::tables::GroupWrites;
 use crate::domain::tables::Tables;
 use crate::domain::types::{
@@ -114,19 +116,36 @@ pub struct GroupReads {
 }
 
 impl GroupReads {
-    pub fn of(ops: &[GroupOp]) -> Self {
+    /// The rows of `ops`, whose keys are computed under `namespaces` (the rows of
+    /// [`namespaces_named`], read first in the same transaction). A BeginUpdate whose values
+    /// cannot be resolved reads no claim: it is refused when decided.
+    pub fn of(ops: &[GroupOp], namespaces: &NamespaceSet) -> Self {
         let mut reads = GroupReads::default();
         for op in ops {
             reads.lease_ids.insert(op.lease_id());
             if let GroupOp::Begin { request, .. } = op {
                 reads.cells.insert(request.cell_id.clone());
-                reads
-                    .keys
-                    .extend(request.operations().map(|(_, r)| r.key.clone()));
+                if let Ok(resolved) = resolve::resolve_begin(request.clone(), namespaces) {
+                    reads
+                        .keys
+                        .extend(resolved.operations().map(|(_, r)| r.key.clone()));
+                }
             }
         }
         reads
     }
+}
+
+/// The namespaces the BeginUpdates of `ops` name: a store reads their rows before
+/// [`GroupReads::of`].
+pub fn namespaces_named(ops: &[GroupOp]) -> BTreeSet<NamespaceId> {
+    ops.iter()
+        .filter_map(|op| match op {
+            GroupOp::Begin { request, .. } => Some(request),
+            _ => None,
+        })
+        .flat_map(|request| request.operations().map(|(_, r)| r.key.namespace.clone()))
+        .collect()
 }
 
 /// The rows read for a batch: what [`decide_group`] starts from.
@@ -140,6 +159,8 @@ pub struct GroupSnapshot {
     pub outcomes: Vec<Outcome>,
     /// The read cells that are decommissioned, with when.
     pub decommissioned: Vec<(CellId, Timestamp)>,
+    /// The namespaces the batch names ([`namespaces_named`]), as read.
+    pub namespaces: NamespaceSet,
 }
 
 /// A decided batch: each operation's result and the writes of the accepted ones.
@@ -158,6 +179,7 @@ pub fn decide_group(snapshot: GroupSnapshot, ops: &[GroupOp], now: Timestamp) ->
         snapshot.leases,
         snapshot.outcomes,
         snapshot.decommissioned,
+        snapshot.namespaces,
     );
     let mut after = before.clone();
     let results = ops.iter().map(|op| apply_op(&mut after, op, now)).collect();
@@ -321,7 +343,7 @@ mod tests {
 
     /// What a store reads for `ops` from full `tables`.
     fn read(tables: &Tables, ops: &[GroupOp]) -> GroupSnapshot {
-        let reads = GroupReads::of(ops);
+        let reads = GroupReads::of(ops, &tables.namespaces);
         let mut claims: BTreeMap<ClaimKey, Claim> = reads
             .keys
             .iter()
@@ -345,6 +367,7 @@ mod tests {
                 .iter()
                 .filter_map(|c| tables.decommissioned.get(c).map(|t| (c.clone(), *t)))
                 .collect(),
+            namespaces: tables.namespaces.clone(),
         }
     }
 

@@ -27,8 +27,8 @@ pub use decide::{
     EndPlan, EndWrites, CLAIM_LEASED_RETRY_AFTER, DEFAULT_MAX_BATCH,
 };
 pub use group::{
-    decide_group, GroupAnswer, GroupDecision, GroupOp, GroupReads, GroupResults, GroupSnapshot,
-    GroupWrites, DEFAULT_GROUP_MAX, DEFAULT_GROUP_MAX_CLAIMS,
+    decide_group, namespaces_named, GroupAnswer, GroupDecision, GroupOp, GroupReads, GroupResults,
+    GroupSnapshot, GroupWrites, DEFAULT_GROUP_MAX, DEFAULT_GROUP_MAX_CLAIMS,
 };
 pub use namespaces::{
     decide_namespace_update, prove_rules, KeyRules, NamePattern, Namespace, NamespaceChange,
@@ -46,8 +46,9 @@ pub use reconcile::{
     EARLY_ROLLBACK_UNRENEWED_FOR,
 };
 pub use resolve::{
-    check_creates, decide_create_namespace, decide_delete_namespace, resolve_begin, resolve_key,
-    resolve_record, NamespaceSet, StoredNamespace,
+    check_creates, decide_adoption, decide_create_namespace, decide_delete_namespace,
+    pending_builtin, prepare_begin, resolve_begin, resolve_key, resolve_record, Adoption,
+    NamespaceRow, NamespaceSet, StoredNamespace, ADOPTION_PENDING_VERSION,
 };
 pub use restore::{
     check_quarantine, decide_lift, decide_mark_restored, decide_report, decide_restored_lease,

@@ -446,7 +446,11 @@ impl Namespace {
     pub fn builtin(claim_type: ClaimType) -> Self {
         Self::from_spec(
             NamespaceSpec {
-                description: format!("built-in ({claim_type})"),
+                description: format!(
+                    "built-in: {} (claim_type {})",
+                    builtin_name(claim_type),
+                    claim_type.number()
+                ),
                 ..NamespaceSpec::new(builtin_name(claim_type), Normalization::PrecisUsername)
             },
             1,

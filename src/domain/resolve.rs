@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 
 use crate::error::ClaimsError;
 
-use super::namespaces::{Namespace, NamespaceId, NamespaceSpec};
+use super::namespaces::{
+    prove_rules, KeyRules, Namespace, NamespaceId, NamespaceSpec, Normalization, ProofClaim, Rekey,
+};
 use super::types::{BeginUpdate, ClaimKey, ClaimRecord, ClaimType};
 
 /// A namespace as a store holds it: its number and its definition.
@@ -24,10 +26,17 @@ pub struct StoredNamespace {
     pub namespace: Namespace,
 }
 
-/// The namespaces of a store (or the part of them a decision reads), by id.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The namespaces of a store (or the part of them a decision reads), by id. The default is
+/// what a new store starts with ([`NamespaceSet::builtins`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NamespaceSet {
     by_id: BTreeMap<NamespaceId, StoredNamespace>,
+}
+
+impl Default for NamespaceSet {
+    fn default() -> Self {
+        Self::builtins()
+    }
 }
 
 impl NamespaceSet {
@@ -47,6 +56,20 @@ impl NamespaceSet {
             number: t.number(),
             namespace: Namespace::builtin(*t),
         }))
+    }
+
+    /// `namespaces` as read from a store whose built-in rows may not be written yet (a store
+    /// without data manipulation in its migrations writes them at its first open): a missing
+    /// built-in is pending adoption ([`ADOPTION_PENDING_VERSION`], exact).
+    pub fn with_pending_builtins(namespaces: impl IntoIterator<Item = StoredNamespace>) -> Self {
+        let mut set = Self::new(namespaces);
+        for claim_type in ClaimType::ALL {
+            let pending = pending_builtin(*claim_type);
+            set.by_id
+                .entry(pending.namespace.id.clone())
+                .or_insert(pending);
+        }
+        set
     }
 
     /// The namespace `id`, or INVALID_ARGUMENT `UNKNOWN_NAMESPACE`.
@@ -146,6 +169,18 @@ pub fn resolve_begin(
     })
 }
 
+/// What every store does with a BeginUpdate before it reads a claim row: the keys of its values
+/// under `namespaces` ([`resolve_begin`]), then the batch check on those keys (two forms of one
+/// name are one claim twice). The batch-size policy is the front end's, so any size passes.
+pub fn prepare_begin(
+    request: BeginUpdate,
+    namespaces: &NamespaceSet,
+) -> Result<BeginUpdate, ClaimsError> {
+    let request = resolve_begin(request, namespaces)?;
+    super::decide::check_batch(&request, usize::MAX)?;
+    Ok(request)
+}
+
 /// The rules only a create must pass (after the replay check: a replay is decided under the
 /// rules of its first attempt): its namespace is not deprecated and its key is not reserved.
 pub fn check_creates(request: &BeginUpdate, namespaces: &NamespaceSet) -> Result<(), ClaimsError> {
@@ -157,6 +192,189 @@ pub fn check_creates(request: &BeginUpdate, namespaces: &NamespaceSet) -> Result
         )?;
     }
     Ok(())
+}
+
+/// A `namespaces` row, column for column, as every SQL store holds it: `normalization` its
+/// number ([`Normalization::number`]), `reserved` the values joined by `'\n'` (a value has no
+/// control character), `version` [`ADOPTION_PENDING_VERSION`] for a built-in awaiting adoption.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceRow {
+    pub number: i64,
+    pub id: String,
+    pub normalization: i64,
+    pub max_chars: i64,
+    pub pattern: Option<String>,
+    pub reserved: String,
+    pub description: String,
+    pub deprecated: bool,
+    pub version: i64,
+}
+
+impl NamespaceRow {
+    pub fn of(stored: &StoredNamespace) -> Self {
+        let namespace = &stored.namespace;
+        Self {
+            number: i64::from(stored.number),
+            id: namespace.id.to_string(),
+            normalization: i64::from(namespace.rules.normalization.number()),
+            max_chars: i64::from(namespace.rules.max_chars),
+            pattern: namespace
+                .rules
+                .pattern
+                .as_ref()
+                .map(|p| p.as_str().to_owned()),
+            reserved: namespace.reserved.join("\n"),
+            description: namespace.description.clone(),
+            deprecated: namespace.deprecated,
+            version: namespace.version as i64,
+        }
+    }
+
+    /// The namespace, or what makes the row unreadable (the store reports it as corrupt).
+    pub fn into_stored(self) -> Result<StoredNamespace, String> {
+        let id = self.id.clone();
+        let corrupt = |detail: String| format!("namespace {id:?}: {detail}");
+        let number =
+            i32::try_from(self.number).map_err(|_| corrupt(format!("number = {}", self.number)))?;
+        let normalization = Normalization::from_number(self.normalization)
+            .ok_or_else(|| corrupt(format!("normalization = {}", self.normalization)))?;
+        let max_chars = u16::try_from(self.max_chars)
+            .map_err(|_| corrupt(format!("max_chars = {}", self.max_chars)))?;
+        let version = u64::try_from(self.version)
+            .map_err(|_| corrupt(format!("version = {}", self.version)))?;
+        let spec = NamespaceSpec {
+            id: self.id,
+            normalization,
+            max_chars,
+            pattern: self.pattern,
+            reserved: if self.reserved.is_empty() {
+                Vec::new()
+            } else {
+                self.reserved.split('\n').map(str::to_owned).collect()
+            },
+            description: self.description,
+            deprecated: self.deprecated,
+        };
+        let namespace = Namespace::from_spec(spec, version).map_err(|e| corrupt(e.to_string()))?;
+        Ok(StoredNamespace { number, namespace })
+    }
+}
+
+/// The version of a built-in namespace a migration added to a store that already held claims:
+/// it compares byte for byte (`exact`, as before namespaces) until the store, at its next open,
+/// adopts `precis-username` or keeps `exact` for good ([`decide_adoption`]).
+pub const ADOPTION_PENDING_VERSION: u64 = 0;
+
+/// A built-in as a migration adds it to a store that may hold claims: exact, pending adoption.
+pub fn pending_builtin(claim_type: ClaimType) -> StoredNamespace {
+    let mut spec = Namespace::builtin(claim_type).spec();
+    spec.normalization = Normalization::Exact;
+    StoredNamespace {
+        number: claim_type.number(),
+        namespace: Namespace::from_spec(spec, ADOPTION_PENDING_VERSION)
+            .expect("the built-in definitions are valid"),
+    }
+}
+
+/// What opening a store does with a built-in namespace that is [`ADOPTION_PENDING_VERSION`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Adoption {
+    /// Adopt `precis-username` (version 1), rewriting these keys in the same transaction.
+    Adopt {
+        namespace: Namespace,
+        rekeys: Vec<Rekey>,
+    },
+    /// Some of its claims would collide or be refused under `precis-username`: keep `exact`
+    /// (version 1), and say which (`admin namespaces update` adopts it once they are resolved).
+    KeepExact {
+        namespace: Namespace,
+        conflict: ClaimsError,
+    },
+    /// A lease holds a claim whose key would change: stay pending (exact), try at the next open.
+    Wait { leased: usize },
+}
+
+impl Adoption {
+    /// The log line of this decision about `namespace`, and whether it is a warning (the
+    /// operator has something to resolve).
+    pub fn describe(&self, namespace: &str) -> (bool, String) {
+        match self {
+            Adoption::Adopt { rekeys, .. } => (
+                false,
+                format!(
+                    "namespace {namespace}: adopted precis-username ({} key(s) rewritten; each \
+                     claim keeps the value its cell sent as its display form)",
+                    rekeys.len()
+                ),
+            ),
+            Adoption::KeepExact { conflict, .. } => (
+                true,
+                format!(
+                    "namespace {namespace}: kept exact (values compared byte for byte), because \
+                     its claims would collide or be refused under precis-username: {conflict}. \
+                     Resolve them, then run `topology-claims admin namespaces update \
+                     {namespace} --normalization precis-username`"
+                ),
+            ),
+            Adoption::Wait { leased } => (
+                true,
+                format!(
+                    "namespace {namespace}: precis-username not adopted yet: {leased} leased \
+                     claim(s) would change key; compared byte for byte until the next start"
+                ),
+            ),
+        }
+    }
+}
+
+/// Decides the adoption of `precis-username` by the pending built-in `current`, over every claim
+/// it holds (read in the transaction that writes the decision).
+pub fn decide_adoption(current: &Namespace, claims: &[ProofClaim]) -> Adoption {
+    let target = KeyRules {
+        normalization: Normalization::PrecisUsername,
+        ..current.rules.clone()
+    };
+    // Collisions and refusals decide for good; leases only delay.
+    let unleased: Vec<ProofClaim> = claims
+        .iter()
+        .map(|claim| ProofClaim {
+            leased: false,
+            ..claim.clone()
+        })
+        .collect();
+    let next = |normalization| {
+        let mut spec = current.spec();
+        spec.normalization = normalization;
+        Namespace::from_spec(spec, ADOPTION_PENDING_VERSION + 1)
+    };
+    match prove_rules(&current.id, &current.rules, &target, &unleased) {
+        Err(conflict) => match next(Normalization::Exact) {
+            Ok(namespace) => Adoption::KeepExact {
+                namespace,
+                conflict,
+            },
+            Err(invalid) => Adoption::KeepExact {
+                namespace: current.clone(),
+                conflict: invalid,
+            },
+        },
+        Ok(rekeys) => {
+            let leased = claims
+                .iter()
+                .filter(|c| c.leased && rekeys.iter().any(|r| r.old_key == c.key))
+                .count();
+            if leased > 0 {
+                return Adoption::Wait { leased };
+            }
+            match next(Normalization::PrecisUsername) {
+                Ok(namespace) => Adoption::Adopt { namespace, rekeys },
+                Err(conflict) => Adoption::KeepExact {
+                    namespace: current.clone(),
+                    conflict,
+                },
+            }
+        }
+    }
 }
 
 /// Decides a CreateNamespace in a store holding `namespaces`, at most `max` of them: the new
@@ -206,7 +424,6 @@ pub fn decide_delete_namespace(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::namespaces::Normalization;
     use crate::domain::types::{CellId, OwnerType, TableName};
 
     fn record(namespace: &str, value: &str) -> ClaimRecord {
@@ -316,6 +533,70 @@ mod tests {
             decide_delete_namespace(&set, "nope", 0),
             Err(ClaimsError::NamespaceNotFound { .. })
         ));
+    }
+
+    fn pending(claim_type: ClaimType) -> Namespace {
+        pending_builtin(claim_type).namespace
+    }
+
+    fn proof(key: &str, leased: bool) -> ProofClaim {
+        ProofClaim {
+            key: key.into(),
+            display_value: key.into(),
+            leased,
+        }
+    }
+
+    #[test]
+    fn a_pending_builtin_adopts_precis_and_rewrites_keys_unless_claims_collide() {
+        let current = pending(ClaimType::Username);
+        match decide_adoption(&current, &[proof("John", false), proof("amy", false)]) {
+            Adoption::Adopt { namespace, rekeys } => {
+                assert_eq!(namespace.rules.normalization, Normalization::PrecisUsername);
+                assert_eq!(namespace.version, 1);
+                assert_eq!(
+                    rekeys,
+                    vec![Rekey {
+                        old_key: "John".into(),
+                        new_key: "john".into()
+                    }]
+                );
+            }
+            other => panic!("expected an adoption, got {other:?}"),
+        }
+        match decide_adoption(&current, &[proof("John", false), proof("john", false)]) {
+            Adoption::KeepExact {
+                namespace,
+                conflict,
+            } => {
+                assert_eq!(namespace.rules.normalization, Normalization::Exact);
+                assert_eq!(namespace.version, 1);
+                assert!(conflict.to_string().contains("\"John\""), "{conflict}");
+            }
+            other => panic!("expected exact for good, got {other:?}"),
+        }
+        assert_eq!(
+            decide_adoption(&current, &[proof("John", true), proof("amy", true)]),
+            Adoption::Wait { leased: 1 },
+            "a lease on a key that would change delays; one on a key that stays does not"
+        );
+    }
+
+    #[test]
+    fn a_namespace_row_reads_back_what_was_written() {
+        let mut spec = NamespaceSpec::new("pages", Normalization::AsciiCaseInsensitive);
+        spec.reserved = vec!["www".into(), "Admin".into()];
+        spec.pattern = Some("^[a-z0-9.-]+$".into());
+        spec.description = "Pages domains".into();
+        let stored = StoredNamespace {
+            number: 7,
+            namespace: Namespace::from_spec(spec, 3).unwrap(),
+        };
+        assert_eq!(NamespaceRow::of(&stored).into_stored().unwrap(), stored);
+        let mut corrupt = NamespaceRow::of(&stored);
+        corrupt.normalization = 9;
+        let message = corrupt.into_stored().unwrap_err();
+        assert!(message.contains("\"pages\"") && message.contains("normalization = 9"));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::domain::admin::{
 };
 use crate::domain::decide::{self, BeginPlan, EndPlan, EndWrites};
 use crate::domain::pages;
+use crate::domain::resolve::{self, NamespaceSet};
 use crate::domain::restore::{self, MarkRestored, RestoreEpoch};
 use crate::domain::slots::{self, SlotGrant, SlotHolder, SlotLimit, SlotRow};
 use crate::domain::types::{
@@ -60,6 +61,9 @@ pub struct Tables {
     /// The latest restore epoch (`restore_epochs` and `restore_reports`; earlier epochs are
     /// history, which only the SQL stores keep).
     pub restore: Option<RestoreEpoch>,
+    /// The namespaces (`namespaces`): every key is computed under their rules. A new store has
+    /// the built-ins.
+    pub namespaces: NamespaceSet,
     /// `(cell, table, record id, key)` of every claim: ListClaims reads one page of it instead
     /// of scanning every claim (the design's claims-by-(cell, table, record id) index). A
     /// committed update changes table name and record id: `replace_claim` moves its entry.
@@ -113,8 +117,10 @@ impl Tables {
         leases: impl IntoIterator<Item = Lease>,
         outcomes: impl IntoIterator<Item = Outcome>,
         decommissioned: impl IntoIterator<Item = (CellId, Timestamp)>,
+        namespaces: NamespaceSet,
     ) -> Self {
         let mut tables = Tables {
+            namespaces,
             leases: leases.into_iter().map(|l| (l.lease_id, l)).collect(),
             outcomes: outcomes.into_iter().map(|o| (o.lease_id, o)).collect(),
             decommissioned: decommissioned.into_iter().collect(),
@@ -165,7 +171,7 @@ impl Tables {
         now: Timestamp,
     ) -> Result<Lease, ClaimsError> {
         // The batch-size policy is the front end's (`--max-batch`); stores accept any size.
-        decide::check_batch(&request, usize::MAX)?;
+        let request = resolve::prepare_begin(request, &self.namespaces)?;
         admin::check_not_decommissioned(
             &request.cell_id,
             self.decommissioned.contains_key(&request.cell_id),
@@ -176,7 +182,13 @@ impl Tables {
             .filter_map(|(_, r)| self.claims.get(&r.key).map(|c| (r.key.clone(), c.clone())))
             .collect();
         let known = self.lease_record(lease_id);
-        match decide::decide_begin(&request, lease_id, known.as_ref(), &current)? {
+        match decide::decide_begin(
+            &request,
+            lease_id,
+            known.as_ref(),
+            &current,
+            &self.namespaces,
+        )? {
             BeginPlan::Replay(lease) => Ok(lease),
             BeginPlan::Apply(writes) => {
                 for record in writes.inserts {
@@ -446,11 +458,13 @@ impl Tables {
         pages::claims_page(query, rows)
     }
 
+    /// LookupClaim of `key` as sent: found by any form that has its key.
     pub fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
+        let key = resolve::resolve_key(key, &self.namespaces, "claim_value")?;
         self.claims
-            .get(key)
+            .get(&key)
             .cloned()
-            .ok_or_else(|| ClaimsError::ClaimNotFound { claim: key.clone() })
+            .ok_or(ClaimsError::ClaimNotFound { claim: key })
     }
 
     /// Takes or renews a verification slot (see `ClaimStore::acquire_verification_slot`).

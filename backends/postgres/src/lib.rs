@@ -24,6 +24,7 @@ mod error;
 mod local;
 mod locks;
 mod migrations;
+mod namespaces;
 mod options;
 mod restore;
 mod rows;

@@ -133,6 +133,10 @@ async fn apply(
         .map_err(failed(target, &doing))?;
         names.push(migration.name.to_owned());
     }
+    // Under the migration lock, so servers starting at once adopt once.
+    crate::namespaces::adopt_builtins(&tx, target)
+        .await
+        .map_err(fail("adopting precis-username for the built-in namespaces"))?;
     tx.commit()
         .await
         .map_err(fail("committing the migrations"))?;

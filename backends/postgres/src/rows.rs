@@ -62,7 +62,7 @@ pub(crate) fn system_time(ts: Timestamp) -> SystemTime {
 pub(crate) fn claim(row: &Row) -> Result<Claim, ClaimsError> {
     const W: &str = "claim";
     let record = ClaimRecord {
-        display: None,
+        display: get(row, 11, W)?,
         key: ClaimKey::new(
             number(get(row, 0, W)?, ClaimType::from_number, W, "claim_type")?,
             get::<String>(row, 1, W)?,
@@ -278,7 +278,7 @@ impl<'a> KeyArrays<'a> {
     }
 }
 
-/// Claim records as the six parallel arrays of `sql::INSERT_CLAIMS`, in key order.
+/// Claim records as the seven parallel arrays of `sql::INSERT_CLAIMS`, in key order.
 pub struct RecordArrays<'a> {
     pub types: Vec<i16>,
     pub values: Vec<&'a str>,
@@ -286,6 +286,7 @@ pub struct RecordArrays<'a> {
     pub owner_values: Vec<&'a str>,
     pub table_names: Vec<i16>,
     pub record_ids: Vec<i64>,
+    pub displays: Vec<Option<&'a str>>,
 }
 
 impl<'a> RecordArrays<'a> {
@@ -308,6 +309,7 @@ impl<'a> RecordArrays<'a> {
                 .map(|r| small(r.table_name.number()))
                 .collect(),
             record_ids: records.iter().map(|r| r.table_record_id).collect(),
+            displays: records.iter().map(|r| r.display.as_deref()).collect(),
         }
     }
 
@@ -349,6 +351,7 @@ pub(crate) struct ClaimRows<'a> {
     pub lease_ops: Vec<Option<i16>>,
     pub created_at: Vec<SystemTime>,
     pub updated_at: Vec<SystemTime>,
+    pub displays: Vec<Option<&'a str>>,
 }
 
 impl<'a> ClaimRows<'a> {
@@ -371,6 +374,7 @@ impl<'a> ClaimRows<'a> {
                 .push(claim.lease.map(|l| small(l.op.number())));
             rows.created_at.push(system_time(claim.created_at));
             rows.updated_at.push(system_time(claim.updated_at));
+            rows.displays.push(record.display.as_deref());
         }
         rows
     }
@@ -379,8 +383,8 @@ impl<'a> ClaimRows<'a> {
         self.types.is_empty()
     }
 
-    /// The statement parameters `$1..$11`.
-    pub fn params(&self) -> [&(dyn ToSql + Sync); 11] {
+    /// The statement parameters `$1..$12`.
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 12] {
         [
             &self.types,
             &self.values,
@@ -393,6 +397,7 @@ impl<'a> ClaimRows<'a> {
             &self.lease_ops,
             &self.created_at,
             &self.updated_at,
+            &self.displays,
         ]
     }
 }

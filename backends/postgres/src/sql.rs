@@ -38,6 +38,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0004_restore_epochs",
         sql: include_str!("../migrations/0004_restore_epochs.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_namespaces",
+        sql: include_str!("../migrations/0005_namespaces.sql"),
+    },
 ];
 
 /// Advisory lock class (first key of the two-key form) of schema migrations; the second key is
@@ -154,7 +159,7 @@ pub const CELL_DECOMMISSIONED: &str =
 macro_rules! claim_columns {
     () => {
         "claim_type, claim_value, owner_type, owner_value, table_name, table_record_id, \
-         cell_id, lease_id, lease_op, created_at, updated_at"
+         cell_id, lease_id, lease_op, created_at, updated_at, display_value"
     };
 }
 /// The columns of a lease row, in the order `rows::lease` reads them.
@@ -191,16 +196,19 @@ SELECT claim_type FROM claims WHERE lease_id = $1::uuid
 ORDER BY claim_type, claim_value
 FOR UPDATE";
 
-/// BeginUpdate's creates: one multi-row insert from parallel arrays (`$1..$6`, in key order),
-/// leased by `$8` with op `$9` for cell `$7`. A key inserted meanwhile by a concurrent batch
-/// raises a unique violation, which retries the whole transaction.
+/// BeginUpdate's creates: one multi-row insert from parallel arrays (`$1..$6` and the display
+/// forms `$10`, in key order), leased by `$8` with op `$9` for cell `$7`. A key inserted
+/// meanwhile by a concurrent batch raises a unique violation, which retries the whole
+/// transaction.
 pub const INSERT_CLAIMS: &str = "\
 INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-                    cell_id, lease_id, lease_op, created_at, updated_at)
+                    cell_id, lease_id, lease_op, created_at, updated_at, display_value)
 SELECT r.claim_type, r.claim_value, r.owner_type, r.owner_value, r.table_name, r.table_record_id,
-       $7::text, $8::uuid, $9::smallint, now(), now()
-FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[])
-     WITH ORDINALITY AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id, ord)
+       $7::text, $8::uuid, $9::smallint, now(), now(), r.display_value
+FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
+            $10::text[])
+     WITH ORDINALITY AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
+                          display_value, ord)
 ORDER BY r.ord";
 
 /// BeginUpdate's destroys and updates (one execution per op): lease (`$1`, op `$2`) the caller's
@@ -237,17 +245,66 @@ WHERE (claim_type, claim_value) IN (
     SELECT k.claim_type, k.claim_value FROM unnest($1::smallint[], $2::text[]) AS k(claim_type, claim_value))
   AND lease_id = $3::uuid";
 
-/// Commit's updates: write the new owner type, owner value, table name and record id (`$3..$6`)
-/// of the keys (`$1`, `$2`) still held by lease `$7`, and clear the lease. The rows were locked
-/// in key order by [`LOCK_CLAIMS_OF_LEASE`]; the record index entries move with the update.
+/// Commit's updates: write the new owner type, owner value, table name, record id (`$3..$6`)
+/// and display form (`$8`) of the keys (`$1`, `$2`) still held by lease `$7`, and clear the
+/// lease. The rows were locked in key order by [`LOCK_CLAIMS_OF_LEASE`]; the record index
+/// entries move with the update.
 pub const REPLACE_CLAIMS_OF_LEASE: &str = "\
 UPDATE claims AS c
 SET owner_type = r.owner_type, owner_value = r.owner_value, table_name = r.table_name,
-    table_record_id = r.table_record_id, lease_id = NULL, lease_op = NULL, updated_at = now()
-FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[])
-     AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id)
+    table_record_id = r.table_record_id, lease_id = NULL, lease_op = NULL, updated_at = now(),
+    display_value = r.display_value
+FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
+            $8::text[])
+     AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
+          display_value)
 WHERE c.claim_type = r.claim_type AND c.claim_value = r.claim_value
   AND c.lease_id = $7::uuid";
+
+// ---------------------------------------------------------------------------------------------
+// Namespaces (`namespaces.rs`).
+
+/// The columns of a namespace row, in the order `namespaces::row` reads them.
+macro_rules! namespace_columns {
+    () => {
+        "number, id, normalization, max_chars, pattern, reserved, description, deprecated, version"
+    };
+}
+
+/// The rows of the namespaces `$1`. Read after the claim rows, in the same flight: READ
+/// COMMITTED gives the statement a snapshot taken once the claims' locks are held, so a rule
+/// change (which locks the claims table) is either seen here or waits for this transaction.
+pub const SELECT_NAMESPACES: &str = concat!(
+    "SELECT ",
+    namespace_columns!(),
+    " FROM namespaces WHERE id = ANY($1::text[])"
+);
+/// Every namespace (the store's cache of rules, refreshed when a read disagrees with it).
+pub const SELECT_ALL_NAMESPACES: &str =
+    concat!("SELECT ", namespace_columns!(), " FROM namespaces");
+/// The built-ins a migration added and no open has adopted yet, locked.
+pub const SELECT_PENDING_NAMESPACES: &str = concat!(
+    "SELECT ",
+    namespace_columns!(),
+    " FROM namespaces WHERE version = 0 ORDER BY number FOR UPDATE"
+);
+/// While an adoption reads and rewrites a namespace's claims, no claim is written: every
+/// BeginUpdate then reads the rules it writes under (see [`SELECT_NAMESPACES`]).
+pub const LOCK_CLAIMS_FOR_ADOPTION: &str = "LOCK TABLE claims IN EXCLUSIVE MODE";
+/// Every claim of namespace `$1`, as a proof reads it: key, display form, leased.
+pub const PROOF_CLAIMS: &str = "\
+SELECT claim_value, coalesce(display_value, claim_value), lease_id IS NOT NULL
+FROM claims WHERE claim_type = $1::smallint";
+/// Moves the claim `$2` of namespace `$1` to key `$3`, with display form `$4` (NULL when it is
+/// the key).
+pub const REKEY_CLAIM: &str = "\
+UPDATE claims SET claim_value = $3::text, display_value = nullif($4::text, $3::text)
+WHERE claim_type = $1::smallint AND claim_value = $2::text";
+/// Writes namespace `$1`'s definition.
+pub const UPDATE_NAMESPACE: &str = "\
+UPDATE namespaces SET normalization = $2::smallint, max_chars = $3::smallint, pattern = $4::text,
+    reserved = $5::text, description = $6::text, deprecated = $7::boolean, version = $8::bigint
+WHERE number = $1::smallint";
 
 pub const DELETE_LEASE: &str = "DELETE FROM leases WHERE lease_id = $1::uuid";
 
@@ -312,19 +369,22 @@ WITH deleted AS (
 SELECT topology_claims_expect_rows((SELECT count(*) FROM deleted), cardinality($1::smallint[])::bigint,
                                    'group commit: deleting claims')";
 
-/// Rewrites every column of the claims of keys (`$1`, `$2`) from the parallel arrays `$3..$11`
-/// (owner type, owner value, table, record id, cell, lease id, lease op, created, updated); each
-/// row was locked by [`GROUP_SELECT_CLAIMS_FOR_UPDATE`] and must still be there (else TC001).
+/// Rewrites every column of the claims of keys (`$1`, `$2`) from the parallel arrays `$3..$12`
+/// (owner type, owner value, table, record id, cell, lease id, lease op, created, updated,
+/// display form); each row was locked by [`GROUP_SELECT_CLAIMS_FOR_UPDATE`] and must still be
+/// there (else TC001).
 pub const GROUP_UPDATE_CLAIMS: &str = "\
 WITH updated AS (
     UPDATE claims AS c
     SET owner_type = r.owner_type, owner_value = r.owner_value, table_name = r.table_name,
         table_record_id = r.table_record_id, cell_id = r.cell_id, lease_id = r.lease_id,
-        lease_op = r.lease_op, created_at = r.created_at, updated_at = r.updated_at
+        lease_op = r.lease_op, created_at = r.created_at, updated_at = r.updated_at,
+        display_value = r.display_value
     FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
-                $7::text[], $8::uuid[], $9::smallint[], $10::timestamptz[], $11::timestamptz[])
+                $7::text[], $8::uuid[], $9::smallint[], $10::timestamptz[], $11::timestamptz[],
+                $12::text[])
          AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-              cell_id, lease_id, lease_op, created_at, updated_at)
+              cell_id, lease_id, lease_op, created_at, updated_at, display_value)
     WHERE c.claim_type = r.claim_type AND c.claim_value = r.claim_value
     RETURNING 1)
 SELECT topology_claims_expect_rows((SELECT count(*) FROM updated), cardinality($1::smallint[])::bigint,
@@ -335,13 +395,14 @@ SELECT topology_claims_expect_rows((SELECT count(*) FROM updated), cardinality($
 /// whole group.
 pub const GROUP_INSERT_CLAIMS: &str = "\
 INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-                    cell_id, lease_id, lease_op, created_at, updated_at)
+                    cell_id, lease_id, lease_op, created_at, updated_at, display_value)
 SELECT r.claim_type, r.claim_value, r.owner_type, r.owner_value, r.table_name, r.table_record_id,
-       r.cell_id, r.lease_id, r.lease_op, r.created_at, r.updated_at
+       r.cell_id, r.lease_id, r.lease_op, r.created_at, r.updated_at, r.display_value
 FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
-            $7::text[], $8::uuid[], $9::smallint[], $10::timestamptz[], $11::timestamptz[])
+            $7::text[], $8::uuid[], $9::smallint[], $10::timestamptz[], $11::timestamptz[],
+            $12::text[])
      WITH ORDINALITY AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-                          cell_id, lease_id, lease_op, created_at, updated_at, ord)
+                          cell_id, lease_id, lease_op, created_at, updated_at, display_value, ord)
 ORDER BY r.ord";
 
 /// Deletes the leases `$1`, each locked in the first flight and so still there (else TC001).

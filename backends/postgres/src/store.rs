@@ -131,17 +131,18 @@ use deadpool_postgres::Pool;
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionStep, EndPlan, GroupDecision, GroupOp, GroupReads, GroupResults,
-    GroupSnapshot, LeaseRecord, LeaseSummary, MarkRestored, RestoreEpoch, SlotGrant, SlotHolder,
-    SlotLimit,
+    GroupSnapshot, LeaseRecord, LeaseSummary, MarkRestored, NamespaceSet, RestoreEpoch, SlotGrant,
+    SlotHolder, SlotLimit,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
     LeaseId, LeaseOp, LeasesPage, LeasesQuery, MigrationPolicy, PoolStatus, Timestamp,
 };
 
-use crate::error::Failure;
+use crate::error::{final_error, pool_error, Failure};
 use crate::locks::{AdvisoryLocks, CellMode};
 use crate::migrations;
+use crate::namespaces::{self, NamespaceCache};
 use crate::options::{PostgresOptions, Settings};
 use crate::rows::{self, small, KeyArrays, RecordArrays};
 use crate::session::{Shared, StoreStats};
@@ -157,6 +158,7 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 #[derive(Clone)]
 pub struct PostgresClaimStore {
     pub(crate) shared: Arc<Shared>,
+    namespaces: Arc<NamespaceCache>,
 }
 
 impl std::fmt::Debug for PostgresClaimStore {
@@ -181,6 +183,15 @@ impl PostgresClaimStore {
         let settings = Settings::new(url, &options)?;
         let pool = settings.pool(&options)?;
         migrations::prepare(&pool, &settings.target, options.schema.as_deref(), policy).await?;
+        let client = pool
+            .get()
+            .await
+            .map_err(|e| pool_error(e, &settings.target))?;
+        let rows = namespaces::read_all(&**client)
+            .await
+            .map_err(|e| final_error(&e, &settings.target, "reading the namespaces"))?;
+        let namespaces = Arc::new(NamespaceCache::new(namespaces::from_rows(&rows)?));
+        drop(client);
         let shared = Shared::new(
             pool,
             settings.target,
@@ -189,6 +200,7 @@ impl PostgresClaimStore {
         );
         Ok(Self {
             shared: Arc::new(shared),
+            namespaces,
         })
     }
 
@@ -213,14 +225,9 @@ impl PostgresClaimStore {
         self.shared.stats()
     }
 
-    async fn begin_attempt(
-        &self,
-        request: &BeginUpdate,
-        lease_id: LeaseId,
-        payload: &[u8],
-    ) -> Result<Lease, Failure> {
+    async fn begin_attempt(&self, sent: &BeginUpdate, lease_id: LeaseId) -> Result<Lease, Failure> {
         let mut session = self.shared.session().await?;
-        let [lock, decommissioned, select_lease, select_outcome, select_claims, insert_claims, mark_claims, insert_lease] =
+        let [lock, decommissioned, select_lease, select_outcome, select_claims, select_namespaces, insert_claims, mark_claims, insert_lease] =
             session
                 .prepare([
                     sql::LOCK_ADVISORY,
@@ -228,11 +235,21 @@ impl PostgresClaimStore {
                     sql::SELECT_LEASE_FOR_UPDATE,
                     sql::SELECT_OUTCOME_FOR_UPDATE,
                     sql::SELECT_CLAIMS_FOR_UPDATE,
+                    sql::SELECT_NAMESPACES,
                     sql::INSERT_CLAIMS,
                     sql::MARK_CLAIMS,
                     sql::INSERT_LEASE,
                 ])
                 .await?;
+        // The keys under the rules last seen, checked against this transaction's read below.
+        let rules = namespaces::rules_for(&self.namespaces, &session, |set| {
+            domain::prepare_begin(sent.clone(), set)
+        })
+        .await?;
+        let (rules, request) = (rules.0, &rules.1);
+        let named =
+            namespaces::id_param(request.operations().map(|(_, r)| r.key.namespace.clone()));
+        let payload = encode_request(request);
         let id = lease_id.as_uuid();
         let keys = KeyArrays::sorted(request.operations().map(|(_, record)| &record.key));
         let locks = AdvisoryLocks::of(
@@ -246,7 +263,7 @@ impl PostgresClaimStore {
         let cell = request.cell_id.as_str();
         // Flight 1: open the transaction and lock + read everything the decision needs. The
         // shared cell lock comes before the mark is read (see "why a cell lock").
-        let (_, _, decommissioned_row, lease_row, outcome_row, claim_rows) = tokio::try_join!(
+        let (_, _, decommissioned_row, lease_row, outcome_row, claim_rows, namespace_rows) = tokio::try_join!(
             biased;
             client.batch_execute(begin),
             async { client.execute(&lock, &locks.params()).await },
@@ -254,19 +271,26 @@ impl PostgresClaimStore {
             async { client.query_opt(&select_lease, &[id]).await },
             async { client.query_opt(&select_outcome, &[id]).await },
             async { client.query(&select_claims, &[&keys.types, &keys.values]).await },
+            async { client.query(&select_namespaces, &[&named]).await },
         )?;
         session.round_trip();
+        self.namespaces.confirm_read(
+            &rules,
+            request.operations().map(|(_, r)| r.key.namespace.clone()),
+            &namespace_rows,
+        )?;
         domain::check_not_decommissioned(
             &request.cell_id,
             decommissioned_row.try_get(0).map_err(internal)?,
         )?;
         let known = rows::lease_record(lease_row, outcome_row)?;
         let current = rows::claims_by_key(&claim_rows)?;
-        let writes = match domain::decide_begin(request, lease_id, known.as_ref(), &current)? {
-            // Dropping the session rolls the read-only transaction back.
-            BeginPlan::Replay(lease) => return Ok(lease),
-            BeginPlan::Apply(writes) => writes,
-        };
+        let writes =
+            match domain::decide_begin(request, lease_id, known.as_ref(), &current, &rules)? {
+                // Dropping the session rolls the read-only transaction back.
+                BeginPlan::Replay(lease) => return Ok(lease),
+                BeginPlan::Apply(writes) => writes,
+            };
         let inserts = RecordArrays::sorted(&writes.inserts);
         let marks = KeyArrays::sorted(&writes.marks);
         let update_marks = KeyArrays::sorted(&writes.update_marks);
@@ -283,22 +307,12 @@ impl PostgresClaimStore {
                 if inserts.is_empty() {
                     return Ok(0);
                 }
-                client
-                    .execute(
-                        &insert_claims,
-                        &[
-                            &inserts.types,
-                            &inserts.values,
-                            &inserts.owner_types,
-                            &inserts.owner_values,
-                            &inserts.table_names,
-                            &inserts.record_ids,
-                            &cell,
-                            id,
-                            &create,
-                        ],
-                    )
-                    .await
+                let i = &inserts;
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+                    &i.types, &i.values, &i.owner_types, &i.owner_values, &i.table_names,
+                    &i.record_ids, &cell, id, &create, &i.displays,
+                ];
+                client.execute(&insert_claims, &params).await
             },
             async {
                 if marks.is_empty() {
@@ -331,13 +345,9 @@ impl PostgresClaimStore {
     /// locked and read in one flight, the batch decided by `domain::decide_group`, its net
     /// writes and `COMMIT` in a second flight. Every statement takes arrays, so the number of
     /// statements does not depend on the batch's size.
-    async fn group_attempt(
-        &self,
-        ops: &[GroupOp],
-        reads: &GroupReads,
-    ) -> Result<GroupResults, Failure> {
+    async fn group_attempt(&self, ops: &[GroupOp]) -> Result<GroupResults, Failure> {
         let mut session = self.shared.session().await?;
-        let [lock, clock, select_leases, select_outcomes, select_claims, insert_leases, delete_claims, update_claims, insert_claims, delete_leases, insert_outcomes] =
+        let [lock, clock, select_leases, select_outcomes, select_claims, select_namespaces, insert_leases, delete_claims, update_claims, insert_claims, delete_leases, insert_outcomes] =
             session
                 .prepare([
                     sql::LOCK_ADVISORY,
@@ -345,6 +355,7 @@ impl PostgresClaimStore {
                     sql::GROUP_SELECT_LEASES_FOR_UPDATE,
                     sql::GROUP_SELECT_OUTCOMES_FOR_UPDATE,
                     sql::GROUP_SELECT_CLAIMS_FOR_UPDATE,
+                    sql::SELECT_NAMESPACES,
                     sql::GROUP_INSERT_LEASES,
                     sql::GROUP_DELETE_CLAIMS,
                     sql::GROUP_UPDATE_CLAIMS,
@@ -353,6 +364,12 @@ impl PostgresClaimStore {
                     sql::GROUP_INSERT_OUTCOMES,
                 ])
                 .await?;
+        // Keys under the rules last seen, checked against this transaction's read below. An
+        // operation they refuse reads nothing and is refused when decided.
+        let rules = self.namespaces.current();
+        let named = domain::namespaces_named(ops);
+        let reads = &GroupReads::of(ops, &rules);
+        let named_param = namespaces::id_param(named.iter().cloned());
         // The lock order of the module docs, within the lock budget whatever the group's size.
         let locks = AdvisoryLocks::of(
             reads.lease_ids.iter().copied(),
@@ -367,7 +384,7 @@ impl PostgresClaimStore {
         let client = session.client()?;
         // Flight 1: every lock, then every row the decision needs (the shared cell locks come
         // before the marks are read: "why a cell lock").
-        let (_, _, clock_rows, lease_rows, outcome_rows, claim_rows) = tokio::try_join!(
+        let (_, _, clock_rows, lease_rows, outcome_rows, claim_rows, namespace_rows) = tokio::try_join!(
             biased;
             client.batch_execute(begin),
             async { client.execute(&lock, &locks.params()).await },
@@ -375,8 +392,11 @@ impl PostgresClaimStore {
             async { client.query(&select_leases, &[&ids]).await },
             async { client.query(&select_outcomes, &[&ids]).await },
             async { client.query(&select_claims, &[&keys.types, &keys.values, &ids]).await },
+            async { client.query(&select_namespaces, &[&named_param]).await },
         )?;
         session.round_trip();
+        self.namespaces
+            .confirm_read(&rules, named, &namespace_rows)?;
         let (now, decommissioned) = rows::clock_and_marks(&clock_rows)?;
         let snapshot = GroupSnapshot {
             claims: claim_rows
@@ -392,6 +412,7 @@ impl PostgresClaimStore {
                 .map(rows::outcome)
                 .collect::<Result<_, _>>()?,
             decommissioned,
+            namespaces: NamespaceSet::clone(&rules),
         };
         let GroupDecision { results, writes } = domain::decide_group(snapshot, ops, now);
         if writes.is_empty() {
@@ -521,9 +542,9 @@ impl PostgresClaimStore {
                     return Ok(0);
                 }
                 let r = &replace;
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
                     &r.types, &r.values, &r.owner_types, &r.owner_values, &r.table_names,
-                    &r.record_ids, id,
+                    &r.record_ids, id, &r.displays,
                 ];
                 client.execute(&replace_claims, &params).await
             },
@@ -630,17 +651,25 @@ impl PostgresClaimStore {
         Ok(domain::claims_page(query, claims))
     }
 
-    async fn lookup_attempt(&self, key: &ClaimKey) -> Result<Claim, Failure> {
+    async fn lookup_attempt(&self, sent: &ClaimKey) -> Result<Claim, Failure> {
         let session = self.shared.session().await?;
-        let [lookup] = session.prepare([sql::LOOKUP_CLAIM]).await?;
-        let client = session.client()?;
-        let row = client
-            .query_opt(
-                &lookup,
-                &[&small(key.namespace_number()), &key.value.as_str()],
-            )
+        let [lookup, select_namespaces] = session
+            .prepare([sql::LOOKUP_CLAIM, sql::SELECT_NAMESPACES])
             .await?;
+        let (rules, key) = namespaces::rules_for(&self.namespaces, &session, |set| {
+            domain::resolve_key(sent, set, "claim_value")
+        })
+        .await?;
+        let client = session.client()?;
+        let named = namespaces::id_param([key.namespace.clone()]);
+        let (number, value) = (small(key.namespace_number()), key.value.as_str());
+        let (row, namespace_rows) = tokio::try_join!(
+            async { client.query_opt(&lookup, &[&number, &value]).await },
+            async { client.query(&select_namespaces, &[&named]).await },
+        )?;
         session.round_trip();
+        self.namespaces
+            .confirm_read(&rules, [key.namespace.clone()], &namespace_rows)?;
         match row {
             Some(row) => Ok(rows::claim(&row)?),
             None => Err(Failure::Final(ClaimsError::ClaimNotFound {
@@ -690,11 +719,8 @@ impl ClaimStore for PostgresClaimStore {
         // Fixed before the first attempt: a retry after an unacknowledged COMMIT finds its own
         // lease and replays it instead of leasing twice.
         let lease_id = request.lease_id.unwrap_or_else(LeaseId::generate);
-        let payload = encode_request(&request);
         self.shared
-            .run("BeginUpdate", || {
-                self.begin_attempt(&request, lease_id, &payload)
-            })
+            .run("BeginUpdate", || self.begin_attempt(&request, lease_id))
             .await
     }
 
@@ -830,10 +856,9 @@ impl ClaimStore for PostgresClaimStore {
         if ops.is_empty() {
             return Ok(Vec::new());
         }
-        let reads = GroupReads::of(ops);
         let operation = format!("a group of {} operations", ops.len());
         self.shared
-            .run(&operation, || self.group_attempt(ops, &reads))
+            .run(&operation, || self.group_attempt(ops))
             .await
     }
 

@@ -4,15 +4,25 @@
 
 mod common;
 
+use topology_claims::codec::encode_request;
 use topology_claims::{ClaimStore, ClaimsError, MigrationPolicy};
 use topology_claims_postgres::{migrate_with, PostgresClaimStore};
-use topology_claims_testkit::migrations::MigrationFixture;
+use topology_claims_testkit::migrations::{before_namespaces, MigrationFixture};
 
 const ALL_MIGRATIONS: &[&str] = &[
     "0001_initial",
     "0002_decommissioned_cells",
     "0003_verification_slots",
     "0004_restore_epochs",
+    "0005_namespaces",
+];
+
+/// The migrations of the release before namespaces, as it applied them.
+const BEFORE_NAMESPACES: &[&str] = &[
+    include_str!("../migrations/0001_initial.sql"),
+    include_str!("../migrations/0002_decommissioned_cells.sql"),
+    include_str!("../migrations/0003_verification_slots.sql"),
+    include_str!("../migrations/0004_restore_epochs.sql"),
 ];
 
 /// A migrated schema of its own, for the shared migration-rule cases (dropped at the end).
@@ -40,6 +50,70 @@ impl MigrationFixture for MigratedSchema {
 
     async fn reopen(&self, policy: MigrationPolicy) -> Result<PostgresClaimStore, ClaimsError> {
         PostgresClaimStore::connect(&common::url(), common::options(&self.schema), policy).await
+    }
+
+    async fn populate_before_namespaces(&self) {
+        let schema = &self.schema;
+        let admin = &self.admin;
+        let run = |sql: String| async move {
+            admin
+                .batch_execute(&sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        };
+        run(format!(
+            "DROP SCHEMA \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\"; \
+             SET search_path TO \"{schema}\"; \
+             CREATE TABLE topology_claims_migrations (version integer PRIMARY KEY, \
+             name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .await;
+        for (i, migration) in BEFORE_NAMESPACES.iter().enumerate() {
+            run(migration.to_string()).await;
+            run(format!(
+                "INSERT INTO topology_claims_migrations (version, name) VALUES ({}, '{}')",
+                i + 1,
+                ALL_MIGRATIONS[i]
+            ))
+            .await;
+        }
+        let (claims, lease) = before_namespaces();
+        admin
+            .execute(
+                "INSERT INTO leases (lease_id, cell_id, request, created_at, last_renewed_at) \
+                 VALUES ($1, $2, $3, now(), now())",
+                &[
+                    lease.lease_id.as_uuid(),
+                    &lease.cell_id.as_str(),
+                    &encode_request(&lease.request),
+                ],
+            )
+            .await
+            .unwrap();
+        for claim in claims {
+            let record = &claim.record;
+            let small = |n: i32| i16::try_from(n).unwrap();
+            admin
+                .execute(
+                    "INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, \
+                     table_name, table_record_id, cell_id, lease_id, lease_op, created_at, \
+                     updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now(), now())",
+                    &[
+                        &small(record.key.namespace_number()),
+                        &record.key.value,
+                        &small(record.owner_type.number()),
+                        &record.owner_value,
+                        &small(record.table_name.number()),
+                        &record.table_record_id,
+                        &claim.cell_id.as_str(),
+                        &claim.lease.map(|l| *l.lease_id.as_uuid()),
+                        &claim.lease.map(|l| small(l.op.number())),
+                    ],
+                )
+                .await
+                .unwrap();
+        }
+        run("RESET search_path".to_owned()).await;
     }
 }
 

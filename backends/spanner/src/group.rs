@@ -39,7 +39,8 @@ impl SpannerClaimStore {
         tx: &mut WriteTx,
         ops: &[GroupOp],
     ) -> Result<GroupAttempt, TxError> {
-        let reads = GroupReads::of(ops);
+        let namespaces = self.read_namespaces(tx).await?;
+        let reads = GroupReads::of(ops, &namespaces);
         let lease_keys = reads.lease_ids.iter().map(|id| rows::lease_key(*id));
         let leases = self
             .read_keys(
@@ -88,6 +89,7 @@ impl SpannerClaimStore {
             leases,
             outcomes,
             decommissioned,
+            namespaces,
         };
         let conditional = ops.iter().any(|op| {
             matches!(

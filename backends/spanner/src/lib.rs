@@ -22,6 +22,7 @@
 mod config;
 mod error;
 mod group;
+mod namespaces;
 mod outcomes;
 mod restore;
 mod rows;
@@ -33,4 +34,4 @@ pub use config::{
     DatabaseName, SpannerOptions, DEFAULT_RPC_TIMEOUT, DEFAULT_SESSION_POOL_SIZE,
     DEFAULT_TRANSACTION_DEADLINE, EMULATOR_HOST_ENV, URL_SCHEME,
 };
-pub use store::{migrate, SpannerClaimStore};
+pub use store::{migrate, migrate_through, SpannerClaimStore};

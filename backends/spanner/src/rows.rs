@@ -32,7 +32,7 @@ pub(crate) const SLOTS: &str = "verification_slots";
 /// `claims.lease_op` of a claim under no lease (the design's "no-op").
 const NO_LEASE_OP: i64 = 0;
 
-pub(crate) const CLAIM_COLUMNS: [&str; 11] = [
+pub(crate) const CLAIM_COLUMNS: [&str; 12] = [
     "claim_type",
     "claim_value",
     "owner_type",
@@ -42,6 +42,7 @@ pub(crate) const CLAIM_COLUMNS: [&str; 11] = [
     "table_record_id",
     "lease_id",
     "lease_op",
+    "display_value",
     "created_at",
     "updated_at",
 ];
@@ -112,7 +113,7 @@ pub(crate) fn claim_from_row(row: &Row) -> Result<Claim, ClaimsError> {
     };
     Ok(Claim {
         record: ClaimRecord {
-            display: None,
+            display: column(row, "display_value")?,
             key: ClaimKey::new(claim_type, column::<String>(row, "claim_value")?),
             owner_type: enum_value(
                 column(row, "owner_type")?,
@@ -268,6 +269,7 @@ pub(crate) fn insert_claim(record: &ClaimRecord, owner: &CellId, lease_id: Lease
             &record.table_record_id,
             &lease_id.to_string(),
             &i64::from(LeaseOp::Create.number()),
+            &record.display,
             &CommitTimestamp::new(),
             &CommitTimestamp::new(),
         ],
@@ -294,6 +296,7 @@ pub(crate) fn replace_claim(record: &ClaimRecord) -> Mutation {
             "table_record_id",
             "lease_id",
             "lease_op",
+            "display_value",
             "updated_at",
         ],
         &[
@@ -305,6 +308,7 @@ pub(crate) fn replace_claim(record: &ClaimRecord) -> Mutation {
             &record.table_record_id,
             &None::<String>,
             &NO_LEASE_OP,
+            &record.display,
             &CommitTimestamp::new(),
         ],
     )
@@ -328,7 +332,7 @@ pub(crate) fn write_claim(claim: &Claim, fresh: Timestamp, existing: bool) -> Mu
     let created_at = timestamp_to_pb(claim.created_at);
     let updated_at = timestamp_to_pb(claim.updated_at);
     let cell = claim.cell_id.as_str();
-    let mut columns: Vec<&str> = CLAIM_COLUMNS[..9].to_vec();
+    let mut columns: Vec<&str> = CLAIM_COLUMNS[..10].to_vec();
     let mut values: Vec<&dyn ToKind> = vec![
         &claim_type,
         &record.key.value,
@@ -339,6 +343,7 @@ pub(crate) fn write_claim(claim: &Claim, fresh: Timestamp, existing: bool) -> Mu
         &record.table_record_id,
         &lease_id,
         &lease_op,
+        &record.display,
     ];
     for (column, value, pb) in [
         ("created_at", claim.created_at, &created_at),

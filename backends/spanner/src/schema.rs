@@ -159,6 +159,31 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             ) PRIMARY KEY (epoch, cell_id)",
         ],
     },
+    // Claim namespaces (decisions 107, 108): one row per namespace; number is what
+    // claims.claim_type holds (the built-ins keep 1, 2, 3), id the name clients use;
+    // normalization 1 exact, 2 ascii-case-insensitive, 3 precis-username; reserved the values
+    // joined by '\n'; version one more at every change, 0 for a built-in awaiting adoption. DDL
+    // cannot write rows: the first open writes the built-ins (namespaces.rs). display_value is
+    // a claim's display form when it differs from its key (NULL before namespaces).
+    Migration {
+        version: 6,
+        name: "0006_namespaces",
+        statements: &[
+            "CREATE TABLE IF NOT EXISTS namespaces (
+                number INT64 NOT NULL,
+                id STRING(63) NOT NULL,
+                normalization INT64 NOT NULL,
+                max_chars INT64 NOT NULL,
+                pattern STRING(MAX),
+                reserved STRING(MAX) NOT NULL,
+                description STRING(MAX) NOT NULL,
+                deprecated BOOL NOT NULL,
+                version INT64 NOT NULL,
+            ) PRIMARY KEY (number)",
+            "CREATE UNIQUE INDEX IF NOT EXISTS namespaces_by_id ON namespaces (id)",
+            "ALTER TABLE claims ADD COLUMN IF NOT EXISTS display_value STRING(MAX)",
+        ],
+    },
 ];
 
 /// How many values `lease_outcomes.decided_shard` takes (`0..OUTCOME_SHARDS`).
@@ -188,9 +213,21 @@ pub(crate) async fn ensure(
     options: &SpannerOptions,
     policy: MigrationPolicy,
 ) -> Result<Vec<String>, ClaimsError> {
+    ensure_through(client, name, options, policy, i64::MAX).await
+}
+
+/// [`ensure`] as a binary that knows the migrations up to `through` only (a previous release).
+pub(crate) async fn ensure_through(
+    client: &Client,
+    name: &DatabaseName,
+    options: &SpannerOptions,
+    policy: MigrationPolicy,
+    through: i64,
+) -> Result<Vec<String>, ClaimsError> {
     let applied = applied(client, options).await?;
     let known: Vec<MigrationId> = MIGRATIONS
         .iter()
+        .filter(|m| m.version <= through)
         .map(|m| MigrationId::new(m.version, m.name))
         .collect();
     let plan = plan_migrations(&known, &applied, policy)?;

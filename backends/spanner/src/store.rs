@@ -105,6 +105,34 @@ pub async fn migrate(
     } else {
         schema::ensure(&client, &name, &options, MigrationPolicy::Apply).await
     };
+    // The built-ins' rows are data: written (adopted) here as a server's first open would.
+    let store = SpannerClaimStore {
+        client,
+        options,
+        name,
+        retries: AtomicU64::new(0),
+    };
+    let adopted = match applied {
+        Ok(applied) => store.adopt_builtins().await.map(|()| applied),
+        Err(error) => Err(error),
+    };
+    store.client.close().await;
+    adopted
+}
+
+/// The schema of an existing database brought up to migration `through` only, as the release
+/// that knew no later one left it (the migration conformance suite populates such a database
+/// and opens it with this release). Not for production use.
+#[doc(hidden)]
+pub async fn migrate_through(
+    url: &str,
+    options: SpannerOptions,
+    through: i64,
+) -> Result<Vec<String>, ClaimsError> {
+    let name = DatabaseName::parse(url)?;
+    let client = data_client(&name, &options).await?;
+    let applied =
+        schema::ensure_through(&client, &name, &options, MigrationPolicy::Apply, through).await;
     client.close().await;
     applied
 }
@@ -124,12 +152,19 @@ impl SpannerClaimStore {
             client.close().await;
             return Err(error);
         }
-        Ok(Self {
+        let store = Self {
             client,
             options,
             name,
             retries: AtomicU64::new(0),
-        })
+        };
+        if policy == MigrationPolicy::Apply {
+            if let Err(error) = store.adopt_builtins().await {
+                store.client.close().await;
+                return Err(error);
+            }
+        }
+        Ok(store)
     }
 
     /// The database this store uses.
@@ -418,9 +453,16 @@ impl SpannerClaimStore {
     async fn begin_attempt(
         &self,
         tx: &mut WriteTx,
-        request: &BeginUpdate,
+        sent: &BeginUpdate,
         lease_id: LeaseId,
-    ) -> Result<Result<BeginPlan, ClaimsError>, TxError> {
+    ) -> Result<Result<(BeginPlan, BeginUpdate), ClaimsError>, TxError> {
+        // The keys under the rules as this transaction reads (and locks) them.
+        let namespaces = self.read_namespaces(tx).await?;
+        let request = match domain::prepare_begin(sent.clone(), &namespaces) {
+            Ok(request) => request,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let request = &request;
         let decommissioned = self.is_decommissioned(tx, &request.cell_id).await?;
         if let Err(refusal) = domain::check_not_decommissioned(&request.cell_id, decommissioned) {
             return Ok(Err(refusal));
@@ -433,10 +475,11 @@ impl SpannerClaimStore {
             let keys = request.operations().map(|(_, r)| &r.key).collect();
             self.claims(tx, &keys).await?
         };
-        let plan = match domain::decide_begin(request, lease_id, known.as_ref(), &current) {
-            Ok(plan) => plan,
-            Err(refusal) => return Ok(Err(refusal)),
-        };
+        let plan =
+            match domain::decide_begin(request, lease_id, known.as_ref(), &current, &namespaces) {
+                Ok(plan) => plan,
+                Err(refusal) => return Ok(Err(refusal)),
+            };
         if let BeginPlan::Apply(writes) = &plan {
             let marks = writes.marks.len() + writes.update_marks.len();
             let mut mutations = Vec::with_capacity(writes.inserts.len() + marks + 1);
@@ -461,7 +504,7 @@ impl SpannerClaimStore {
             );
             tx.buffer_write(mutations);
         }
-        Ok(Ok(plan))
+        Ok(Ok((plan, request.clone())))
     }
 
     /// The store's clock inside a read-write transaction (`CURRENT_TIMESTAMP()`), read after
@@ -646,8 +689,8 @@ impl ClaimStore for SpannerClaimStore {
             }
         };
         match answer? {
-            BeginPlan::Replay(lease) => Ok(lease),
-            BeginPlan::Apply(writes) => Ok(Lease {
+            (BeginPlan::Replay(lease), _) => Ok(lease),
+            (BeginPlan::Apply(writes), request) => Ok(Lease {
                 lease_id: writes.lease_id,
                 cell_id: request.cell_id.clone(),
                 created_at: committed_at,
@@ -723,13 +766,15 @@ impl ClaimStore for SpannerClaimStore {
         Ok(domain::claims_page(query, rows))
     }
 
-    async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
+    async fn lookup_claim(&self, sent: &ClaimKey) -> Result<Claim, ClaimsError> {
         let context = "LookupClaim";
-        let mut tx = self
-            .client
-            .single()
+        // One snapshot: the rules and the claim as of one timestamp.
+        let (mut tx, _) = self.snapshot(context).await?;
+        let namespaces = self
+            .read_namespaces(&mut tx)
             .await
-            .map_err(|e| client_error(context, &e))?;
+            .map_err(|e| crate::error::tx_error(context, e))?;
+        let key = &domain::resolve_key(sent, &namespaces, "claim_value")?;
         let read = tx.read_row_with_option(
             CLAIMS,
             &CLAIM_COLUMNS,

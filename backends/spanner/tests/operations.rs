@@ -10,33 +10,47 @@ use gcloud_gax::conn::Environment;
 use gcloud_googleapis::spanner::admin::database::v1::{CreateDatabaseRequest, DatabaseDialect};
 use gcloud_spanner::admin::client::Client as AdminClient;
 use gcloud_spanner::admin::AdminClientConfig;
+use topology_claims::codec::encode_request;
 use topology_claims::{
     ClaimStore, ClaimsCursor, ClaimsError, ClaimsQuery, LeasesQuery, MigrationPolicy, TableName,
 };
 use topology_claims_spanner::{SpannerClaimStore, SpannerOptions};
 use topology_claims_testkit::fixtures::{cell, creates, username};
-use topology_claims_testkit::migrations::MigrationFixture;
+use topology_claims_testkit::migrations::{before_namespaces, MigrationFixture};
 
-/// A migrated database on the shared emulator, for the shared migration-rule cases.
+/// A migrated database on the shared emulator, for the shared migration-rule cases (a
+/// populated one replaces it with a database of its own).
 struct MigratedDatabase {
-    url: String,
+    url: std::sync::Mutex<String>,
     emulator: &'static common::Emulator,
+}
+
+impl MigratedDatabase {
+    fn url(&self) -> String {
+        self.url.lock().unwrap().clone()
+    }
+
+    async fn client(&self) -> gcloud_spanner::client::Client {
+        let config = gcloud_spanner::client::ClientConfig {
+            environment: Environment::Emulator(self.emulator.host.clone()),
+            ..Default::default()
+        };
+        let database = self.url().trim_start_matches("spanner://").to_owned();
+        gcloud_spanner::client::Client::new(database, config)
+            .await
+            .unwrap()
+    }
 }
 
 impl MigrationFixture for MigratedDatabase {
     type Store = SpannerClaimStore;
 
     async fn record_applied(&self, version: i64, name: &str) {
-        use gcloud_spanner::client::{Client, ClientConfig, Error};
+        use gcloud_spanner::client::Error;
         use gcloud_spanner::mutation::insert_or_update;
         use gcloud_spanner::value::CommitTimestamp;
 
-        let config = ClientConfig {
-            environment: Environment::Emulator(self.emulator.host.clone()),
-            ..ClientConfig::default()
-        };
-        let database = self.url.trim_start_matches("spanner://").to_owned();
-        let client = Client::new(database, config).await.unwrap();
+        let client = self.client().await;
         client
             .read_write_transaction(|tx| {
                 let name = name.to_owned();
@@ -55,7 +69,82 @@ impl MigrationFixture for MigratedDatabase {
     }
 
     async fn reopen(&self, policy: MigrationPolicy) -> Result<SpannerClaimStore, ClaimsError> {
-        SpannerClaimStore::connect(&self.url, common::options(self.emulator), policy).await
+        SpannerClaimStore::connect(&self.url(), common::options(self.emulator), policy).await
+    }
+
+    async fn populate_before_namespaces(&self) {
+        use gcloud_spanner::client::Error;
+        use gcloud_spanner::mutation::insert;
+        use gcloud_spanner::value::CommitTimestamp;
+
+        let url = common::fresh_url();
+        create_empty_database(self.emulator, &url).await;
+        topology_claims_spanner::migrate_through(&url, common::options(self.emulator), 5)
+            .await
+            .unwrap();
+        *self.url.lock().unwrap() = url;
+        let (claims, lease) = before_namespaces();
+        let client = self.client().await;
+        client
+            .read_write_transaction(|tx| {
+                let (claims, lease) = (claims.clone(), lease.clone());
+                Box::pin(async move {
+                    let mut mutations = vec![insert(
+                        "leases_outstanding",
+                        &[
+                            "lease_id",
+                            "cell_id",
+                            "request",
+                            "created_at",
+                            "last_renewed_at",
+                        ],
+                        &[
+                            &lease.lease_id.to_string(),
+                            &lease.cell_id.as_str(),
+                            &encode_request(&lease.request),
+                            &CommitTimestamp::new(),
+                            &CommitTimestamp::new(),
+                        ],
+                    )];
+                    for claim in &claims {
+                        let record = &claim.record;
+                        mutations.push(insert(
+                            "claims",
+                            &[
+                                "claim_type",
+                                "claim_value",
+                                "owner_type",
+                                "owner_value",
+                                "cell_id",
+                                "table_name",
+                                "table_record_id",
+                                "lease_id",
+                                "lease_op",
+                                "created_at",
+                                "updated_at",
+                            ],
+                            &[
+                                &i64::from(record.key.namespace_number()),
+                                &record.key.value,
+                                &i64::from(record.owner_type.number()),
+                                &record.owner_value,
+                                &claim.cell_id.as_str(),
+                                &i64::from(record.table_name.number()),
+                                &record.table_record_id,
+                                &claim.lease.map(|l| l.lease_id.to_string()),
+                                &claim.lease.map_or(0, |l| i64::from(l.op.number())),
+                                &CommitTimestamp::new(),
+                                &CommitTimestamp::new(),
+                            ],
+                        ));
+                    }
+                    tx.buffer_write(mutations);
+                    Ok::<(), Error>(())
+                })
+            })
+            .await
+            .expect("populate the previous release's schema");
+        client.close().await;
     }
 }
 
@@ -65,7 +154,10 @@ async fn migrated_database() -> MigratedDatabase {
     topology_claims_spanner::migrate(&url, common::options(emulator), true)
         .await
         .unwrap();
-    MigratedDatabase { url, emulator }
+    MigratedDatabase {
+        url: std::sync::Mutex::new(url),
+        emulator,
+    }
 }
 
 topology_claims_testkit::migration_conformance!(migrated_database);
@@ -123,7 +215,8 @@ fn migrate_creates_the_database_once_and_is_idempotent() {
                 "0002_decommissioned_cells",
                 "0003_verification_slots",
                 "0004_claim_updates",
-                "0005_restore_epochs"
+                "0005_restore_epochs",
+                "0006_namespaces"
             ]
         );
         let again = topology_claims_spanner::migrate(&url, options.clone(), true)
@@ -162,7 +255,8 @@ fn pending_migrations_are_refused_or_applied_through_update_database_ddl() {
                     "0002_decommissioned_cells".into(),
                     "0003_verification_slots".into(),
                     "0004_claim_updates".into(),
-                    "0005_restore_epochs".into()
+                    "0005_restore_epochs".into(),
+                    "0006_namespaces".into()
                 ]
             }
         );

@@ -87,6 +87,7 @@ mod error;
 mod local;
 pub mod lock;
 mod migrations;
+mod namespaces;
 mod restore;
 mod rows;
 mod store;

@@ -45,6 +45,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0005_restore_epochs",
         sql: include_str!("../migrations/0005_restore_epochs.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_namespaces",
+        sql: include_str!("../migrations/0006_namespaces.sql"),
+    },
 ];
 
 const CREATE_SCHEMA_MIGRATIONS: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (

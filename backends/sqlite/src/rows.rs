@@ -16,7 +16,8 @@ use crate::error::StoreError;
 
 /// The `claims` columns in the order [`ClaimRow::read`] expects.
 pub(crate) const CLAIM_COLUMNS: &str = "claim_type, claim_value, cell_id, owner_type, \
-     owner_value, table_name, table_record_id, lease_id, lease_op, created_at, updated_at";
+     owner_value, table_name, table_record_id, lease_id, lease_op, created_at, updated_at, \
+     display_value";
 
 pub(crate) fn corrupt(table: &str, detail: impl std::fmt::Display) -> ClaimsError {
     ClaimsError::internal(format!("corrupt row in SQLite table {table}: {detail}"))
@@ -57,6 +58,7 @@ struct ClaimRow {
     lease_op: i64,
     created_at: i64,
     updated_at: i64,
+    display_value: Option<String>,
 }
 
 impl ClaimRow {
@@ -73,6 +75,7 @@ impl ClaimRow {
             lease_op: row.get(8)?,
             created_at: row.get(9)?,
             updated_at: row.get(10)?,
+            display_value: row.get(11)?,
         })
     }
 
@@ -93,7 +96,7 @@ impl ClaimRow {
         };
         Ok(Claim {
             record: ClaimRecord {
-                display: None,
+                display: self.display_value,
                 key: ClaimKey::new(
                     enum_value(T, "claim_type", self.claim_type, ClaimType::from_number)?,
                     self.claim_value,

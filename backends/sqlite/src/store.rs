@@ -31,6 +31,7 @@ use crate::connection::{open_service_connection, SharedConnection, SqliteOptions
 use crate::error::{retry, retry_counted, StoreError};
 use crate::lock::StoreLock;
 use crate::migrations;
+use crate::namespaces::{adopt_builtins, read_namespaces};
 use crate::restore;
 use crate::rows::{self, lease_id_text, select_claims, LeaseRow, LEASE_COLUMNS};
 
@@ -156,6 +157,18 @@ pub(crate) async fn open_migrated(
                 },
                 other => other,
             })?;
+        if policy == MigrationPolicy::Apply {
+            // At open, before any request: adopting precis-username is not a request's retry.
+            let decided = write_transaction(&mut conn, &*clock, &AtomicU64::new(0), |tx, _| {
+                adopt_builtins(tx)
+            })?;
+            for (namespace, adoption) in decided {
+                match adoption.describe(&namespace) {
+                    (true, line) => tracing::warn!("SQLite: {line}"),
+                    (false, line) => tracing::info!("SQLite: {line}"),
+                }
+            }
+        }
         Ok((conn, applied))
     })
     .await
@@ -208,6 +221,9 @@ fn begin(
     fresh_id: LeaseId,
     now: Timestamp,
 ) -> Result<Lease, StoreError> {
+    // The keys, under the rules as this transaction reads them (decision 108).
+    let namespaces = read_namespaces(tx)?;
+    let request = &domain::prepare_begin(request.clone(), &namespaces)?;
     // BEGIN IMMEDIATE serializes this with every decommission step, so the mark read here
     // cannot appear before the claims below are written.
     domain::check_not_decommissioned(&request.cell_id, is_decommissioned(tx, &request.cell_id)?)?;
@@ -219,10 +235,11 @@ fn begin(
             current.insert(record.key.clone(), claim);
         }
     }
-    let writes = match domain::decide_begin(request, lease_id, known.as_ref(), &current)? {
-        BeginPlan::Replay(lease) => return Ok(lease),
-        BeginPlan::Apply(writes) => writes,
-    };
+    let writes =
+        match domain::decide_begin(request, lease_id, known.as_ref(), &current, &namespaces)? {
+            BeginPlan::Replay(lease) => return Ok(lease),
+            BeginPlan::Apply(writes) => writes,
+        };
     let id = lease_id_text(lease_id);
     let now_micros = now.as_unix_micros();
     // The lease row first: the claims' foreign key points at it.
@@ -237,8 +254,8 @@ fn begin(
     ))?;
     let mut insert = tx.prepare_cached(
         "INSERT INTO claims (claim_type, claim_value, cell_id, owner_type, owner_value, \
-         table_name, table_record_id, lease_id, lease_op, created_at, updated_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+         table_name, table_record_id, lease_id, lease_op, created_at, updated_at, display_value) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
     )?;
     for record in &writes.inserts {
         // A primary-key violation here means another writer got in between: retried.
@@ -253,6 +270,7 @@ fn begin(
             &id,
             LeaseOp::Create.number(),
             now_micros,
+            &record.display,
         ))?;
     }
     let mut mark = tx.prepare_cached(
@@ -317,8 +335,8 @@ fn end(tx: &Connection, plan: EndPlan, now: Timestamp) -> Result<(), StoreError>
     }
     let mut replace_claim = tx.prepare_cached(
         "UPDATE claims SET owner_type = ?1, owner_value = ?2, table_name = ?3, \
-         table_record_id = ?4, lease_id = NULL, lease_op = 0, updated_at = ?5 \
-         WHERE claim_type = ?6 AND claim_value = ?7 AND lease_id = ?8",
+         table_record_id = ?4, lease_id = NULL, lease_op = 0, updated_at = ?5, \
+         display_value = ?9 WHERE claim_type = ?6 AND claim_value = ?7 AND lease_id = ?8",
     )?;
     for record in &replace {
         replace_claim.execute((
@@ -330,6 +348,7 @@ fn end(tx: &Connection, plan: EndPlan, now: Timestamp) -> Result<(), StoreError>
             record.key.namespace_number(),
             &record.key.value,
             &id,
+            &record.display,
         ))?;
     }
     // After the claims: the foreign key forbids removing a lease that claims still carry.
@@ -348,8 +367,12 @@ fn end(tx: &Connection, plan: EndPlan, now: Timestamp) -> Result<(), StoreError>
 /// the net result. The order of the writes keeps the claims' foreign key to
 /// `leases_outstanding` valid at every statement.
 fn group(tx: &Connection, ops: &[GroupOp], now: Timestamp) -> Result<GroupResults, StoreError> {
-    let reads = GroupReads::of(ops);
-    let mut snapshot = GroupSnapshot::default();
+    let namespaces = read_namespaces(tx)?;
+    let reads = GroupReads::of(ops, &namespaces);
+    let mut snapshot = GroupSnapshot {
+        namespaces,
+        ..GroupSnapshot::default()
+    };
     let mut claims = BTreeMap::new();
     for key in &reads.keys {
         if let Some(claim) = rows::claim_by_key(tx, key)? {
@@ -401,13 +424,13 @@ fn write_group(tx: &Connection, writes: &GroupWrites) -> Result<(), StoreError> 
     }
     let mut update_claim = tx.prepare_cached(
         "UPDATE claims SET cell_id = ?3, owner_type = ?4, owner_value = ?5, table_name = ?6, \
-         table_record_id = ?7, lease_id = ?8, lease_op = ?9, created_at = ?10, updated_at = ?11 \
-         WHERE claim_type = ?1 AND claim_value = ?2",
+         table_record_id = ?7, lease_id = ?8, lease_op = ?9, created_at = ?10, updated_at = ?11, \
+         display_value = ?12 WHERE claim_type = ?1 AND claim_value = ?2",
     )?;
     let mut insert_claim = tx.prepare_cached(
         "INSERT INTO claims (claim_type, claim_value, cell_id, owner_type, owner_value, \
-         table_name, table_record_id, lease_id, lease_op, created_at, updated_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+         table_name, table_record_id, lease_id, lease_op, created_at, updated_at, display_value) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )?;
     let updates = writes.update_claims.iter().map(|c| (c, true));
     for (claim, existing) in updates.chain(writes.insert_claims.iter().map(|c| (c, false))) {
@@ -424,6 +447,7 @@ fn write_group(tx: &Connection, writes: &GroupWrites) -> Result<(), StoreError> 
             claim.lease.map_or(0, |l| l.op.number()),
             claim.created_at.as_unix_micros(),
             claim.updated_at.as_unix_micros(),
+            &record.display,
         );
         if existing {
             if update_claim.execute(params)? != 1 {
@@ -749,8 +773,9 @@ impl ClaimStore for SqliteClaimStore {
     async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
         let key = key.clone();
         self.read(move |conn, _| {
+            let key = domain::resolve_key(&key, &read_namespaces(conn)?, "claim_value")?;
             rows::claim_by_key(conn, &key)?
-                .ok_or_else(|| ClaimsError::ClaimNotFound { claim: key.clone() }.into())
+                .ok_or_else(|| ClaimsError::ClaimNotFound { claim: key }.into())
         })
         .await
     }

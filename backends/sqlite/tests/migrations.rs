@@ -3,10 +3,11 @@
 
 use rusqlite::Connection;
 use tempfile::TempDir;
+use topology_claims::codec::encode_request;
 use topology_claims::{ClaimState, ClaimStore, ClaimsError, LeasesQuery, MigrationPolicy};
 use topology_claims_sqlite::{migrate, SqliteClaimStore, SqliteLocalLeaseStore};
 use topology_claims_testkit::fixtures::{cell, creates, destroys, email, username};
-use topology_claims_testkit::migrations::MigrationFixture;
+use topology_claims_testkit::migrations::{before_namespaces, MigrationFixture};
 
 const ALL_MIGRATIONS: &[&str] = &[
     "0001_initial",
@@ -14,6 +15,7 @@ const ALL_MIGRATIONS: &[&str] = &[
     "0003_verification_slots",
     "0004_claim_updates",
     "0005_restore_epochs",
+    "0006_namespaces",
 ];
 
 fn temp_dir() -> TempDir {
@@ -112,7 +114,67 @@ impl MigrationFixture for MigratedFile {
     async fn reopen(&self, policy: MigrationPolicy) -> Result<SqliteClaimStore, ClaimsError> {
         SqliteClaimStore::open(&self.path, policy).await
     }
+
+    async fn populate_before_namespaces(&self) {
+        std::fs::remove_file(&self.path).unwrap();
+        let conn = Connection::open(&self.path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, \
+             applied_at INTEGER NOT NULL)",
+        )
+        .unwrap();
+        for (version, sql) in BEFORE_NAMESPACES.iter().enumerate() {
+            conn.execute_batch(sql).unwrap();
+            conn.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, 0)",
+                (version as i64 + 1, ALL_MIGRATIONS[version]),
+            )
+            .unwrap();
+        }
+        let (claims, lease) = before_namespaces();
+        conn.execute(
+            "INSERT INTO leases_outstanding (lease_id, cell_id, request, created_at, \
+             last_renewed_at) VALUES (?1, ?2, ?3, ?4, ?4)",
+            (
+                lease.lease_id.to_string(),
+                lease.cell_id.as_str(),
+                encode_request(&lease.request),
+                lease.created_at.as_unix_micros(),
+            ),
+        )
+        .unwrap();
+        for claim in claims {
+            let record = &claim.record;
+            conn.execute(
+                "INSERT INTO claims (claim_type, claim_value, cell_id, owner_type, owner_value, \
+                 table_name, table_record_id, lease_id, lease_op, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+                (
+                    record.key.namespace_number(),
+                    &record.key.value,
+                    claim.cell_id.as_str(),
+                    record.owner_type.number(),
+                    &record.owner_value,
+                    record.table_name.number(),
+                    record.table_record_id,
+                    claim.lease.map(|l| l.lease_id.to_string()),
+                    claim.lease.map_or(0, |l| l.op.number()),
+                    claim.created_at.as_unix_micros(),
+                ),
+            )
+            .unwrap();
+        }
+    }
 }
+
+/// The migrations of the release before namespaces, as it applied them.
+const BEFORE_NAMESPACES: &[&str] = &[
+    include_str!("../migrations/0001_initial.sql"),
+    include_str!("../migrations/0002_decommissioned_cells.sql"),
+    include_str!("../migrations/0003_verification_slots.sql"),
+    include_str!("../migrations/0004_claim_updates.sql"),
+    include_str!("../migrations/0005_restore_epochs.sql"),
+];
 
 async fn migrated_file() -> MigratedFile {
     let dir = temp_dir();

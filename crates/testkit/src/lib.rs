@@ -162,6 +162,12 @@ macro_rules! claim_store_conformance {
                 an_operator_lift_ends_the_quarantine_once,
                 concurrent_marks_number_distinct_consecutive_epochs,
                 concurrent_reports_of_every_expected_cell_lift_the_quarantine,
+                usernames_that_differ_in_case_or_width_are_one_claim,
+                two_forms_of_one_name_in_a_batch_are_a_batch_conflict,
+                a_value_outside_the_rules_is_refused_naming_field_namespace_and_rule,
+                a_destroy_by_another_form_destroys_the_claim,
+                a_replay_is_the_same_forms_and_another_form_conflicts,
+                listed_claims_carry_their_key_and_display_form,
             );
             #[test]
             fn model_based_property_test() {

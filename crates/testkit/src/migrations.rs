@@ -5,7 +5,10 @@
 
 use std::future::Future;
 
-use crate::fixtures::{cell, creates, username};
+use crate::fixtures::{cell, creates, key, lease_id, record_in, route, username};
+use topology_claims::domain::{
+    BeginUpdate, Claim, ClaimLease, ClaimState, ClaimType, Lease, LeaseOp, TableName, Timestamp,
+};
 use topology_claims::error::ClaimsError;
 use topology_claims::ports::{ClaimStore, MigrationPolicy};
 
@@ -22,6 +25,136 @@ pub trait MigrationFixture: Send + Sync {
         &self,
         policy: MigrationPolicy,
     ) -> impl Future<Output = Result<Self::Store, ClaimsError>> + Send;
+
+    /// Replaces the database with one the previous release left: its schema as it was before
+    /// namespaces (every migration up to the one before them, recorded), holding exactly
+    /// [`before_namespaces`]'s rows, written with the backend's own column encodings.
+    fn populate_before_namespaces(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// The rows of a store populated before namespaces: committed claims (`usernames`: `John` of
+/// cell-a, `amy` of cell-b; `emails`: `Ann@Example.com` of cell-a and `ann@example.com` of
+/// cell-b, which `precis-username` would make one), and cell-a's outstanding lease creating the
+/// route `Docs` (its key would change).
+pub fn before_namespaces() -> (Vec<Claim>, Lease) {
+    let at = Timestamp::from_unix_micros(1_700_000_000_000_000);
+    let claim = |cell_id: &str, record, lease| Claim {
+        record,
+        cell_id: cell(cell_id),
+        lease,
+        created_at: at,
+        updated_at: at,
+    };
+    let docs = route("Docs");
+    let lease = Lease {
+        lease_id: lease_id(0xD0C5),
+        cell_id: cell("cell-a"),
+        created_at: at,
+        last_renewed_at: at,
+        request: BeginUpdate {
+            lease_id: Some(lease_id(0xD0C5)),
+            ..creates(&cell("cell-a"), std::slice::from_ref(&docs))
+        },
+    };
+    let email = |value: &str| record_in(TableName::Emails, 2, ClaimType::Email, value);
+    let claims = vec![
+        claim("cell-a", username("John"), None),
+        claim("cell-b", username("amy"), None),
+        claim("cell-a", email("Ann@Example.com"), None),
+        claim("cell-b", email("ann@example.com"), None),
+        claim(
+            "cell-a",
+            docs,
+            Some(ClaimLease {
+                lease_id: lease.lease_id,
+                op: LeaseOp::Create,
+            }),
+        ),
+    ];
+    (claims, lease)
+}
+
+/// Who holds `value` of `claim_type` and in which state (`None`: not found).
+async fn holder(
+    store: &impl ClaimStore,
+    claim_type: ClaimType,
+    value: &str,
+) -> Option<(String, String, ClaimState)> {
+    match store.lookup_claim(&key(claim_type, value)).await {
+        Ok(claim) => Some((
+            claim.cell_id.to_string(),
+            claim.record.display_value().to_owned(),
+            claim.state(),
+        )),
+        Err(ClaimsError::ClaimNotFound { .. }) => None,
+        Err(other) => panic!("lookup of {value:?}: {other}"),
+    }
+}
+
+pub async fn a_store_from_before_namespaces_keeps_its_claims_and_adopts_precis_where_it_can(
+    fixture: &impl MigrationFixture,
+) {
+    fixture.populate_before_namespaces().await;
+    let store = fixture
+        .reopen(MigrationPolicy::Apply)
+        .await
+        .expect("a store from before namespaces opens and migrates");
+    let (a, b) = (cell("cell-a").to_string(), cell("cell-b").to_string());
+    let active = ClaimState::Active;
+    // usernames adopted precis-username: John is found by any form and keeps its display form.
+    for form in ["John", "john", "ＪＯＨＮ"] {
+        assert_eq!(
+            holder(&store, ClaimType::Username, form).await,
+            Some((a.clone(), "John".into(), active)),
+            "usernames: {form:?}"
+        );
+    }
+    assert!(matches!(
+        store
+            .begin_update(creates(&cell("cell-b"), &[username("JOHN")]))
+            .await,
+        Err(ClaimsError::ClaimTaken { .. })
+    ));
+    // emails kept exact: the two claims precis-username would merge both stay, byte for byte.
+    assert_eq!(
+        holder(&store, ClaimType::Email, "Ann@Example.com").await,
+        Some((a.clone(), "Ann@Example.com".into(), active))
+    );
+    assert_eq!(
+        holder(&store, ClaimType::Email, "ann@example.com").await,
+        Some((b.clone(), "ann@example.com".into(), active))
+    );
+    assert_eq!(
+        holder(&store, ClaimType::Email, "ANN@example.com").await,
+        None
+    );
+    // routes waits for its lease (a key it would rewrite): exact until the next open.
+    assert_eq!(
+        holder(&store, ClaimType::Routes, "Docs").await,
+        Some((a.clone(), "Docs".into(), ClaimState::Creating))
+    );
+    assert_eq!(holder(&store, ClaimType::Routes, "docs").await, None);
+    let (_, lease) = before_namespaces();
+    store
+        .commit_update(&lease.cell_id, lease.lease_id)
+        .await
+        .expect("the lease from before namespaces commits");
+    drop(store);
+    let store = fixture
+        .reopen(MigrationPolicy::Apply)
+        .await
+        .expect("reopened");
+    assert_eq!(
+        holder(&store, ClaimType::Routes, "docs").await,
+        Some((a, "Docs".into(), active)),
+        "routes adopted precis-username once its lease ended"
+    );
+    assert_eq!(
+        holder(&store, ClaimType::Username, "AMY")
+            .await
+            .map(|h| h.0),
+        Some(b)
+    );
 }
 
 /// What a newer release would have recorded: a version above any this binary knows.
@@ -92,6 +225,7 @@ macro_rules! migration_conformance {
                 a_newer_schema_is_served_by_an_older_binary,
                 a_diverging_schema_history_is_refused,
                 an_up_to_date_schema_opens_without_migrating,
+                a_store_from_before_namespaces_keeps_its_claims_and_adopts_precis_where_it_can,
             );
         }
     };

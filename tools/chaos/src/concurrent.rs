@@ -288,6 +288,7 @@ fn snapshot_of(tables: &Tables) -> GroupSnapshot {
             .iter()
             .map(|(c, t)| (c.clone(), *t))
             .collect(),
+        namespaces: tables.namespaces.clone(),
     }
 }
 

@@ -1,0 +1,232 @@
+//! The `namespaces` table: the rules a decision is made under, a cache of them that every
+//! deciding transaction checks against the rows it reads, and the adoption of `precis-username`
+//! by the built-ins a migration added (`domain::decide_adoption`).
+//!
+//! ## Why a checked cache
+//! A BeginUpdate needs its keys before its first flight: they are what it locks and reads. So it
+//! computes them under the rules this store last saw ([`NamespaceCache`]), and the same flight
+//! reads the rows of the namespaces it names ([`sql::SELECT_NAMESPACES`], after the claim rows).
+//! If a row differs from the rules used, the cache takes the rows and the attempt is retried, so
+//! every decision is made under the rules read in its own transaction (decision 108) at no
+//! extra round trip. A refusal under cached rules (an unknown namespace, a value a rule refuses)
+//! is confirmed against a fresh read before it is returned.
+//!
+//! Owns nothing of the protocol: the rows go to the domain, and what it decided is written.
+
+use std::sync::{Arc, RwLock};
+
+use tokio_postgres::{GenericClient, Row};
+use topology_claims::domain::{
+    self, Adoption, NamespaceId, NamespaceRow, NamespaceSet, ProofClaim, StoredNamespace,
+};
+use topology_claims::ClaimsError;
+
+use crate::error::{Contended, Failure};
+use crate::session::Session;
+use crate::sql;
+
+/// The rules this store last read.
+pub(crate) struct NamespaceCache(RwLock<Arc<NamespaceSet>>);
+
+impl NamespaceCache {
+    pub fn new(set: NamespaceSet) -> Self {
+        Self(RwLock::new(Arc::new(set)))
+    }
+
+    pub fn current(&self) -> Arc<NamespaceSet> {
+        Arc::clone(&self.0.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub fn replace(&self, set: NamespaceSet) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(set);
+    }
+
+    /// Checks the rules a decision used against the rows of `named` read in its transaction;
+    /// when they differ the cache takes the rows and the attempt is retried.
+    pub fn confirm_read(
+        &self,
+        used: &NamespaceSet,
+        named: impl IntoIterator<Item = NamespaceId>,
+        rows: &[Row],
+    ) -> Result<(), Failure> {
+        if self.confirm(used, named, from_rows(rows)?) {
+            return Ok(());
+        }
+        Err(Failure::Contention {
+            text: "a namespace's rules changed while the transaction was deciding".to_owned(),
+            cause: Contended::Race,
+        })
+    }
+
+    /// Whether `read` (the rows of `named`, read in the deciding transaction) are the rules
+    /// `used`; when not, the cache takes them (the attempt is then retried).
+    pub fn confirm(
+        &self,
+        used: &NamespaceSet,
+        named: impl IntoIterator<Item = NamespaceId>,
+        read: NamespaceSet,
+    ) -> bool {
+        let agree = named
+            .into_iter()
+            .all(|id| used.get(&id).ok() == read.get(&id).ok());
+        if !agree {
+            let mut merged: Vec<StoredNamespace> = used
+                .iter()
+                .filter(|s| read.get(&s.namespace.id).is_err())
+                .cloned()
+                .collect();
+            merged.extend(read.iter().cloned());
+            self.replace(NamespaceSet::new(merged));
+        }
+        agree
+    }
+}
+
+/// `decide` under the rules last seen, or, when they refuse, under the rules read now (a
+/// namespace created or changed since must not be refused on stale rules).
+pub(crate) async fn rules_for<T>(
+    cache: &NamespaceCache,
+    session: &Session<'_>,
+    decide: impl Fn(&NamespaceSet) -> Result<T, ClaimsError>,
+) -> Result<(Arc<NamespaceSet>, T), Failure> {
+    let cached = cache.current();
+    if let Ok(value) = decide(&cached) {
+        return Ok((cached, value));
+    }
+    let rows = read_all(session.client()?).await?;
+    session.round_trip();
+    cache.replace(from_rows(&rows)?);
+    let fresh = cache.current();
+    let value = decide(&fresh)?;
+    Ok((fresh, value))
+}
+
+fn row(row: &Row) -> Result<NamespaceRow, tokio_postgres::Error> {
+    Ok(NamespaceRow {
+        number: i64::from(row.try_get::<_, i16>(0)?),
+        id: row.try_get(1)?,
+        normalization: i64::from(row.try_get::<_, i16>(2)?),
+        max_chars: i64::from(row.try_get::<_, i16>(3)?),
+        pattern: row.try_get(4)?,
+        reserved: row.try_get(5)?,
+        description: row.try_get(6)?,
+        deprecated: row.try_get(7)?,
+        version: row.try_get(8)?,
+    })
+}
+
+fn corrupt(detail: impl std::fmt::Display) -> ClaimsError {
+    ClaimsError::internal(format!("stored namespace row is invalid: {detail}"))
+}
+
+/// The namespaces of rows of `namespace_columns!()`.
+pub(crate) fn from_rows(rows: &[Row]) -> Result<NamespaceSet, ClaimsError> {
+    let stored = rows
+        .iter()
+        .map(|r| row(r).map_err(corrupt)?.into_stored().map_err(corrupt))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(NamespaceSet::new(stored))
+}
+
+/// Every namespace's row, read now.
+pub(crate) async fn read_all(
+    client: &impl GenericClient,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    client.query(sql::SELECT_ALL_NAMESPACES, &[]).await
+}
+
+/// The ids `names` as the parameter of [`sql::SELECT_NAMESPACES`].
+pub(crate) fn id_param(names: impl IntoIterator<Item = NamespaceId>) -> Vec<String> {
+    names.into_iter().map(|id| id.to_string()).collect()
+}
+
+/// Decides and writes the adoption of every pending built-in, inside the migration transaction
+/// `tx` (which holds the migration lock); logs each decision.
+pub(crate) async fn adopt_builtins(
+    tx: &impl GenericClient,
+    target: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let pending = tx.query(sql::SELECT_PENDING_NAMESPACES, &[]).await?;
+    if pending.is_empty() {
+        return Ok(());
+    }
+    tx.batch_execute(sql::LOCK_CLAIMS_FOR_ADOPTION).await?;
+    for pending in &pending {
+        let stored = match row(pending)?.into_stored() {
+            Ok(stored) => stored,
+            Err(corrupt) => {
+                tracing::error!(target_db = target, "PostgreSQL: not adopting: {corrupt}");
+                continue;
+            }
+        };
+        let number = i16::try_from(stored.number).unwrap_or(i16::MAX);
+        let claims: Vec<ProofClaim> = tx
+            .query(sql::PROOF_CLAIMS, &[&number])
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(ProofClaim {
+                    key: r.try_get(0)?,
+                    display_value: r.try_get(1)?,
+                    leased: r.try_get(2)?,
+                })
+            })
+            .collect::<Result<_, tokio_postgres::Error>>()?;
+        let adoption = domain::decide_adoption(&stored.namespace, &claims);
+        let next = match &adoption {
+            Adoption::Adopt { namespace, rekeys } => {
+                // A key never holds a control character: parking each row on one first lets a
+                // new key be another rewritten row's old one.
+                for (i, change) in rekeys.iter().enumerate() {
+                    let parked = format!("\u{1}{i}");
+                    tx.execute(
+                        sql::REKEY_CLAIM,
+                        &[&number, &change.old_key, &parked, &change.old_key],
+                    )
+                    .await?;
+                }
+                for (i, change) in rekeys.iter().enumerate() {
+                    let shown = claims
+                        .iter()
+                        .find(|c| c.key == change.old_key)
+                        .map_or(change.old_key.as_str(), |c| c.display_value.as_str());
+                    let parked = format!("\u{1}{i}");
+                    tx.execute(
+                        sql::REKEY_CLAIM,
+                        &[&number, &parked, &change.new_key, &shown],
+                    )
+                    .await?;
+                }
+                Some(namespace)
+            }
+            Adoption::KeepExact { namespace, .. } => Some(namespace),
+            Adoption::Wait { .. } => None,
+        };
+        if let Some(namespace) = next {
+            let row = NamespaceRow::of(&StoredNamespace {
+                number: stored.number,
+                namespace: namespace.clone(),
+            });
+            let small = |n: i64| i16::try_from(n).unwrap_or(i16::MAX);
+            tx.execute(
+                sql::UPDATE_NAMESPACE,
+                &[
+                    &number,
+                    &small(row.normalization),
+                    &small(row.max_chars),
+                    &row.pattern,
+                    &row.reserved,
+                    &row.description,
+                    &row.deprecated,
+                    &row.version,
+                ],
+            )
+            .await?;
+        }
+        match adoption.describe(stored.namespace.id.as_str()) {
+            (true, line) => tracing::warn!(target_db = target, "PostgreSQL: {line}"),
+            (false, line) => tracing::info!(target_db = target, "PostgreSQL: {line}"),
+        }
+    }
+    Ok(())
+}

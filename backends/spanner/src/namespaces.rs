@@ -1,0 +1,179 @@
+//! The `namespaces` table: the rules every BeginUpdate and lookup reads in its own transaction
+//! (decision 108), and the adoption of `precis-username` by the built-ins at open
+//! (`domain::decide_adoption`). Spanner migrations are DDL only, so the built-in rows are
+//! written by the first open's adoption; until then a missing built-in reads as pending
+//! (`NamespaceSet::with_pending_builtins`: exact, byte for byte, as before namespaces).
+//!
+//! Owns the table's rows and mutations; decides nothing.
+
+use gcloud_googleapis::spanner::v1::Mutation;
+use gcloud_spanner::key::Key;
+use gcloud_spanner::mutation::{delete, insert_or_update};
+use gcloud_spanner::row::Row;
+use gcloud_spanner::statement::Statement;
+use gcloud_spanner::transaction::Transaction;
+use topology_claims::domain::{
+    self, Adoption, ClaimKey, NamespaceRow, NamespaceSet, ProofClaim, StoredNamespace,
+    ADOPTION_PENDING_VERSION,
+};
+use topology_claims::{ClaimsError, Timestamp};
+
+use crate::error::TxError;
+use crate::rows::{self, column, corrupt, CLAIMS, CLAIM_COLUMNS};
+use crate::store::SpannerClaimStore;
+
+pub(crate) const NAMESPACES: &str = "namespaces";
+const COLUMNS: [&str; 9] = [
+    "number",
+    "id",
+    "normalization",
+    "max_chars",
+    "pattern",
+    "reserved",
+    "description",
+    "deprecated",
+    "version",
+];
+
+fn from_row(row: &Row) -> Result<StoredNamespace, ClaimsError> {
+    NamespaceRow {
+        number: column(row, "number")?,
+        id: column(row, "id")?,
+        normalization: column(row, "normalization")?,
+        max_chars: column(row, "max_chars")?,
+        pattern: column(row, "pattern")?,
+        reserved: column(row, "reserved")?,
+        description: column(row, "description")?,
+        deprecated: column(row, "deprecated")?,
+        version: column(row, "version")?,
+    }
+    .into_stored()
+    .map_err(|e| corrupt("namespace", e))
+}
+
+fn write(stored: &StoredNamespace) -> Mutation {
+    let row = NamespaceRow::of(stored);
+    insert_or_update(
+        NAMESPACES,
+        &COLUMNS,
+        &[
+            &row.number,
+            &row.id,
+            &row.normalization,
+            &row.max_chars,
+            &row.pattern,
+            &row.reserved,
+            &row.description,
+            &row.deprecated,
+            &row.version,
+        ],
+    )
+}
+
+impl SpannerClaimStore {
+    /// Every namespace, read in `tx` (in a read-write transaction the read locks them, so a rule
+    /// change and a decision under the old rules cannot both commit).
+    pub(crate) async fn read_namespaces(
+        &self,
+        tx: &mut Transaction,
+    ) -> Result<NamespaceSet, TxError> {
+        let stmt = Statement::new(format!("SELECT {} FROM {NAMESPACES}", COLUMNS.join(", ")));
+        let stored = self.query_in(tx, stmt, from_row).await?;
+        Ok(NamespaceSet::with_pending_builtins(stored))
+    }
+
+    /// At open: decides and writes the adoption of every pending built-in, in one read-write
+    /// transaction that reads each one's claims; logs each decision.
+    pub(crate) async fn adopt_builtins(&self) -> Result<(), ClaimsError> {
+        let mut attempts = self.attempts("adopting precis-username for the built-in namespaces");
+        let (decided, _) = loop {
+            let Some(mut tx) = attempts.begin(&self.client).await? else {
+                continue;
+            };
+            let result = self.adoption_attempt(&mut tx).await;
+            if let Some(done) = attempts.end(&mut tx, result).await? {
+                break done;
+            }
+        };
+        for (namespace, adoption) in decided {
+            match adoption.describe(&namespace) {
+                (true, line) => tracing::warn!(database = %self.database(), "Spanner: {line}"),
+                (false, line) => tracing::info!(database = %self.database(), "Spanner: {line}"),
+            }
+        }
+        Ok(())
+    }
+
+    async fn adoption_attempt(
+        &self,
+        tx: &mut crate::transaction::WriteTx,
+    ) -> Result<Vec<(String, Adoption)>, TxError> {
+        let set = self.read_namespaces(tx).await?;
+        let pending: Vec<StoredNamespace> = set
+            .iter()
+            .filter(|s| s.namespace.version == ADOPTION_PENDING_VERSION)
+            .cloned()
+            .collect();
+        let mut mutations = Vec::new();
+        let mut decided = Vec::new();
+        for stored in pending {
+            let stmt = {
+                let mut stmt = Statement::new(format!(
+                    "SELECT {} FROM {CLAIMS} WHERE claim_type = @number",
+                    CLAIM_COLUMNS.join(", ")
+                ));
+                stmt.add_param("number", &i64::from(stored.number));
+                stmt
+            };
+            let claims = self.query_in(tx, stmt, rows::claim_from_row).await?;
+            let proof: Vec<ProofClaim> = claims
+                .iter()
+                .map(|c| ProofClaim {
+                    key: c.record.key.value.clone(),
+                    display_value: c.record.display_value().to_owned(),
+                    leased: c.lease.is_some(),
+                })
+                .collect();
+            let adoption = domain::decide_adoption(&stored.namespace, &proof);
+            let next = match &adoption {
+                Adoption::Adopt { namespace, rekeys } => {
+                    // A primary key cannot change: each rewritten claim is deleted and inserted
+                    // under its new key, every other column as it was.
+                    let never = Timestamp::from_unix_micros(i64::MIN);
+                    for change in rekeys {
+                        let Some(claim) =
+                            claims.iter().find(|c| c.record.key.value == change.old_key)
+                        else {
+                            continue;
+                        };
+                        mutations.push(delete(
+                            CLAIMS,
+                            Key::composite(&[&i64::from(stored.number), &change.old_key]),
+                        ));
+                        let mut moved = claim.clone();
+                        moved.record.display = Some(claim.record.display_value().to_owned())
+                            .filter(|shown| *shown != change.new_key);
+                        moved.record.key = ClaimKey {
+                            namespace: claim.record.key.namespace.clone(),
+                            value: change.new_key.clone(),
+                        };
+                        mutations.push(rows::write_claim(&moved, never, false));
+                    }
+                    Some(namespace.clone())
+                }
+                Adoption::KeepExact { namespace, .. } => Some(namespace.clone()),
+                // Written as pending, so that the table lists every built-in.
+                Adoption::Wait { .. } => Some(stored.namespace.clone()),
+            };
+            if let Some(namespace) = next {
+                mutations.push(write(&StoredNamespace {
+                    number: stored.number,
+                    namespace,
+                }));
+            }
+            decided.push((stored.namespace.id.to_string(), adoption));
+        }
+        tx.buffer_write(mutations);
+        Ok(decided)
+    }
+}

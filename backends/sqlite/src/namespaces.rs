@@ -1,0 +1,149 @@
+//! The `namespaces` table: reading the rules a decision is made under, and adopting
+//! `precis-username` for the built-ins a migration added (`domain::decide_adoption`).
+//!
+//! Owns the table's SQL. Must not decide anything: the rows go to the domain as a
+//! [`NamespaceSet`], and what it decided is written back.
+
+use rusqlite::{Connection, Row};
+use topology_claims::domain::{
+    self, Adoption, NamespaceRow, NamespaceSet, ProofClaim, Rekey, StoredNamespace,
+    ADOPTION_PENDING_VERSION,
+};
+
+use crate::error::StoreError;
+use crate::rows::corrupt;
+
+const NAMESPACE_COLUMNS: &str =
+    "number, id, normalization, max_chars, pattern, reserved, description, deprecated, version";
+
+fn read_row(row: &Row<'_>) -> rusqlite::Result<NamespaceRow> {
+    Ok(NamespaceRow {
+        number: row.get(0)?,
+        id: row.get(1)?,
+        normalization: row.get(2)?,
+        max_chars: row.get(3)?,
+        pattern: row.get(4)?,
+        reserved: row.get(5)?,
+        description: row.get(6)?,
+        deprecated: row.get::<_, i64>(7)? != 0,
+        version: row.get(8)?,
+    })
+}
+
+/// Every namespace, read in the caller's transaction (a handful of rows, at most
+/// `--max-namespaces`; SQLite reads them from its page cache).
+pub(crate) fn read_namespaces(conn: &Connection) -> Result<NamespaceSet, StoreError> {
+    let mut statement =
+        conn.prepare_cached(&format!("SELECT {NAMESPACE_COLUMNS} FROM namespaces"))?;
+    let rows = statement
+        .query_map([], read_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let stored = rows
+        .into_iter()
+        .map(|row| row.into_stored().map_err(|e| corrupt("namespaces", e)))
+        .collect::<Result<Vec<StoredNamespace>, _>>()?;
+    Ok(NamespaceSet::new(stored))
+}
+
+/// Decides and writes the adoption of every pending built-in, in the caller's write transaction;
+/// returns what was decided, for the log.
+pub(crate) fn adopt_builtins(tx: &Connection) -> Result<Vec<(String, Adoption)>, StoreError> {
+    let pending: Vec<StoredNamespace> = read_namespaces(tx)?
+        .iter()
+        .filter(|s| s.namespace.version == ADOPTION_PENDING_VERSION)
+        .cloned()
+        .collect();
+    let mut decided = Vec::with_capacity(pending.len());
+    for stored in pending {
+        let claims = proof_claims(tx, stored.number)?;
+        let adoption = domain::decide_adoption(&stored.namespace, &claims);
+        match &adoption {
+            Adoption::Adopt { namespace, rekeys } => {
+                rekey(tx, stored.number, rekeys, &claims)?;
+                write_namespace(tx, stored.number, namespace)?;
+            }
+            Adoption::KeepExact { namespace, .. } => {
+                write_namespace(tx, stored.number, namespace)?;
+            }
+            Adoption::Wait { .. } => {}
+        }
+        decided.push((stored.namespace.id.to_string(), adoption));
+    }
+    Ok(decided)
+}
+
+/// Every claim of namespace `number`, as a proof reads it.
+fn proof_claims(tx: &Connection, number: i32) -> Result<Vec<ProofClaim>, StoreError> {
+    let mut statement = tx.prepare(
+        "SELECT claim_value, COALESCE(display_value, claim_value), lease_id IS NOT NULL \
+         FROM claims WHERE claim_type = ?1",
+    )?;
+    let rows = statement.query_map([number], |row| {
+        Ok(ProofClaim {
+            key: row.get(0)?,
+            display_value: row.get(1)?,
+            leased: row.get(2)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+/// Rewrites the keys of `rekeys`; each keeps its display form (the value as its cell sent it).
+/// No two new keys are equal and none equals a key that stays (the proof), but a new key may be
+/// another rekeyed claim's old one: every row moves to a placeholder key first.
+fn rekey(
+    tx: &Connection,
+    number: i32,
+    rekeys: &[Rekey],
+    claims: &[ProofClaim],
+) -> Result<(), StoreError> {
+    let display = |old: &str| {
+        claims
+            .iter()
+            .find(|c| c.key == old)
+            .map(|c| c.display_value.clone())
+    };
+    let mut park = tx.prepare(
+        "UPDATE claims SET claim_value = ?3, display_value = COALESCE(display_value, claim_value) \
+         WHERE claim_type = ?1 AND claim_value = ?2",
+    )?;
+    for (i, change) in rekeys.iter().enumerate() {
+        // A control character never appears in a key: the placeholder collides with nothing.
+        park.execute((number, &change.old_key, format!("\u{1}{i}")))?;
+    }
+    let mut place = tx.prepare(
+        "UPDATE claims SET claim_value = ?3, display_value = NULLIF(?4, ?3) \
+         WHERE claim_type = ?1 AND claim_value = ?2",
+    )?;
+    for (i, change) in rekeys.iter().enumerate() {
+        let shown = display(&change.old_key).unwrap_or_else(|| change.old_key.clone());
+        place.execute((number, format!("\u{1}{i}"), &change.new_key, shown))?;
+    }
+    Ok(())
+}
+
+fn write_namespace(
+    tx: &Connection,
+    number: i32,
+    namespace: &topology_claims::domain::Namespace,
+) -> Result<(), StoreError> {
+    let row = NamespaceRow::of(&StoredNamespace {
+        number,
+        namespace: namespace.clone(),
+    });
+    tx.execute(
+        "UPDATE namespaces SET normalization = ?2, max_chars = ?3, pattern = ?4, reserved = ?5, \
+         description = ?6, deprecated = ?7, version = ?8 WHERE number = ?1",
+        (
+            row.number,
+            row.normalization,
+            row.max_chars,
+            row.pattern,
+            row.reserved,
+            row.description,
+            row.deprecated,
+            row.version,
+        ),
+    )?;
+    Ok(())
+}
