@@ -34,4 +34,5 @@ pub use config::{
     DatabaseName, SpannerOptions, DEFAULT_RPC_TIMEOUT, DEFAULT_SESSION_POOL_SIZE,
     DEFAULT_TRANSACTION_DEADLINE, EMULATOR_HOST_ENV, URL_SCHEME,
 };
-pub use store::{migrate, migrate_through, SpannerClaimStore};
+pub use schema::{migrate, migrate_through};
+pub use store::SpannerClaimStore;

@@ -29,6 +29,7 @@ use topology_claims::{ClaimsError, MigrationPolicy};
 use crate::config::{DatabaseName, SpannerOptions};
 use crate::error::{client_error, status_error};
 use crate::rows::all_rows;
+use crate::store::{data_client, SpannerClaimStore};
 use crate::transaction::Attempts;
 
 /// One schema version: DDL statements applied together in one `UpdateDatabaseDdl`.
@@ -494,6 +495,49 @@ pub(crate) async fn record_all(
     let all: Vec<&Migration> = MIGRATIONS.iter().collect();
     record(client, options, &all).await?;
     Ok(all.iter().map(|m| m.name.to_owned()).collect())
+}
+
+/// Applies pending migrations; with `create_database`, first creates the database with the
+/// whole schema if it does not exist (and, on the emulator, its instance). Returns the names of
+/// the migrations applied (empty if the schema was current).
+pub async fn migrate(
+    url: &str,
+    options: SpannerOptions,
+    create_database: bool,
+) -> Result<Vec<String>, ClaimsError> {
+    let name = DatabaseName::parse(url)?;
+    options.check()?;
+    let created = create_database && self::create_database(&name, &options).await?;
+    let client = data_client(&name, &options).await?;
+    let applied = if created {
+        record_all(&client, &options).await
+    } else {
+        ensure(&client, &name, &options, MigrationPolicy::Apply).await
+    };
+    // The built-ins' rows are data: written (adopted) here as a server's first open would.
+    let store = SpannerClaimStore::from_parts(client, options, name);
+    let adopted = match applied {
+        Ok(applied) => store.adopt_builtins().await.map(|()| applied),
+        Err(error) => Err(error),
+    };
+    store.client.close().await;
+    adopted
+}
+
+/// The schema of an existing database brought up to migration `through` only, as the release
+/// that knew no later one left it (the migration conformance suite populates such a database
+/// and opens it with this release). Not for production use.
+#[doc(hidden)]
+pub async fn migrate_through(
+    url: &str,
+    options: SpannerOptions,
+    through: i64,
+) -> Result<Vec<String>, ClaimsError> {
+    let name = DatabaseName::parse(url)?;
+    let client = data_client(&name, &options).await?;
+    let applied = ensure_through(&client, &name, &options, MigrationPolicy::Apply, through).await;
+    client.close().await;
+    applied
 }
 
 #[cfg(test)]

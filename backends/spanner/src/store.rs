@@ -88,56 +88,16 @@ pub(crate) async fn data_client(
     })
 }
 
-/// Applies pending migrations; with `create_database`, first creates the database with the
-/// whole schema if it does not exist (and, on the emulator, its instance). Returns the names of
-/// the migrations applied (empty if the schema was current).
-pub async fn migrate(
-    url: &str,
-    options: SpannerOptions,
-    create_database: bool,
-) -> Result<Vec<String>, ClaimsError> {
-    let name = DatabaseName::parse(url)?;
-    options.check()?;
-    let created = create_database && schema::create_database(&name, &options).await?;
-    let client = data_client(&name, &options).await?;
-    let applied = if created {
-        schema::record_all(&client, &options).await
-    } else {
-        schema::ensure(&client, &name, &options, MigrationPolicy::Apply).await
-    };
-    // The built-ins' rows are data: written (adopted) here as a server's first open would.
-    let store = SpannerClaimStore {
-        client,
-        options,
-        name,
-        retries: AtomicU64::new(0),
-    };
-    let adopted = match applied {
-        Ok(applied) => store.adopt_builtins().await.map(|()| applied),
-        Err(error) => Err(error),
-    };
-    store.client.close().await;
-    adopted
-}
-
-/// The schema of an existing database brought up to migration `through` only, as the release
-/// that knew no later one left it (the migration conformance suite populates such a database
-/// and opens it with this release). Not for production use.
-#[doc(hidden)]
-pub async fn migrate_through(
-    url: &str,
-    options: SpannerOptions,
-    through: i64,
-) -> Result<Vec<String>, ClaimsError> {
-    let name = DatabaseName::parse(url)?;
-    let client = data_client(&name, &options).await?;
-    let applied =
-        schema::ensure_through(&client, &name, &options, MigrationPolicy::Apply, through).await;
-    client.close().await;
-    applied
-}
-
 impl SpannerClaimStore {
+    pub(crate) fn from_parts(client: Client, options: SpannerOptions, name: DatabaseName) -> Self {
+        Self {
+            client,
+            options,
+            name,
+            retries: AtomicU64::new(0),
+        }
+    }
+
     /// Connects to `spanner://projects/P/instances/I/databases/D`, then applies pending schema
     /// migrations or refuses with `MigrationsPending`, per `policy`.
     pub async fn connect(
@@ -152,12 +112,7 @@ impl SpannerClaimStore {
             client.close().await;
             return Err(error);
         }
-        let store = Self {
-            client,
-            options,
-            name,
-            retries: AtomicU64::new(0),
-        };
+        let store = Self::from_parts(client, options, name);
         if policy == MigrationPolicy::Apply {
             if let Err(error) = store.adopt_builtins().await {
                 store.client.close().await;
