@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use crate::domain::{
     group, BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep,
     GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, MarkRestored,
-    RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, Tables, Timestamp,
+    NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, StoredNamespace, Tables,
+    Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::{ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, SystemClock};
@@ -95,6 +96,18 @@ impl ClaimStore for MemoryClaimStore {
 
     async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
         self.lock().lookup_claim(key)
+    }
+
+    async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
+        Ok(self.lock().namespaces.iter().cloned().collect())
+    }
+
+    async fn update_namespace(
+        &self,
+        id: &str,
+        update: NamespaceUpdate,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        self.lock().update_namespace(id, update)
     }
 
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {

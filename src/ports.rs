@@ -13,7 +13,8 @@ use async_trait::async_trait;
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, GroupAnswer,
     GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, LocalTransaction,
-    LocalTxStatus, MarkRestored, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, Timestamp,
+    LocalTxStatus, MarkRestored, NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
+    StoredNamespace, Timestamp,
 };
 use crate::error::ClaimsError;
 
@@ -54,8 +55,24 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// `query.cursor.start_after()`, cut by `domain::claims_page`.
     async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError>;
 
-    /// The claim with this key, leased or not.
+    /// The claim with this key, leased or not: `key` as sent, its key computed under the
+    /// namespace's rules read in the same transaction (`domain::resolve_key`).
     async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError>;
+
+    /// Every namespace of the store (GetNamespace, ListNamespaces), in id order.
+    async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError>;
+
+    /// UpdateNamespace of `id`, in one store transaction: read the namespace
+    /// (`NAMESPACE_NOT_FOUND`), ask `domain::decide_rules_change`; when the change needs the
+    /// proof, read every claim of the namespace (locking out writers of the namespace's claims
+    /// until the commit) and rewrite the keys it changes; write the namespace, its version one
+    /// more. Refusals: `NAMESPACE_RULES_CONFLICT` (the first collisions and violations), or an
+    /// invalid field.
+    async fn update_namespace(
+        &self,
+        id: &str,
+        update: NamespaceUpdate,
+    ) -> Result<StoredNamespace, ClaimsError>;
 
     /// Forgets lease outcomes decided longer than `retention` ago; returns how many.
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError>;

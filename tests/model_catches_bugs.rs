@@ -50,6 +50,18 @@ impl ClaimStore for ForgivingCommits {
     async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
         self.0.lookup_claim(key).await
     }
+    async fn namespaces(
+        &self,
+    ) -> Result<Vec<topology_claims::domain::StoredNamespace>, ClaimsError> {
+        self.0.namespaces().await
+    }
+    async fn update_namespace(
+        &self,
+        id: &str,
+        update: topology_claims::domain::NamespaceUpdate,
+    ) -> Result<topology_claims::domain::StoredNamespace, ClaimsError> {
+        self.0.update_namespace(id, update).await
+    }
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         self.0.collect_outcomes(retention).await
     }

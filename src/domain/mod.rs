@@ -47,8 +47,9 @@ pub use reconcile::{
 };
 pub use resolve::{
     check_creates, decide_adoption, decide_create_namespace, decide_delete_namespace,
-    pending_builtin, prepare_begin, resolve_begin, resolve_key, resolve_record, Adoption,
-    NamespaceRow, NamespaceSet, StoredNamespace, ADOPTION_PENDING_VERSION,
+    decide_rules_change, pending_builtin, prepare_begin, resolve_begin, resolve_key,
+    resolve_record, Adoption, NamespaceRow, NamespaceSet, RulesChange, StoredNamespace,
+    ADOPTION_PENDING_VERSION,
 };
 pub use restore::{
     check_quarantine, decide_lift, decide_mark_restored, decide_report, decide_restored_lease,

@@ -345,7 +345,7 @@ impl KeyRules {
         }
         if key.len() > MAX_VALUE_LEN {
             return Err(too_long(format!(
-                "its key is {} bytes; at most {MAX_VALUE_LEN}",
+                "its key is {} bytes, at most {MAX_VALUE_LEN}",
                 key.len()
             )));
         }
@@ -354,7 +354,7 @@ impl KeyRules {
             let chars = key.chars().count();
             if chars > usize::from(self.max_chars) {
                 return Err(too_long(format!(
-                    "its key is {chars} characters; at most {}",
+                    "its key is {chars} characters, at most {}",
                     self.max_chars
                 )));
             }
@@ -684,8 +684,8 @@ pub fn prove_rules<'a>(
     }
     if leased > 0 {
         note(format!(
-            "{leased} claim(s) are under a lease decided on the current keys; retry when the \
-             leases end"
+            "{leased} claim(s) are under a lease decided on the current keys (retry when the \
+             leases end)"
         ));
     }
     if problems.is_empty() {

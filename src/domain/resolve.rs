@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use crate::error::ClaimsError;
 
 use super::namespaces::{
-    prove_rules, KeyRules, Namespace, NamespaceId, NamespaceSpec, Normalization, ProofClaim, Rekey,
+    decide_namespace_update, prove_rules, KeyRules, Namespace, NamespaceId, NamespaceSpec,
+    NamespaceUpdate, Normalization, ProofClaim, Rekey,
 };
 use super::types::{BeginUpdate, ClaimKey, ClaimRecord, ClaimType};
 
@@ -79,6 +80,23 @@ impl NamespaceSet {
             .ok_or_else(|| ClaimsError::UnknownNamespace {
                 namespace: id.to_string(),
             })
+    }
+
+    /// The namespace `id`, or NOT_FOUND `NAMESPACE_NOT_FOUND` (an administrative call naming
+    /// it).
+    pub fn find(&self, id: &str) -> Result<&StoredNamespace, ClaimsError> {
+        NamespaceId::parse(id)
+            .ok()
+            .and_then(|id| self.by_id.get(&id))
+            .ok_or_else(|| ClaimsError::NamespaceNotFound {
+                namespace: id.to_owned(),
+            })
+    }
+
+    /// The set with `stored` in place of the namespace of its id.
+    pub fn with(mut self, stored: StoredNamespace) -> Self {
+        self.by_id.insert(stored.namespace.id.clone(), stored);
+        self
     }
 
     /// The namespace numbered `number` (reading a claim row back).
@@ -375,6 +393,49 @@ pub fn decide_adoption(current: &Namespace, claims: &[ProofClaim]) -> Adoption {
             }
         }
     }
+}
+
+/// An UpdateNamespace as decided: the namespace as it will be written, and the claims whose
+/// keys it rewrites (each keeps its display form).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RulesChange {
+    pub next: StoredNamespace,
+    pub rekeys: Vec<Rekey>,
+}
+
+/// Decides an UpdateNamespace of `current`. `claims` reads every claim of the namespace, in the
+/// transaction that writes the change; it is called only when the change needs the proof
+/// (`NamespaceChange::needs_proof`: a new normalization, a lower `max_chars`, a new pattern).
+pub fn decide_rules_change<E>(
+    current: &StoredNamespace,
+    update: NamespaceUpdate,
+    claims: impl FnOnce() -> Result<Vec<ProofClaim>, E>,
+) -> Result<Result<RulesChange, ClaimsError>, E> {
+    let change = match decide_namespace_update(&current.namespace, update) {
+        Ok(change) => change,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    let rekeys = if change.needs_proof {
+        let claims = claims()?;
+        match prove_rules(
+            &current.namespace.id,
+            &current.namespace.rules,
+            &change.next.rules,
+            &claims,
+        ) {
+            Ok(rekeys) => rekeys,
+            Err(conflict) => return Ok(Err(conflict)),
+        }
+    } else {
+        Vec::new()
+    };
+    Ok(Ok(RulesChange {
+        next: StoredNamespace {
+            number: current.number,
+            namespace: change.next,
+        },
+        rekeys,
+    }))
 }
 
 /// Decides a CreateNamespace in a store holding `namespaces`, at most `max` of them: the new

@@ -10,8 +10,9 @@ use crate::domain::admin::{
     self, DecommissionPlan, DecommissionState, DecommissionStep, LeaseSummary,
 };
 use crate::domain::decide::{self, BeginPlan, EndPlan, EndWrites};
+use crate::domain::namespaces::{NamespaceId, NamespaceUpdate, ProofClaim, Rekey};
 use crate::domain::pages;
-use crate::domain::resolve::{self, NamespaceSet};
+use crate::domain::resolve::{self, NamespaceSet, StoredNamespace};
 use crate::domain::restore::{self, MarkRestored, RestoreEpoch};
 use crate::domain::slots::{self, SlotGrant, SlotHolder, SlotLimit, SlotRow};
 use crate::domain::types::{
@@ -456,6 +457,54 @@ impl Tables {
             .filter_map(|(.., key)| self.claims.get(key).cloned())
             .collect();
         pages::claims_page(query, rows)
+    }
+
+    /// UpdateNamespace (see `ClaimStore::update_namespace`).
+    pub fn update_namespace(
+        &mut self,
+        id: &str,
+        update: NamespaceUpdate,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        let current = self.namespaces.find(id)?.clone();
+        let claims = || {
+            Ok::<_, ClaimsError>(
+                self.claims
+                    .values()
+                    .filter(|c| c.record.key.namespace == current.namespace.id)
+                    .map(|c| ProofClaim {
+                        key: c.record.key.value.clone(),
+                        display_value: c.record.display_value().to_owned(),
+                        leased: c.lease.is_some(),
+                    })
+                    .collect(),
+            )
+        };
+        let change = resolve::decide_rules_change(&current, update, claims)??;
+        self.rekey(&current.namespace.id, &change.rekeys);
+        self.namespaces = std::mem::take(&mut self.namespaces).with(change.next.clone());
+        Ok(change.next)
+    }
+
+    /// Moves each claim of `rekeys` to its new key; it keeps its display form.
+    pub fn rekey(&mut self, namespace: &NamespaceId, rekeys: &[Rekey]) {
+        let moved: Vec<Claim> = rekeys
+            .iter()
+            .filter_map(|change| {
+                let old = ClaimKey {
+                    namespace: namespace.clone(),
+                    value: change.old_key.clone(),
+                };
+                let mut claim = self.claims.get(&old)?.clone();
+                self.remove_claim(&old);
+                let shown = claim.record.display_value().to_owned();
+                claim.record.display = (shown != change.new_key).then_some(shown);
+                claim.record.key.value = change.new_key.clone();
+                Some(claim)
+            })
+            .collect();
+        for claim in moved {
+            self.insert_claim(claim);
+        }
     }
 
     /// LookupClaim of `key` as sent: found by any form that has its key.

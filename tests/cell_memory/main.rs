@@ -180,6 +180,18 @@ impl ClaimStore for MeddlingStore {
     async fn lookup_claim(&self, k: &ClaimKey) -> Result<Claim, ClaimsError> {
         self.inner.lookup_claim(k).await
     }
+    async fn namespaces(
+        &self,
+    ) -> Result<Vec<topology_claims::domain::StoredNamespace>, ClaimsError> {
+        self.inner.namespaces().await
+    }
+    async fn update_namespace(
+        &self,
+        id: &str,
+        update: topology_claims::domain::NamespaceUpdate,
+    ) -> Result<topology_claims::domain::StoredNamespace, ClaimsError> {
+        self.inner.update_namespace(id, update).await
+    }
     async fn collect_outcomes(&self, r: Duration) -> Result<u64, ClaimsError> {
         self.inner.collect_outcomes(r).await
     }

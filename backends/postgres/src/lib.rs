@@ -26,6 +26,7 @@ mod locks;
 mod migrations;
 mod namespaces;
 mod options;
+mod reads;
 mod restore;
 mod rows;
 mod session;

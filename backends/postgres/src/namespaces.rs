@@ -17,7 +17,8 @@ use std::sync::{Arc, RwLock};
 
 use tokio_postgres::{GenericClient, Row};
 use topology_claims::domain::{
-    self, Adoption, NamespaceId, NamespaceRow, NamespaceSet, ProofClaim, StoredNamespace,
+    self, Adoption, NamespaceId, NamespaceRow, NamespaceSet, NamespaceUpdate, ProofClaim,
+    StoredNamespace,
 };
 use topology_claims::ClaimsError;
 
@@ -140,6 +141,125 @@ pub(crate) fn id_param(names: impl IntoIterator<Item = NamespaceId>) -> Vec<Stri
     names.into_iter().map(|id| id.to_string()).collect()
 }
 
+/// One attempt of ListNamespaces: every row.
+pub(crate) async fn list_attempt(shared: &crate::session::Shared) -> Result<NamespaceSet, Failure> {
+    let session = shared.session().await?;
+    let rows = read_all(session.client()?).await?;
+    session.round_trip();
+    Ok(from_rows(&rows)?)
+}
+
+/// Reads the claims of namespace `number` as a proof reads them.
+async fn proof_claims(
+    tx: &impl GenericClient,
+    number: i16,
+) -> Result<Vec<ProofClaim>, tokio_postgres::Error> {
+    tx.query(sql::PROOF_CLAIMS, &[&number])
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(ProofClaim {
+                key: r.try_get(0)?,
+                display_value: r.try_get(1)?,
+                leased: r.try_get(2)?,
+            })
+        })
+        .collect()
+}
+
+/// Rewrites the keys of `rekeys` in namespace `number`; each claim keeps its display form. A
+/// key never holds a control character: parking each row on one first lets a new key be
+/// another rewritten row's old one.
+async fn rekey(
+    tx: &impl GenericClient,
+    number: i16,
+    rekeys: &[domain::Rekey],
+    claims: &[ProofClaim],
+) -> Result<(), tokio_postgres::Error> {
+    for (i, change) in rekeys.iter().enumerate() {
+        let parked = format!("\u{1}{i}");
+        tx.execute(
+            sql::REKEY_CLAIM,
+            &[&number, &change.old_key, &parked, &change.old_key],
+        )
+        .await?;
+    }
+    for (i, change) in rekeys.iter().enumerate() {
+        let shown = claims
+            .iter()
+            .find(|c| c.key == change.old_key)
+            .map_or(change.old_key.as_str(), |c| c.display_value.as_str());
+        let parked = format!("\u{1}{i}");
+        tx.execute(
+            sql::REKEY_CLAIM,
+            &[&number, &parked, &change.new_key, &shown],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+async fn write_namespace(
+    tx: &impl GenericClient,
+    stored: &StoredNamespace,
+) -> Result<(), tokio_postgres::Error> {
+    let row = NamespaceRow::of(stored);
+    let small = |n: i64| i16::try_from(n).unwrap_or(i16::MAX);
+    tx.execute(
+        sql::UPDATE_NAMESPACE,
+        &[
+            &small(row.number),
+            &small(row.normalization),
+            &small(row.max_chars),
+            &row.pattern,
+            &row.reserved,
+            &row.description,
+            &row.deprecated,
+            &row.version,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// One attempt of UpdateNamespace (`ClaimStore::update_namespace`): the namespace's row locked,
+/// the claims table locked against writers (every BeginUpdate then reads the rules written
+/// here, see [`sql::SELECT_NAMESPACES`]), the change decided, proven and written.
+pub(crate) async fn update_attempt(
+    session: &mut Session<'_>,
+    cache: &NamespaceCache,
+    id: &str,
+    update: &NamespaceUpdate,
+) -> Result<StoredNamespace, Failure> {
+    let begin = session.begin_transaction();
+    let client = session.client()?;
+    client.batch_execute(begin).await?;
+    client.batch_execute(sql::LOCK_CLAIMS_FOR_RULES).await?;
+    let rows = client
+        .query(sql::SELECT_NAMESPACE_FOR_UPDATE, &[&id])
+        .await?;
+    let current = from_rows(&rows)?.find(id)?.clone();
+    let number = i16::try_from(current.number).unwrap_or(i16::MAX);
+    // The claims are read only when the change needs the proof.
+    let needs_proof =
+        domain::decide_namespace_update(&current.namespace, update.clone())?.needs_proof;
+    let claims = if needs_proof {
+        proof_claims(client, number).await?
+    } else {
+        Vec::new()
+    };
+    let change = domain::decide_rules_change(&current, update.clone(), || {
+        Ok::<_, ClaimsError>(claims.clone())
+    })??;
+    rekey(client, number, &change.rekeys, &claims).await?;
+    write_namespace(client, &change.next).await?;
+    client.batch_execute(sql::COMMIT).await?;
+    let all = read_all(client).await?;
+    session.committed();
+    cache.replace(from_rows(&all)?);
+    Ok(change.next)
+}
+
 /// Decides and writes the adoption of every pending built-in, inside the migration transaction
 /// `tx` (which holds the migration lock); logs each decision.
 pub(crate) async fn adopt_builtins(
@@ -160,68 +280,22 @@ pub(crate) async fn adopt_builtins(
             }
         };
         let number = i16::try_from(stored.number).unwrap_or(i16::MAX);
-        let claims: Vec<ProofClaim> = tx
-            .query(sql::PROOF_CLAIMS, &[&number])
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(ProofClaim {
-                    key: r.try_get(0)?,
-                    display_value: r.try_get(1)?,
-                    leased: r.try_get(2)?,
-                })
-            })
-            .collect::<Result<_, tokio_postgres::Error>>()?;
+        let claims = proof_claims(tx, number).await?;
         let adoption = domain::decide_adoption(&stored.namespace, &claims);
         let next = match &adoption {
             Adoption::Adopt { namespace, rekeys } => {
-                // A key never holds a control character: parking each row on one first lets a
-                // new key be another rewritten row's old one.
-                for (i, change) in rekeys.iter().enumerate() {
-                    let parked = format!("\u{1}{i}");
-                    tx.execute(
-                        sql::REKEY_CLAIM,
-                        &[&number, &change.old_key, &parked, &change.old_key],
-                    )
-                    .await?;
-                }
-                for (i, change) in rekeys.iter().enumerate() {
-                    let shown = claims
-                        .iter()
-                        .find(|c| c.key == change.old_key)
-                        .map_or(change.old_key.as_str(), |c| c.display_value.as_str());
-                    let parked = format!("\u{1}{i}");
-                    tx.execute(
-                        sql::REKEY_CLAIM,
-                        &[&number, &parked, &change.new_key, &shown],
-                    )
-                    .await?;
-                }
+                rekey(tx, number, rekeys, &claims).await?;
                 Some(namespace)
             }
             Adoption::KeepExact { namespace, .. } => Some(namespace),
             Adoption::Wait { .. } => None,
         };
         if let Some(namespace) = next {
-            let row = NamespaceRow::of(&StoredNamespace {
+            let next = StoredNamespace {
                 number: stored.number,
                 namespace: namespace.clone(),
-            });
-            let small = |n: i64| i16::try_from(n).unwrap_or(i16::MAX);
-            tx.execute(
-                sql::UPDATE_NAMESPACE,
-                &[
-                    &number,
-                    &small(row.normalization),
-                    &small(row.max_chars),
-                    &row.pattern,
-                    &row.reserved,
-                    &row.description,
-                    &row.deprecated,
-                    &row.version,
-                ],
-            )
-            .await?;
+            };
+            write_namespace(tx, &next).await?;
         }
         match adoption.describe(stored.namespace.id.as_str()) {
             (true, line) => tracing::warn!(target_db = target, "PostgreSQL: {line}"),

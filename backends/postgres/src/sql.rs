@@ -288,6 +288,12 @@ pub const SELECT_PENDING_NAMESPACES: &str = concat!(
     namespace_columns!(),
     " FROM namespaces WHERE version = 0 ORDER BY number FOR UPDATE"
 );
+/// The row of namespace `$1`, locked: rule changes of one namespace serialize.
+pub const SELECT_NAMESPACE_FOR_UPDATE: &str = concat!(
+    "SELECT ",
+    namespace_columns!(),
+    " FROM namespaces WHERE id = $1::text FOR UPDATE"
+);
 /// While an adoption reads and rewrites a namespace's claims, no claim is written: every
 /// BeginUpdate then reads the rules it writes under (see [`SELECT_NAMESPACES`]).
 pub const LOCK_CLAIMS_FOR_ADOPTION: &str = "LOCK TABLE claims IN EXCLUSIVE MODE";
@@ -300,6 +306,8 @@ FROM claims WHERE claim_type = $1::smallint";
 pub const REKEY_CLAIM: &str = "\
 UPDATE claims SET claim_value = $3::text, display_value = nullif($4::text, $3::text)
 WHERE claim_type = $1::smallint AND claim_value = $2::text";
+/// While a rule change is decided and written, no claim is written (see [`SELECT_NAMESPACES`]).
+pub const LOCK_CLAIMS_FOR_RULES: &str = "LOCK TABLE claims IN EXCLUSIVE MODE";
 /// Writes namespace `$1`'s definition.
 pub const UPDATE_NAMESPACE: &str = "\
 UPDATE namespaces SET normalization = $2::smallint, max_chars = $3::smallint, pattern = $4::text,

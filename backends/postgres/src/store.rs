@@ -131,8 +131,8 @@ use deadpool_postgres::Pool;
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionStep, EndPlan, GroupDecision, GroupOp, GroupReads, GroupResults,
-    GroupSnapshot, LeaseRecord, LeaseSummary, MarkRestored, NamespaceSet, RestoreEpoch, SlotGrant,
-    SlotHolder, SlotLimit,
+    GroupSnapshot, LeaseRecord, LeaseSummary, MarkRestored, NamespaceSet, NamespaceUpdate,
+    RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, StoredNamespace,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -158,7 +158,7 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 #[derive(Clone)]
 pub struct PostgresClaimStore {
     pub(crate) shared: Arc<Shared>,
-    namespaces: Arc<NamespaceCache>,
+    pub(crate) namespaces: Arc<NamespaceCache>,
 }
 
 impl std::fmt::Debug for PostgresClaimStore {
@@ -624,60 +624,6 @@ impl PostgresClaimStore {
         Ok(domain::leases_page(query, leases, server_time))
     }
 
-    async fn list_claims_attempt(&self, query: &ClaimsQuery) -> Result<ClaimsPage, Failure> {
-        let session = self.shared.session().await?;
-        let [page] = session.prepare([sql::LIST_CLAIMS_AFTER]).await?;
-        let client = session.client()?;
-        let (record_id, claim_type, claim_value) = query.cursor.start_after();
-        let fetch = i64::try_from(query.fetch_limit()).unwrap_or(i64::MAX);
-        let page_rows = client
-            .query(
-                &page,
-                &[
-                    &query.cell_id.as_str(),
-                    &small(query.table_name.number()),
-                    &record_id,
-                    &small(claim_type),
-                    &claim_value,
-                    &fetch,
-                ],
-            )
-            .await?;
-        session.round_trip();
-        let claims = page_rows
-            .iter()
-            .map(rows::claim)
-            .collect::<Result<Vec<Claim>, _>>()?;
-        Ok(domain::claims_page(query, claims))
-    }
-
-    async fn lookup_attempt(&self, sent: &ClaimKey) -> Result<Claim, Failure> {
-        let session = self.shared.session().await?;
-        let [lookup, select_namespaces] = session
-            .prepare([sql::LOOKUP_CLAIM, sql::SELECT_NAMESPACES])
-            .await?;
-        let (rules, key) = namespaces::rules_for(&self.namespaces, &session, |set| {
-            domain::resolve_key(sent, set, "claim_value")
-        })
-        .await?;
-        let client = session.client()?;
-        let named = namespaces::id_param([key.namespace.clone()]);
-        let (number, value) = (small(key.namespace_number()), key.value.as_str());
-        let (row, namespace_rows) = tokio::try_join!(
-            async { client.query_opt(&lookup, &[&number, &value]).await },
-            async { client.query(&select_namespaces, &[&named]).await },
-        )?;
-        session.round_trip();
-        self.namespaces
-            .confirm_read(&rules, [key.namespace.clone()], &namespace_rows)?;
-        match row {
-            Some(row) => Ok(rows::claim(&row)?),
-            None => Err(Failure::Final(ClaimsError::ClaimNotFound {
-                claim: key.clone(),
-            })),
-        }
-    }
-
     async fn lease_summary_attempt(&self) -> Result<LeaseSummary, Failure> {
         let session = self.shared.session().await?;
         let [summary] = session.prepare([sql::LEASE_SUMMARY]).await?;
@@ -773,6 +719,28 @@ impl ClaimStore for PostgresClaimStore {
     async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
         self.shared
             .run("LookupClaim", || self.lookup_attempt(key))
+            .await
+    }
+
+    async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
+        let all = self
+            .shared
+            .run("ListNamespaces", || namespaces::list_attempt(&self.shared))
+            .await?;
+        self.namespaces.replace(all.clone());
+        Ok(all.iter().cloned().collect())
+    }
+
+    async fn update_namespace(
+        &self,
+        id: &str,
+        update: NamespaceUpdate,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        self.shared
+            .run("UpdateNamespace", || async {
+                let mut session = self.shared.session().await?;
+                namespaces::update_attempt(&mut session, &self.namespaces, id, &update).await
+            })
             .await
     }
 

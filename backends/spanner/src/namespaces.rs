@@ -13,8 +13,8 @@ use gcloud_spanner::row::Row;
 use gcloud_spanner::statement::Statement;
 use gcloud_spanner::transaction::Transaction;
 use topology_claims::domain::{
-    self, Adoption, ClaimKey, NamespaceRow, NamespaceSet, ProofClaim, StoredNamespace,
-    ADOPTION_PENDING_VERSION,
+    self, Adoption, Claim, ClaimKey, NamespaceRow, NamespaceSet, NamespaceUpdate, ProofClaim,
+    Rekey, StoredNamespace, ADOPTION_PENDING_VERSION,
 };
 use topology_claims::{ClaimsError, Timestamp};
 
@@ -70,7 +70,107 @@ fn write(stored: &StoredNamespace) -> Mutation {
     )
 }
 
+/// Claims as a proof reads them.
+fn proof(claims: &[Claim]) -> Vec<ProofClaim> {
+    claims
+        .iter()
+        .map(|c| ProofClaim {
+            key: c.record.key.value.clone(),
+            display_value: c.record.display_value().to_owned(),
+            leased: c.lease.is_some(),
+        })
+        .collect()
+}
+
+/// Each claim of `rekeys` moved to its new key: a primary key cannot change, so the row is
+/// deleted and inserted under the new key, every other column as it was (its display form
+/// kept).
+fn rekey_mutations(number: i32, claims: &[Claim], rekeys: &[Rekey]) -> Vec<Mutation> {
+    let never = Timestamp::from_unix_micros(i64::MIN);
+    let mut mutations = Vec::with_capacity(rekeys.len() * 2);
+    for change in rekeys {
+        let Some(claim) = claims.iter().find(|c| c.record.key.value == change.old_key) else {
+            continue;
+        };
+        mutations.push(delete(
+            CLAIMS,
+            Key::composite(&[&i64::from(number), &change.old_key]),
+        ));
+        let mut moved = claim.clone();
+        let shown = claim.record.display_value().to_owned();
+        moved.record.display = (shown != change.new_key).then_some(shown);
+        moved.record.key = ClaimKey {
+            namespace: claim.record.key.namespace.clone(),
+            value: change.new_key.clone(),
+        };
+        mutations.push(rows::write_claim(&moved, never, false));
+    }
+    mutations
+}
+
 impl SpannerClaimStore {
+    /// Every claim of namespace `number`, read (and so locked) in `tx`.
+    async fn claims_of(&self, tx: &mut Transaction, number: i32) -> Result<Vec<Claim>, TxError> {
+        let mut stmt = Statement::new(format!(
+            "SELECT {} FROM {CLAIMS} WHERE claim_type = @number",
+            CLAIM_COLUMNS.join(", ")
+        ));
+        stmt.add_param("number", &i64::from(number));
+        self.query_in(tx, stmt, rows::claim_from_row).await
+    }
+
+    /// UpdateNamespace (`ClaimStore::update_namespace`) in one read-write transaction: every
+    /// namespace read (a BeginUpdate reads them too, so the two conflict), the namespace's
+    /// claims read when the change needs the proof (locking their range against creates).
+    pub(crate) async fn update_namespace_in(
+        &self,
+        id: &str,
+        update: NamespaceUpdate,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        let mut attempts = self.attempts("UpdateNamespace");
+        let (answer, _) = loop {
+            let Some(mut tx) = attempts.begin(&self.client).await? else {
+                continue;
+            };
+            let result = self.update_attempt(&mut tx, id, &update).await;
+            if let Some(done) = attempts.end(&mut tx, result).await? {
+                break done;
+            }
+        };
+        answer
+    }
+
+    async fn update_attempt(
+        &self,
+        tx: &mut crate::transaction::WriteTx,
+        id: &str,
+        update: &NamespaceUpdate,
+    ) -> Result<Result<StoredNamespace, ClaimsError>, TxError> {
+        let set = self.read_namespaces(tx).await?;
+        let current = match set.find(id) {
+            Ok(current) => current.clone(),
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        // The proof's claims, read only when the change needs them.
+        let needs_proof = domain::decide_namespace_update(&current.namespace, update.clone())
+            .is_ok_and(|change| change.needs_proof);
+        let claims = if needs_proof {
+            self.claims_of(tx, current.number).await?
+        } else {
+            Vec::new()
+        };
+        let change = match domain::decide_rules_change(&current, update.clone(), || {
+            Ok::<_, TxError>(proof(&claims))
+        })? {
+            Ok(change) => change,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let mut mutations = rekey_mutations(current.number, &claims, &change.rekeys);
+        mutations.push(write(&change.next));
+        tx.buffer_write(mutations);
+        Ok(Ok(change.next))
+    }
+
     /// Every namespace, read in `tx` (in a read-write transaction the read locks them, so a rule
     /// change and a decision under the old rules cannot both commit).
     pub(crate) async fn read_namespaces(
@@ -117,48 +217,11 @@ impl SpannerClaimStore {
         let mut mutations = Vec::new();
         let mut decided = Vec::new();
         for stored in pending {
-            let stmt = {
-                let mut stmt = Statement::new(format!(
-                    "SELECT {} FROM {CLAIMS} WHERE claim_type = @number",
-                    CLAIM_COLUMNS.join(", ")
-                ));
-                stmt.add_param("number", &i64::from(stored.number));
-                stmt
-            };
-            let claims = self.query_in(tx, stmt, rows::claim_from_row).await?;
-            let proof: Vec<ProofClaim> = claims
-                .iter()
-                .map(|c| ProofClaim {
-                    key: c.record.key.value.clone(),
-                    display_value: c.record.display_value().to_owned(),
-                    leased: c.lease.is_some(),
-                })
-                .collect();
-            let adoption = domain::decide_adoption(&stored.namespace, &proof);
+            let claims = self.claims_of(tx, stored.number).await?;
+            let adoption = domain::decide_adoption(&stored.namespace, &proof(&claims));
             let next = match &adoption {
                 Adoption::Adopt { namespace, rekeys } => {
-                    // A primary key cannot change: each rewritten claim is deleted and inserted
-                    // under its new key, every other column as it was.
-                    let never = Timestamp::from_unix_micros(i64::MIN);
-                    for change in rekeys {
-                        let Some(claim) =
-                            claims.iter().find(|c| c.record.key.value == change.old_key)
-                        else {
-                            continue;
-                        };
-                        mutations.push(delete(
-                            CLAIMS,
-                            Key::composite(&[&i64::from(stored.number), &change.old_key]),
-                        ));
-                        let mut moved = claim.clone();
-                        moved.record.display = Some(claim.record.display_value().to_owned())
-                            .filter(|shown| *shown != change.new_key);
-                        moved.record.key = ClaimKey {
-                            namespace: claim.record.key.namespace.clone(),
-                            value: change.new_key.clone(),
-                        };
-                        mutations.push(rows::write_claim(&moved, never, false));
-                    }
+                    mutations.extend(rekey_mutations(stored.number, &claims, rekeys));
                     Some(namespace.clone())
                 }
                 Adoption::KeepExact { namespace, .. } => Some(namespace.clone()),

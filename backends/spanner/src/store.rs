@@ -22,8 +22,8 @@ use gcloud_spanner::transaction::{QueryOptions, ReadOptions, Transaction};
 use gcloud_spanner::value::TimestampBound;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, EndWrites,
-    GroupOp, GroupResults, LeaseOutcome, LeaseRecord, LeaseSummary, MarkRestored, RestoreEpoch,
-    SlotGrant, SlotHolder, SlotLimit,
+    GroupOp, GroupResults, LeaseOutcome, LeaseRecord, LeaseSummary, MarkRestored, NamespaceUpdate,
+    RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, StoredNamespace,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -745,6 +745,24 @@ impl ClaimStore for SpannerClaimStore {
             Some(row) => rows::claim_from_row(&row),
             None => Err(ClaimsError::ClaimNotFound { claim: key.clone() }),
         }
+    }
+
+    async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
+        let context = "ListNamespaces";
+        let (mut tx, _) = self.snapshot(context).await?;
+        let set = self
+            .read_namespaces(&mut tx)
+            .await
+            .map_err(|e| crate::error::tx_error(context, e))?;
+        Ok(set.iter().cloned().collect())
+    }
+
+    async fn update_namespace(
+        &self,
+        id: &str,
+        update: NamespaceUpdate,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        self.update_namespace_in(id, update).await
     }
 
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {

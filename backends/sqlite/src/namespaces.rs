@@ -6,8 +6,8 @@
 
 use rusqlite::{Connection, Row};
 use topology_claims::domain::{
-    self, Adoption, NamespaceRow, NamespaceSet, ProofClaim, Rekey, StoredNamespace,
-    ADOPTION_PENDING_VERSION,
+    self, Adoption, NamespaceRow, NamespaceSet, NamespaceUpdate, ProofClaim, Rekey,
+    StoredNamespace, ADOPTION_PENDING_VERSION,
 };
 
 use crate::error::StoreError;
@@ -59,7 +59,7 @@ pub(crate) fn adopt_builtins(tx: &Connection) -> Result<Vec<(String, Adoption)>,
         let adoption = domain::decide_adoption(&stored.namespace, &claims);
         match &adoption {
             Adoption::Adopt { namespace, rekeys } => {
-                rekey(tx, stored.number, rekeys, &claims)?;
+                rekey(tx, stored.number, rekeys)?;
                 write_namespace(tx, stored.number, namespace)?;
             }
             Adoption::KeepExact { namespace, .. } => {
@@ -88,21 +88,10 @@ fn proof_claims(tx: &Connection, number: i32) -> Result<Vec<ProofClaim>, StoreEr
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
-/// Rewrites the keys of `rekeys`; each keeps its display form (the value as its cell sent it).
-/// No two new keys are equal and none equals a key that stays (the proof), but a new key may be
-/// another rekeyed claim's old one: every row moves to a placeholder key first.
-fn rekey(
-    tx: &Connection,
-    number: i32,
-    rekeys: &[Rekey],
-    claims: &[ProofClaim],
-) -> Result<(), StoreError> {
-    let display = |old: &str| {
-        claims
-            .iter()
-            .find(|c| c.key == old)
-            .map(|c| c.display_value.clone())
-    };
+/// Rewrites the keys of `rekeys`; each claim keeps its display form (the value as its cell sent
+/// it). No two new keys are equal and none equals a key that stays (the proof), but a new key
+/// may be another rewritten claim's old one: every row moves to a placeholder key first.
+fn rekey(tx: &Connection, number: i32, rekeys: &[Rekey]) -> Result<(), StoreError> {
     let mut park = tx.prepare(
         "UPDATE claims SET claim_value = ?3, display_value = COALESCE(display_value, claim_value) \
          WHERE claim_type = ?1 AND claim_value = ?2",
@@ -112,14 +101,27 @@ fn rekey(
         park.execute((number, &change.old_key, format!("\u{1}{i}")))?;
     }
     let mut place = tx.prepare(
-        "UPDATE claims SET claim_value = ?3, display_value = NULLIF(?4, ?3) \
+        "UPDATE claims SET claim_value = ?3, display_value = NULLIF(display_value, ?3) \
          WHERE claim_type = ?1 AND claim_value = ?2",
     )?;
     for (i, change) in rekeys.iter().enumerate() {
-        let shown = display(&change.old_key).unwrap_or_else(|| change.old_key.clone());
-        place.execute((number, format!("\u{1}{i}"), &change.new_key, shown))?;
+        place.execute((number, format!("\u{1}{i}"), &change.new_key))?;
     }
     Ok(())
+}
+
+/// UpdateNamespace (see `ClaimStore::update_namespace`), in the caller's write transaction.
+pub(crate) fn update_namespace(
+    tx: &Connection,
+    id: &str,
+    update: NamespaceUpdate,
+) -> Result<StoredNamespace, StoreError> {
+    let current = read_namespaces(tx)?.find(id)?.clone();
+    let change =
+        domain::decide_rules_change(&current, update, || proof_claims(tx, current.number))??;
+    rekey(tx, current.number, &change.rekeys)?;
+    write_namespace(tx, current.number, &change.next.namespace)?;
+    Ok(change.next)
 }
 
 fn write_namespace(

@@ -20,7 +20,8 @@ use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, CellLeases, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan,
     EndWrites, GroupOp, GroupReads, GroupResults, GroupSnapshot, GroupWrites, LeaseRecord,
-    LeaseSummary, MarkRestored, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, SlotRow,
+    LeaseSummary, MarkRestored, NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
+    SlotRow, StoredNamespace,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Clock,
@@ -31,7 +32,7 @@ use crate::connection::{open_service_connection, SharedConnection, SqliteOptions
 use crate::error::{retry, retry_counted, StoreError};
 use crate::lock::StoreLock;
 use crate::migrations;
-use crate::namespaces::{adopt_builtins, read_namespaces};
+use crate::namespaces::{adopt_builtins, read_namespaces, update_namespace};
 use crate::restore;
 use crate::rows::{self, lease_id_text, select_claims, LeaseRow, LEASE_COLUMNS};
 
@@ -778,6 +779,21 @@ impl ClaimStore for SqliteClaimStore {
                 .ok_or_else(|| ClaimsError::ClaimNotFound { claim: key }.into())
         })
         .await
+    }
+
+    async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
+        self.read(|conn, _| Ok(read_namespaces(conn)?.iter().cloned().collect()))
+            .await
+    }
+
+    async fn update_namespace(
+        &self,
+        id: &str,
+        update: NamespaceUpdate,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        let id = id.to_owned();
+        self.write(move |tx, _| update_namespace(tx, &id, update.clone()))
+            .await
     }
 
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {

@@ -15,6 +15,7 @@
 
 pub mod convert;
 pub mod log;
+pub mod namespaces;
 pub mod page_token;
 pub mod pb;
 pub mod status;

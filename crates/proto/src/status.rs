@@ -206,10 +206,16 @@ fn to_status_with(error: &ClaimsError, leased_since: Option<Timestamp>) -> Statu
             metadata.insert(META_CLAIMS.to_owned(), claims.to_string());
         }
         ClaimsError::NamespaceRulesConflict {
-            namespace, more, ..
+            namespace,
+            more,
+            problems,
         } => {
             metadata.insert(META_NAMESPACE.to_owned(), namespace.to_string());
             metadata.insert(META_MORE.to_owned(), more.to_string());
+            // Each listed problem under a key of its own: a value may hold any separator.
+            for (i, problem) in problems.iter().enumerate() {
+                metadata.insert(format!("problem_{i}"), problem.clone());
+            }
         }
         ClaimsError::TooManyNamespaces { max } => {
             metadata.insert(META_MAX.to_owned(), max.to_string());
@@ -455,13 +461,22 @@ pub fn from_status(status: &Status) -> ClaimsError {
             .map(|namespace| {
                 let prefix = format!("namespace {namespace}'s rules cannot change: ");
                 let more: u64 = meta(META_MORE).and_then(|n| n.parse().ok()).unwrap_or(0);
-                let listed = message.strip_prefix(&prefix).unwrap_or(&message);
-                let listed = listed
-                    .strip_suffix(&format!("; and {more} more"))
-                    .unwrap_or(listed);
+                let problems: Vec<String> = (0..)
+                    .map_while(|i| meta(&format!("problem_{i}")).map(str::to_owned))
+                    .collect();
+                let problems = if problems.is_empty() {
+                    // From a server that sent the list in the message only.
+                    let listed = message.strip_prefix(&prefix).unwrap_or(&message);
+                    let listed = listed
+                        .strip_suffix(&format!("; and {more} more"))
+                        .unwrap_or(listed);
+                    listed.split("; ").map(str::to_owned).collect()
+                } else {
+                    problems
+                };
                 ClaimsError::NamespaceRulesConflict {
                     namespace,
-                    problems: listed.split("; ").map(str::to_owned).collect(),
+                    problems,
                     more,
                 }
             })
@@ -601,7 +616,7 @@ mod tests {
                 namespace: NamespaceId::parse("usernames").unwrap(),
                 problems: vec![
                     "\"John\" and \"john\" would both have the key \"john\"".into(),
-                    "\"a b\" breaks the normalization rule: no".into(),
+                    "\"a; b\" breaks the normalization rule: no; really".into(),
                 ],
                 more: 3,
             },

@@ -11,7 +11,8 @@
 //! |---|---|
 //! | cell | every ClaimsService RPC for its own `cell_id` (an empty one means its own; another is PERMISSION_DENIED `CELL_ID_MISMATCH`), the verification slots and pass reports included; LookupClaim of any claim |
 //! | router | LookupClaim only |
-//! | admin | ListOutstandingLeases, ListClaims, StreamClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell, MarkRestored, LiftQuarantine, GetRestoreStatus) |
+//! | admin | ListOutstandingLeases, ListClaims, StreamClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell, MarkRestored, LiftQuarantine, GetRestoreStatus, UpdateNamespace) |
+//! | any of the three | ListNamespaces and GetNamespace (the rules every key is computed under) |
 //!
 //! Anything else is PERMISSION_DENIED `ROLE_NOT_ALLOWED`. A plaintext server's anonymous callers
 //! may call the AdminService only from loopback. Under TLS, a connection without a
@@ -178,6 +179,9 @@ pub enum Method {
     MarkRestored,
     LiftQuarantine,
     GetRestoreStatus,
+    ListNamespaces,
+    GetNamespace,
+    UpdateNamespace,
     /// `grpc.health.v1`.
     Health,
     /// Server reflection.
@@ -188,7 +192,7 @@ pub enum Method {
 
 impl Method {
     /// The RPCs of `ClaimsService` and `AdminService`, in the proto's order.
-    pub const RPCS: [Method; 17] = [
+    pub const RPCS: [Method; 20] = [
         Self::BeginUpdate,
         Self::CommitUpdate,
         Self::RollbackUpdate,
@@ -206,6 +210,9 @@ impl Method {
         Self::MarkRestored,
         Self::LiftQuarantine,
         Self::GetRestoreStatus,
+        Self::ListNamespaces,
+        Self::GetNamespace,
+        Self::UpdateNamespace,
     ];
 
     /// The method of an HTTP/2 `:path` such as `/topology.claims.v1.ClaimsService/BeginUpdate`.
@@ -238,6 +245,9 @@ impl Method {
             ("topology.claims.admin.v1.AdminService", "GetRestoreStatus") => {
                 Method::GetRestoreStatus
             }
+            ("topology.claims.admin.v1.AdminService", "ListNamespaces") => Method::ListNamespaces,
+            ("topology.claims.admin.v1.AdminService", "GetNamespace") => Method::GetNamespace,
+            ("topology.claims.admin.v1.AdminService", "UpdateNamespace") => Method::UpdateNamespace,
             ("topology.claims.admin.v1.AdminService", "ListLeases") => Method::ListLeases,
             ("topology.claims.admin.v1.AdminService", "ForceRollback") => Method::ForceRollback,
             ("topology.claims.admin.v1.AdminService", "DecommissionCell") => {
@@ -262,6 +272,7 @@ impl Method {
                 | Self::ReportVerificationPass
                 | Self::MarkRestored
                 | Self::LiftQuarantine
+                | Self::UpdateNamespace
         )
     }
 
@@ -285,6 +296,7 @@ impl Method {
                 | Self::MarkRestored
                 | Self::LiftQuarantine
                 | Self::GetRestoreStatus
+                | Self::UpdateNamespace
         )
     }
 
@@ -305,6 +317,9 @@ impl Method {
             Self::MarkRestored => "MarkRestored",
             Self::LiftQuarantine => "LiftQuarantine",
             Self::GetRestoreStatus => "GetRestoreStatus",
+            Self::ListNamespaces => "ListNamespaces",
+            Self::GetNamespace => "GetNamespace",
+            Self::UpdateNamespace => "UpdateNamespace",
             Self::ListLeases => "ListLeases",
             Self::ForceRollback => "ForceRollback",
             Self::DecommissionCell => "DecommissionCell",
@@ -393,6 +408,11 @@ pub fn authorize(caller: &Caller, method: Method, cell_id: &str) -> Decision {
     match (principal.role, method) {
         (_, Method::Reflection) => allow,
         (Role::Cell | Role::Router | Role::Admin, Method::LookupClaim) => allow,
+        // The rules every key is computed under: anyone with an identity may read them.
+        (
+            Role::Cell | Role::Router | Role::Admin,
+            Method::ListNamespaces | Method::GetNamespace,
+        ) => allow,
         (Role::Cell, m) if m.has_cell_id() => {
             if cell_id.is_empty() {
                 Decision::Allow {
@@ -445,13 +465,14 @@ mod tests {
         Method::ReportVerificationPass,
     ];
 
-    const ADMIN_METHODS: [Method; 6] = [
+    const ADMIN_METHODS: [Method; 7] = [
         Method::ListLeases,
         Method::ForceRollback,
         Method::DecommissionCell,
         Method::MarkRestored,
         Method::LiftQuarantine,
         Method::GetRestoreStatus,
+        Method::UpdateNamespace,
     ];
 
     fn allowed(d: &Decision) -> bool {

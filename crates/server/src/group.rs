@@ -447,6 +447,18 @@ impl ClaimStore for GroupCommit {
         self.shared.store.lookup_claim(key).await
     }
 
+    async fn namespaces(&self) -> Result<Vec<domain::StoredNamespace>, ClaimsError> {
+        self.shared.store.namespaces().await
+    }
+
+    async fn update_namespace(
+        &self,
+        id: &str,
+        update: domain::NamespaceUpdate,
+    ) -> Result<domain::StoredNamespace, ClaimsError> {
+        self.shared.store.update_namespace(id, update).await
+    }
+
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         self.shared.store.collect_outcomes(retention).await
     }

@@ -37,10 +37,13 @@ use topology_claims::domain::{
     MarkRestored, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, Timestamp,
     DEFAULT_MAX_RESPONSE_BYTES, LEASES_MAX_LIMIT,
 };
+use topology_claims::domain::{NamespaceUpdate, StoredNamespace};
 use topology_claims::error::ClaimsError;
 use topology_claims::ports::ClaimStore;
 use topology_claims_client::decode;
 use topology_claims_proto::convert::begin_update_to_pb;
+use topology_claims_proto::namespaces::{namespace_from_pb, normalization_to_pb};
+use topology_claims_proto::pb::admin as apb;
 use topology_claims_proto::pb::admin::admin_service_client::AdminServiceClient;
 use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims_proto::{pb, status};
@@ -352,6 +355,47 @@ impl ClaimStore for GrpcClaimStore {
             server_time.unwrap_or(Timestamp::from_unix_micros(0)),
             rows.iter().map(|(cell, at)| (cell, *at)),
         ))
+    }
+
+    /// Through the admin ListNamespaces.
+    async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
+        let response = self
+            .admin
+            .clone()
+            .list_namespaces(apb::ListNamespacesRequest {})
+            .await
+            .map_err(|s| status::from_status(&s))?
+            .into_inner();
+        response.namespaces.iter().map(namespace_from_pb).collect()
+    }
+
+    /// Through the admin UpdateNamespace.
+    async fn update_namespace(
+        &self,
+        id: &str,
+        update: NamespaceUpdate,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        let request = apb::UpdateNamespaceRequest {
+            id: id.to_owned(),
+            normalization: update
+                .normalization
+                .map_or(0, |n| normalization_to_pb(n) as i32),
+            max_chars: update.max_chars.map(u32::from),
+            pattern: update.pattern.map(Option::unwrap_or_default),
+            set_reserved: update.reserved.is_some(),
+            reserved: update.reserved.unwrap_or_default(),
+            description: update.description,
+            deprecated: update.deprecated,
+            reason: "conformance suite".to_owned(),
+        };
+        let response = self
+            .admin
+            .clone()
+            .update_namespace(request)
+            .await
+            .map_err(|s| status::from_status(&s))?
+            .into_inner();
+        namespace_from_pb(&response)
     }
 
     /// Through the admin DecommissionCell.

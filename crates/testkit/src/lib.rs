@@ -168,6 +168,11 @@ macro_rules! claim_store_conformance {
                 a_destroy_by_another_form_destroys_the_claim,
                 a_replay_is_the_same_forms_and_another_form_conflicts,
                 listed_claims_carry_their_key_and_display_form,
+                namespaces_start_with_the_builtins_and_a_change_bumps_the_version,
+                a_deprecated_namespace_refuses_creates_only_and_replays_stand,
+                a_reserved_value_is_refused_to_creates_and_a_claimed_one_stays,
+                a_tighter_rule_is_applied_only_when_every_claim_passes_it,
+                a_normalization_change_rewrites_keys_unless_they_collide_or_are_leased,
             );
             #[test]
             fn model_based_property_test() {

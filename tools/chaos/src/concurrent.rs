@@ -336,6 +336,20 @@ impl ClaimStore for Broken {
         self.lock().lookup_claim(key)
     }
 
+    async fn namespaces(
+        &self,
+    ) -> Result<Vec<topology_claims::domain::StoredNamespace>, ClaimsError> {
+        Ok(self.lock().namespaces.iter().cloned().collect())
+    }
+
+    async fn update_namespace(
+        &self,
+        id: &str,
+        update: topology_claims::domain::NamespaceUpdate,
+    ) -> Result<topology_claims::domain::StoredNamespace, ClaimsError> {
+        self.lock().update_namespace(id, update)
+    }
+
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         let now = self.now();
         Ok(self.lock().collect_outcomes(now, retention))

@@ -25,6 +25,7 @@ use topology_claims::domain::{
 };
 use topology_claims::error::ClaimsError;
 use topology_claims::ports::ClaimStore;
+use topology_claims_proto::namespaces::{namespace_to_pb, namespace_update_from_pb};
 
 /// Most leases one ForceRollback call ends (its `limit`).
 pub const FORCE_ROLLBACK_MAX_LIMIT: usize = 1000;
@@ -312,6 +313,64 @@ impl AdminService for AdminServiceImpl {
                     "restore quarantine lifted by an operator"
                 );
                 Ok(self.restore_status(state))
+            }
+            .await,
+        )
+    }
+
+    async fn list_namespaces(
+        &self,
+        _request: Request<apb::ListNamespacesRequest>,
+    ) -> Result<Response<apb::ListNamespacesResponse>, Status> {
+        respond(
+            async {
+                let namespaces = self.store.namespaces().await?;
+                Ok(apb::ListNamespacesResponse {
+                    namespaces: namespaces.iter().map(namespace_to_pb).collect(),
+                })
+            }
+            .await,
+        )
+    }
+
+    async fn get_namespace(
+        &self,
+        request: Request<apb::GetNamespaceRequest>,
+    ) -> Result<Response<apb::Namespace>, Status> {
+        respond(
+            async {
+                let namespaces = self.store.namespaces().await?;
+                let id = &request.get_ref().id;
+                let found = namespaces
+                    .iter()
+                    .find(|s| s.namespace.id.as_str() == id)
+                    .ok_or_else(|| ClaimsError::NamespaceNotFound {
+                        namespace: id.clone(),
+                    })?;
+                Ok(namespace_to_pb(found))
+            }
+            .await,
+        )
+    }
+
+    async fn update_namespace(
+        &self,
+        request: Request<apb::UpdateNamespaceRequest>,
+    ) -> Result<Response<apb::Namespace>, Status> {
+        respond(
+            async {
+                let request = request.get_ref();
+                check_reason(&request.reason, false)?;
+                let (id, update) = namespace_update_from_pb(request)?;
+                let changed = self.store.update_namespace(&id, update).await?;
+                tracing::warn!(
+                    namespace = %changed.namespace.id,
+                    version = changed.namespace.version,
+                    normalization = %changed.namespace.rules.normalization,
+                    deprecated = changed.namespace.deprecated,
+                    "namespace rules changed by an operator"
+                );
+                Ok(namespace_to_pb(&changed))
             }
             .await,
         )

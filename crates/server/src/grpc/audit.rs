@@ -112,6 +112,7 @@ impl AuditRecord {
             a.reason.len()
                 + 128
                 + a.backup_time.as_ref().map_or(0, String::len)
+                + a.namespace_change.as_ref().map_or(0, String::len)
                 + ids(&a.expect_cells)
                 + ids(&a.lease_ids)
         });
@@ -152,6 +153,9 @@ pub struct AdminAudit {
     pub lease_count: Option<u64>,
     /// ForceRollback / DecommissionCell `done`: the claims they released.
     pub claims: Option<u64>,
+    /// UpdateNamespace: the namespace and what the call asks to change
+    /// (`usernames: max_chars=32, deprecated=true`).
+    pub namespace_change: Option<String>,
 }
 
 /// Ids an admin line lists (leases rolled back, cells expected); its counts count them all.
@@ -472,6 +476,9 @@ impl Shared {
             }
             if let Some(claims) = a.claims {
                 text.push_str(&format!(",\"released_claims\":{claims}"));
+            }
+            if let Some(change) = &a.namespace_change {
+                text.push_str(&format!(",\"namespace_change\":{}", short(change)));
             }
             text
         });

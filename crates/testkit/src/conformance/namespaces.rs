@@ -2,9 +2,10 @@
 //! the built-ins of a new store), so `John`, `john` and `ＪＯＨＮ` are one username, found by any
 //! of its forms, and shown as its cell sent it.
 
-use crate::fixtures::{cell, creates, destroys, lease_id, username};
+use crate::fixtures::{cell, creates, destroys, email, lease_id, route, username};
 use topology_claims::domain::{
-    ClaimKey, ClaimsCursor, ClaimsQuery, NamespaceId, TableName, ValueRule,
+    ClaimKey, ClaimsCursor, ClaimsQuery, NamespaceId, NamespaceUpdate, Normalization,
+    StoredNamespace, TableName, ValueRule,
 };
 use topology_claims::error::ClaimsError;
 use topology_claims::ports::ClaimStore;
@@ -139,4 +140,228 @@ pub async fn listed_claims_carry_their_key_and_display_form(store: &impl ClaimSt
         .map(|c| (c.record.key.value.as_str(), c.record.display_value()))
         .collect();
     assert_eq!(listed, vec![("éva", "Éva")]);
+}
+
+fn change() -> NamespaceUpdate {
+    NamespaceUpdate::default()
+}
+
+async fn update(store: &impl ClaimStore, id: &str, update: NamespaceUpdate) -> StoredNamespace {
+    store
+        .update_namespace(id, update)
+        .await
+        .unwrap_or_else(|e| panic!("update of {id}: {e}"))
+}
+
+pub async fn namespaces_start_with_the_builtins_and_a_change_bumps_the_version(
+    store: &impl ClaimStore,
+) {
+    let listed: Vec<(String, u64)> = store
+        .namespaces()
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| (s.namespace.id.to_string(), s.namespace.version))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            ("emails".to_owned(), 1),
+            ("routes".to_owned(), 1),
+            ("usernames".to_owned(), 1)
+        ]
+    );
+    let changed = update(
+        store,
+        "routes",
+        NamespaceUpdate {
+            description: Some("paths of groups and projects".into()),
+            ..change()
+        },
+    )
+    .await;
+    assert_eq!(changed.namespace.version, 2);
+    let read = store.namespaces().await.unwrap();
+    assert!(
+        read.contains(&changed),
+        "the change is what the store holds"
+    );
+    assert_eq!(
+        store
+            .update_namespace("ssh-keys", change())
+            .await
+            .unwrap_err(),
+        ClaimsError::NamespaceNotFound {
+            namespace: "ssh-keys".into()
+        }
+    );
+}
+
+pub async fn a_deprecated_namespace_refuses_creates_only_and_replays_stand(
+    store: &impl ClaimStore,
+) {
+    let a = cell("cell-a");
+    committed(store, creates(&a, &[username("old")])).await;
+    let begun = topology_claims::domain::BeginUpdate {
+        lease_id: Some(lease_id(11)),
+        ..creates(&a, &[username("Pending")])
+    };
+    let lease = store.begin_update(begun.clone()).await.unwrap();
+    let deprecate = NamespaceUpdate {
+        deprecated: Some(true),
+        ..change()
+    };
+    update(store, "usernames", deprecate).await;
+    assert_eq!(
+        store
+            .begin_update(creates(&a, &[username("new")]))
+            .await
+            .unwrap_err(),
+        ClaimsError::NamespaceDeprecated {
+            namespace: usernames()
+        }
+    );
+    assert_eq!(
+        store.begin_update(begun).await.unwrap(),
+        lease,
+        "a replay is decided under the rules of its first attempt"
+    );
+    store.commit_update(&a, lease.lease_id).await.unwrap();
+    committed(store, destroys(&a, &[username("OLD")])).await;
+    assert_eq!(state_of(store, &username("old").key).await, None);
+    assert!(state_of(store, &username("pending").key).await.is_some());
+}
+
+pub async fn a_reserved_value_is_refused_to_creates_and_a_claimed_one_stays(
+    store: &impl ClaimStore,
+) {
+    let a = cell("cell-a");
+    committed(store, creates(&a, &[username("Admin")])).await;
+    let reserve = NamespaceUpdate {
+        reserved: Some(vec!["ADMIN".into(), "Root".into()]),
+        ..change()
+    };
+    update(store, "usernames", reserve).await;
+    match store
+        .begin_update(creates(&cell("cell-b"), &[username("root")]))
+        .await
+    {
+        Err(ClaimsError::InvalidClaimValue { rule, .. }) => assert_eq!(rule, ValueRule::Reserved),
+        other => panic!("expected a reserved refusal, got {other:?}"),
+    }
+    assert_eq!(
+        state_of(store, &username("admin").key).await.map(|s| s.0),
+        Some(a.to_string()),
+        "a reserved value already claimed stays claimed"
+    );
+}
+
+pub async fn a_tighter_rule_is_applied_only_when_every_claim_passes_it(store: &impl ClaimStore) {
+    let a = cell("cell-a");
+    committed(
+        store,
+        creates(&a, &[username("abc"), username("longername")]),
+    )
+    .await;
+    let tighten = NamespaceUpdate {
+        max_chars: Some(5),
+        ..change()
+    };
+    match store.update_namespace("usernames", tighten.clone()).await {
+        Err(ClaimsError::NamespaceRulesConflict { problems, .. }) => {
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(problems[0].contains("longername"), "{problems:?}");
+        }
+        other => panic!("expected NAMESPACE_RULES_CONFLICT, got {other:?}"),
+    }
+    committed(store, destroys(&a, &[username("longername")])).await;
+    assert_eq!(
+        update(store, "usernames", tighten)
+            .await
+            .namespace
+            .rules
+            .max_chars,
+        5
+    );
+    match store.begin_update(creates(&a, &[username("sixsix")])).await {
+        Err(ClaimsError::InvalidClaimValue { rule, .. }) => assert_eq!(rule, ValueRule::MaxChars),
+        other => panic!("expected a max_chars refusal, got {other:?}"),
+    }
+    let pattern = NamespaceUpdate {
+        pattern: Some(Some("^[a-z0-9/-]+$".into())),
+        ..change()
+    };
+    committed(store, creates(&a, &[route("group/project")])).await;
+    update(store, "routes", pattern).await;
+    match store.begin_update(creates(&a, &[route("bad_route")])).await {
+        Err(ClaimsError::InvalidClaimValue { rule, .. }) => assert_eq!(rule, ValueRule::Pattern),
+        other => panic!("expected a pattern refusal, got {other:?}"),
+    }
+}
+
+pub async fn a_normalization_change_rewrites_keys_unless_they_collide_or_are_leased(
+    store: &impl ClaimStore,
+) {
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+    committed(store, creates(&a, &[email("Ann@Example.com")])).await;
+    let exact = NamespaceUpdate {
+        normalization: Some(Normalization::Exact),
+        ..change()
+    };
+    update(store, "emails", exact).await;
+    let found = store
+        .lookup_claim(&email("Ann@Example.com").key)
+        .await
+        .unwrap();
+    assert_eq!(
+        found.record.key.value, "Ann@Example.com",
+        "the key is the value again"
+    );
+    assert_eq!(found.record.display, None);
+    assert_eq!(state_of(store, &email("ann@example.com").key).await, None);
+    committed(store, creates(&b, &[email("ann@example.com")])).await;
+    let precis = NamespaceUpdate {
+        normalization: Some(Normalization::PrecisUsername),
+        ..change()
+    };
+    match store.update_namespace("emails", precis.clone()).await {
+        Err(ClaimsError::NamespaceRulesConflict { problems, .. }) => {
+            assert!(
+                problems[0].contains("would both have the key"),
+                "{problems:?}"
+            );
+        }
+        other => panic!("expected a collision, got {other:?}"),
+    }
+    committed(store, destroys(&b, &[email("ann@example.com")])).await;
+    let leased = store
+        .begin_update(creates(&b, &[email("Bob@Example.com")]))
+        .await
+        .unwrap();
+    match store.update_namespace("emails", precis.clone()).await {
+        Err(ClaimsError::NamespaceRulesConflict { problems, .. }) => {
+            assert!(problems[0].contains("lease"), "{problems:?}");
+        }
+        other => panic!("a lease decided on the current keys must end first, got {other:?}"),
+    }
+    store.commit_update(&b, leased.lease_id).await.unwrap();
+    update(store, "emails", precis).await;
+    let found = store
+        .lookup_claim(&email("ANN@EXAMPLE.COM").key)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            found.cell_id,
+            found.record.key.value.as_str(),
+            found.record.display_value()
+        ),
+        (a, "ann@example.com", "Ann@Example.com")
+    );
+    assert_eq!(
+        state_of(store, &email("bob@example.com").key)
+            .await
+            .map(|s| s.0),
+        Some(b.to_string())
+    );
 }

@@ -138,6 +138,15 @@ impl Audit {
                     });
                 }
             }
+            Method::UpdateNamespace => {
+                if let Ok(request) = apb::UpdateNamespaceRequest::decode(message) {
+                    r.admin = Some(AdminAudit {
+                        namespace_change: Some(namespace_change(&request)),
+                        reason: request.reason,
+                        ..AdminAudit::default()
+                    });
+                }
+            }
             Method::LiftQuarantine => {
                 if let Ok(request) = apb::LiftQuarantineRequest::decode(message) {
                     r.admin = Some(AdminAudit {
@@ -269,4 +278,28 @@ fn admin_outcome(admin: &mut AdminAudit, method: Method, message: &[u8]) {
 /// Whole seconds of an optional protobuf duration (0 when absent or negative).
 fn seconds(duration: Option<&prost_types::Duration>) -> u64 {
     duration.map_or(0, |d| u64::try_from(d.seconds).unwrap_or(0))
+}
+
+/// What an UpdateNamespaceRequest asks to change, as the audit line says it.
+fn namespace_change(request: &apb::UpdateNamespaceRequest) -> String {
+    let mut changes = Vec::new();
+    if request.normalization != 0 {
+        changes.push(format!("normalization={}", request.normalization));
+    }
+    if let Some(max_chars) = request.max_chars {
+        changes.push(format!("max_chars={max_chars}"));
+    }
+    if let Some(pattern) = &request.pattern {
+        changes.push(format!("pattern={pattern:?}"));
+    }
+    if request.set_reserved {
+        changes.push(format!("reserved={:?}", request.reserved));
+    }
+    if request.description.is_some() {
+        changes.push("description".to_owned());
+    }
+    if let Some(deprecated) = request.deprecated {
+        changes.push(format!("deprecated={deprecated}"));
+    }
+    format!("{}: {}", request.id, changes.join(", "))
 }
