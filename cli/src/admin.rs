@@ -1,7 +1,8 @@
 //! `topology-claims admin`: the operator's side of the AdminService (docs/operations.md,
 //! runbooks). `leases` lists outstanding leases; `force-rollback` ends a downed cell's leases;
 //! `decommission` deletes every claim of a cell that is gone for good; `mark-restored`,
-//! `lift-quarantine` and `restore-status` are a restore's (`admin_restore`).
+//! `lift-quarantine` and `restore-status` are a restore's (`admin_restore`); `namespaces` the
+//! rules of the kinds of names claimed (`admin_namespaces`).
 //!
 //! The acting commands first ask the server for a dry run and show what will happen, then ask
 //! for confirmation (unless `--yes`) and show progress while they work in bounded calls. Owns
@@ -64,6 +65,9 @@ enum AdminCommand {
     LiftQuarantine(crate::admin_restore::LiftQuarantineArgs),
     /// The latest restore: epoch, backup time, which cells reported, which are pending.
     RestoreStatus,
+    /// The namespaces of the claims store (the kinds of names claimed) and their rules: list,
+    /// get, update.
+    Namespaces(crate::admin_namespaces::NamespacesArgs),
 }
 
 #[derive(Args, Debug)]
@@ -150,6 +154,9 @@ pub async fn run(args: AdminArgs) -> ExitCode {
             .await
             .map(done_if),
         AdminCommand::RestoreStatus => crate::admin_restore::restore_status(client)
+            .await
+            .map(|()| Outcome::Done),
+        AdminCommand::Namespaces(namespaces) => crate::admin_namespaces::run(client, namespaces)
             .await
             .map(|()| Outcome::Done),
     };

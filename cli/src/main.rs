@@ -8,6 +8,7 @@
 //! benchmark, a fault campaign or a test needs (those are `tools/`).
 
 mod admin;
+mod admin_namespaces;
 mod admin_restore;
 mod backup;
 mod certs;

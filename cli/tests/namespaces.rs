@@ -1,0 +1,228 @@
+//! `topology-claims admin namespaces` through the real binary: list and get (text and
+//! `--json`), an update refused with its collisions listed (exit 2, the reason on stderr) and
+//! one applied, both persisted across a restart of the server on SQLite and PostgreSQL; every
+//! update audited; under mutual TLS a cell may read the namespaces but not change them.
+#![cfg(unix)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{command, text, Server};
+use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_testkit::fixtures::{cell, creates, email};
+
+fn serve_args(store: &str, audit: &Path) -> Vec<String> {
+    ["--listen", "127.0.0.1:0", "--store", store, "--audit-log"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([audit.to_str().unwrap().to_owned()])
+        .collect()
+}
+
+/// Runs `topology-claims admin --server … namespaces ARGS`.
+async fn namespaces(dir: &Path, server: &Server, args: &[&str]) -> std::process::Output {
+    let endpoint = server.endpoint();
+    let mut full = vec!["admin", "--server", &endpoint, "namespaces"];
+    full.extend_from_slice(args);
+    let mut command = command(dir, &full);
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
+async fn commit(server: &Server, cell_id: &str, value: &str) {
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let lease = client
+        .begin_update(creates(&cell(cell_id), &[email(value)]))
+        .await
+        .unwrap();
+    client
+        .commit_update(&cell(cell_id), lease.lease_id)
+        .await
+        .unwrap();
+}
+
+fn json(output: &std::process::Output) -> serde_json::Value {
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&output.stdout)))
+}
+
+async fn round_trip(dir: &Path, store: &str) {
+    let audit = dir.join("audit.log");
+    let server = Server::start_async(dir, serve_args(store, &audit)).await;
+    let listed = namespaces(dir, &server, &["list"]).await;
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    let table = text(&listed.stdout);
+    for id in ["emails", "routes", "usernames"] {
+        assert!(
+            table.contains(id) && table.contains("precis-username"),
+            "{table}"
+        );
+    }
+    commit(&server, "cell-a", "Ann@Example.com").await;
+    // To exact (keys rewritten), a second claim only exact tells apart, then back: refused.
+    let exact = namespaces(
+        dir,
+        &server,
+        &[
+            "update",
+            "emails",
+            "--normalization",
+            "exact",
+            "--reason",
+            "test",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(json(&exact)["normalization"], "exact");
+    commit(&server, "cell-b", "ann@example.com").await;
+    let refused = namespaces(
+        dir,
+        &server,
+        &[
+            "update",
+            "emails",
+            "--normalization",
+            "precis-username",
+            "--reason",
+            "test",
+        ],
+    )
+    .await;
+    assert_eq!(refused.status.code(), Some(2));
+    let said = text(&refused.stderr);
+    assert!(
+        said.contains("NAMESPACE_RULES_CONFLICT") && said.contains("Ann@Example.com"),
+        "{said}"
+    );
+    let reserved = namespaces(
+        dir,
+        &server,
+        &[
+            "update",
+            "usernames",
+            "--reserved",
+            "admin,root",
+            "--deprecated",
+            "false",
+            "--reason",
+            "test",
+        ],
+    )
+    .await;
+    assert!(reserved.status.success(), "{}", text(&reserved.stderr));
+    let log = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"method\":\"UpdateNamespace\"")
+                && l.contains("usernames: reserved=")
+                && l.contains("\"stage\":\"done\"")),
+        "{log}"
+    );
+    server.stop_with("TERM");
+
+    // A new server on the same store: the rules are the store's.
+    let server = Server::start_async(dir, serve_args(store, &audit)).await;
+    let emails = json(&namespaces(dir, &server, &["get", "emails", "--json"]).await);
+    assert_eq!(
+        (emails["normalization"].as_str(), emails["version"].as_u64()),
+        (Some("exact"), Some(2))
+    );
+    let usernames = json(&namespaces(dir, &server, &["get", "usernames", "--json"]).await);
+    assert_eq!(usernames["reserved"], serde_json::json!(["admin", "root"]));
+    let missing = namespaces(dir, &server, &["get", "ssh-keys"]).await;
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        text(&missing.stderr).contains("NAMESPACE_NOT_FOUND"),
+        "{}",
+        text(&missing.stderr)
+    );
+    server.stop_with("TERM");
+}
+
+#[tokio::test]
+async fn namespace_rules_round_trip_and_persist_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("claims.db").display());
+    round_trip(dir.path(), &store).await;
+}
+
+#[tokio::test]
+async fn namespace_rules_round_trip_and_persist_on_postgres() {
+    use topology_claims_harness::postgres::{test_url, TempSchema};
+    let schema =
+        match TempSchema::create(&test_url(), "tc_namespaces_", Duration::from_secs(3600)).await {
+            Ok(schema) => schema,
+            Err(e) if topology_claims_harness::in_ci() => panic!("PostgreSQL with CI=true: {e}"),
+            Err(e) => {
+                println!("postgres test skipped: {e}");
+                return;
+            }
+        };
+    let dir = tempfile::tempdir().unwrap();
+    round_trip(dir.path(), &schema.url("tc-namespaces").unwrap()).await;
+    schema.drop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_cell_reads_the_namespaces_but_only_an_admin_changes_them() {
+    use topology_claims_harness::pki::DevPki;
+    std::env::set_var("TOPOLOGY_CLAIMS_BIN", common::BIN);
+    let dir = tempfile::tempdir().unwrap();
+    let pki = DevPki::create(&dir.path().join("pki")).unwrap();
+    let audit = dir.path().join("audit.log");
+    let mut args = serve_args("memory:", &audit);
+    args.extend(pki.serve_args());
+    let server = Server::start_async(dir.path(), args).await;
+    let endpoint = format!("https://localhost:{}", server.child.addr.port());
+    let as_role = |role: &str, name: &str, call: &[&str]| {
+        let pair = pki.issue_client(role, name).unwrap();
+        let mut args: Vec<String> = [
+            "admin",
+            "--server",
+            &endpoint,
+            "--tls-ca",
+            pki.ca().to_str().unwrap(),
+            "--tls-cert",
+            pair.cert.to_str().unwrap(),
+            "--tls-key",
+            pair.key.to_str().unwrap(),
+            "namespaces",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(call.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        command(dir.path(), &args).output().unwrap()
+    };
+    let read = as_role("cell", "cell-a", &["list", "--json"]);
+    assert!(read.status.success(), "{}", text(&read.stderr));
+    let change = [
+        "update",
+        "usernames",
+        "--deprecated",
+        "true",
+        "--reason",
+        "test",
+    ];
+    let refused = as_role("cell", "cell-a", &change);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        text(&refused.stderr).contains("ROLE_NOT_ALLOWED"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let done = as_role("admin", "ops", &change);
+    assert!(done.status.success(), "{}", text(&done.stderr));
+    assert!(
+        text(&done.stdout).contains("deprecated:     true"),
+        "{}",
+        text(&done.stdout)
+    );
+    server.stop_with("TERM");
+}
