@@ -154,11 +154,8 @@ pub fn namespace_from_pb(
             id
         }
     };
-    if id.claim_type().is_none() {
-        return Err(ClaimsError::UnknownNamespace {
-            namespace: id.to_string(),
-        });
-    }
+    // Whether the store holds it is the store's to say (UNKNOWN_NAMESPACE), under the rules it
+    // reads in the deciding transaction.
     Ok(id)
 }
 

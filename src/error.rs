@@ -123,7 +123,7 @@ pub enum ClaimsError {
     AuditUnavailable { message: String },
     /// A request names a namespace the store does not hold (INVALID_ARGUMENT
     /// `UNKNOWN_NAMESPACE`): a typo, or a namespace not created yet.
-    #[error("unknown namespace {namespace:?}: the store holds no such namespace")]
+    #[error("unknown namespace {namespace:?}: the store holds no such namespace (`topology-claims admin namespaces list` shows them)")]
     UnknownNamespace { namespace: String },
     /// A value that breaks one of its namespace's rules (INVALID_ARGUMENT `INVALID_CLAIM_VALUE`,
     /// metadata `namespace` and `rule`); `field` is its path in the request.

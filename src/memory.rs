@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use crate::domain::{
     group, BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep,
     GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, MarkRestored,
-    NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, StoredNamespace, Tables,
-    Timestamp,
+    NamespaceSpec, NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
+    StoredNamespace, Tables, Timestamp,
 };
 use crate::error::ClaimsError;
 use crate::ports::{ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, SystemClock};
@@ -100,6 +100,18 @@ impl ClaimStore for MemoryClaimStore {
 
     async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
         Ok(self.lock().namespaces.iter().cloned().collect())
+    }
+
+    async fn create_namespace(
+        &self,
+        spec: NamespaceSpec,
+        max: usize,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        self.lock().create_namespace(spec, max)
+    }
+
+    async fn delete_namespace(&self, id: &str) -> Result<(), ClaimsError> {
+        self.lock().delete_namespace(id)
     }
 
     async fn update_namespace(

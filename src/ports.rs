@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, GroupAnswer,
     GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, LocalTransaction,
-    LocalTxStatus, MarkRestored, NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
-    StoredNamespace, Timestamp,
+    LocalTxStatus, MarkRestored, NamespaceSpec, NamespaceUpdate, RestoreEpoch, SlotGrant,
+    SlotHolder, SlotLimit, StoredNamespace, Timestamp,
 };
 use crate::error::ClaimsError;
 
@@ -61,6 +61,21 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// Every namespace of the store (GetNamespace, ListNamespaces), in id order.
     async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError>;
+
+    /// CreateNamespace, in one store transaction: read every namespace, ask
+    /// `domain::decide_create_namespace` (at most `max`, `serve --max-namespaces`), insert the
+    /// row. Refusals: `NAMESPACE_EXISTS`, `TOO_MANY_NAMESPACES`, an invalid field.
+    async fn create_namespace(
+        &self,
+        spec: NamespaceSpec,
+        max: usize,
+    ) -> Result<StoredNamespace, ClaimsError>;
+
+    /// DeleteNamespace of `id`, in one store transaction: read it and count its claims (leased
+    /// ones included, locking out creates until the commit), ask
+    /// `domain::decide_delete_namespace`, delete the row. Refusals: `NAMESPACE_NOT_FOUND`,
+    /// `NAMESPACE_NOT_EMPTY`, a built-in.
+    async fn delete_namespace(&self, id: &str) -> Result<(), ClaimsError>;
 
     /// UpdateNamespace of `id`, in one store transaction: read the namespace
     /// (`NAMESPACE_NOT_FOUND`), ask `domain::decide_rules_change`; when the change needs the

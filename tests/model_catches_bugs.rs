@@ -55,6 +55,16 @@ impl ClaimStore for ForgivingCommits {
     ) -> Result<Vec<topology_claims::domain::StoredNamespace>, ClaimsError> {
         self.0.namespaces().await
     }
+    async fn create_namespace(
+        &self,
+        spec: topology_claims::domain::NamespaceSpec,
+        max: usize,
+    ) -> Result<topology_claims::domain::StoredNamespace, ClaimsError> {
+        self.0.create_namespace(spec, max).await
+    }
+    async fn delete_namespace(&self, id: &str) -> Result<(), ClaimsError> {
+        self.0.delete_namespace(id).await
+    }
     async fn update_namespace(
         &self,
         id: &str,

@@ -82,6 +82,13 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(65_536..=4_000_000))]
     max_response_bytes: u32,
 
+    /// Most namespaces the store may hold (`admin namespaces create` beyond it is refused with
+    /// TOO_MANY_NAMESPACES): each is read by the BeginUpdates that name it, and listed by the
+    /// metrics.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_MAX_NAMESPACES", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(3..=10_000))]
+    max_namespaces: u32,
+
     /// How long committed / rolled-back lease outcomes are remembered, so late retries get
     /// LEASE_COMMITTED / LEASE_ROLLED_BACK rather than LEASE_NOT_FOUND. Units: ms, s, m, h, d.
     #[arg(long, env = "TOPOLOGY_CLAIMS_OUTCOME_RETENTION", default_value = "24h",
@@ -675,6 +682,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
             .map(|(listener, _)| listener.clone()),
         restore_quarantine: args.restore_quarantine,
         restore_refresh: args.restore_refresh,
+        max_namespaces: args.max_namespaces as usize,
     };
     reload_on_sighup(tls, audit.clone())?;
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,

@@ -37,6 +37,10 @@ pub const MAX_RESERVED: usize = 1_000;
 pub const MAX_DESCRIPTION_LEN: usize = 1_024;
 /// Most collisions and violations a refused rule change lists (it says how many more there are).
 pub const MAX_LISTED_PROBLEMS: usize = 10;
+/// The lowest store number of a namespace that is not built in (1–3 are the built-ins'; the
+/// rest below is kept for built-ins to come).
+pub const FIRST_NAMESPACE_NUMBER: i32 = 16;
+
 /// `max_chars` of the built-in namespaces and the default of a new one.
 pub const DEFAULT_MAX_CHARS: u16 = 255;
 
@@ -81,6 +85,45 @@ impl NamespaceId {
     /// 3 for the built-ins, 0 (unset) for every other namespace.
     pub fn claim_type_number(&self) -> i32 {
         self.claim_type().map_or(0, ClaimType::number)
+    }
+
+    /// The number every store keys the namespace's claims by (the `claim_type` column): the
+    /// built-ins keep 1, 2 and 3 (their legacy claim types), any other namespace has a fixed
+    /// function of its id in [`FIRST_NAMESPACE_NUMBER`]`..=32767` (FNV-1a; PostgreSQL's
+    /// `smallint`), so every server computes it without reading the store (decision 108). Two
+    /// ids with one number cannot both exist: CreateNamespace refuses the second.
+    pub fn store_number(&self) -> i32 {
+        if let Some(claim_type) = self.claim_type() {
+            return claim_type.number();
+        }
+        if self.0.is_empty() {
+            return 0;
+        }
+        let mut hash: u32 = 0x811c_9dc5;
+        for byte in self.0.bytes() {
+            hash ^= u32::from(byte);
+            hash = hash.wrapping_mul(0x0100_0193);
+        }
+        let span = (i16::MAX as u32) - (FIRST_NAMESPACE_NUMBER as u32) + 1;
+        FIRST_NAMESPACE_NUMBER + (hash % span) as i32
+    }
+
+    /// What a claim row's `namespace` column holds: NULL for a built-in (its number says it, as
+    /// in every row written before namespaces), the id for any other namespace.
+    pub fn row_column(&self) -> Option<&str> {
+        self.claim_type().is_none().then(|| self.as_str())
+    }
+
+    /// The namespace of a claim row: its `namespace` column, else the built-in of its
+    /// `claim_type`; `None` when neither names one (a corrupt row). A row whose column
+    /// disagrees with its number is corrupt too.
+    pub fn of_row(number: i64, column: Option<&str>) -> Option<Self> {
+        match column {
+            None => Self::from_legacy_number(number),
+            Some(id) => Self::parse(id)
+                .ok()
+                .filter(|id| i64::from(id.store_number()) == number),
+        }
     }
 
     /// The legacy `claim_type` of a built-in namespace; `None` for every other namespace.

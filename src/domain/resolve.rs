@@ -93,6 +93,12 @@ impl NamespaceSet {
             })
     }
 
+    /// The set without namespace `id`.
+    pub fn without(mut self, id: &NamespaceId) -> Self {
+        self.by_id.remove(id);
+        self
+    }
+
     /// The set with `stored` in place of the namespace of its id.
     pub fn with(mut self, stored: StoredNamespace) -> Self {
         self.by_id.insert(stored.namespace.id.clone(), stored);
@@ -114,19 +120,6 @@ impl NamespaceSet {
 
     pub fn iter(&self) -> impl Iterator<Item = &StoredNamespace> {
         self.by_id.values()
-    }
-
-    /// The number a new namespace gets: one more than the highest held, and never one of the
-    /// built-ins' (a deleted namespace held no claims, so reusing its number is harmless).
-    pub fn next_number(&self) -> i32 {
-        let builtins = ClaimType::ALL.len() as i32;
-        self.by_id
-            .values()
-            .map(|s| s.number)
-            .max()
-            .unwrap_or(0)
-            .max(builtins)
-            + 1
     }
 }
 
@@ -454,10 +447,19 @@ pub fn decide_create_namespace(
     if namespaces.len() >= max {
         return Err(ClaimsError::TooManyNamespaces { max: max as u64 });
     }
-    Ok(StoredNamespace {
-        number: namespaces.next_number(),
-        namespace,
-    })
+    let number = namespace.id.store_number();
+    if let Some(holder) = namespaces.by_number(number) {
+        return Err(ClaimsError::invalid(
+            "namespace.id",
+            format!(
+                "{:?} has the store number {number}, which namespace {} holds (a fixed function \
+                 of the id, decision 108): choose another id",
+                namespace.id.as_str(),
+                holder.namespace.id
+            ),
+        ));
+    }
+    Ok(StoredNamespace { number, namespace })
 }
 
 /// Decides a DeleteNamespace of `id`, which holds `claims` claims (leased ones included): its
@@ -467,12 +469,17 @@ pub fn decide_delete_namespace(
     id: &str,
     claims: u64,
 ) -> Result<i32, ClaimsError> {
-    let stored = NamespaceId::parse(id)
-        .ok()
-        .and_then(|id| namespaces.by_id.get(&id))
-        .ok_or_else(|| ClaimsError::NamespaceNotFound {
-            namespace: id.to_owned(),
-        })?;
+    let stored = namespaces.find(id)?;
+    if stored.namespace.id.claim_type().is_some() {
+        return Err(ClaimsError::invalid(
+            "id",
+            format!(
+                "{id} is a built-in namespace (the legacy claim_type {} names it): it cannot be \
+                 deleted; deprecate it instead",
+                stored.number
+            ),
+        ));
+    }
     if claims > 0 {
         return Err(ClaimsError::NamespaceNotEmpty {
             namespace: stored.namespace.id.clone(),
@@ -567,7 +574,8 @@ mod tests {
         let mut set = NamespaceSet::builtins();
         let spec = NamespaceSpec::new("ssh-keys", Normalization::Exact);
         let created = decide_create_namespace(&set, spec.clone(), 10).unwrap();
-        assert_eq!(created.number, 4);
+        assert_eq!(created.number, created.namespace.id.store_number());
+        assert!(created.number >= crate::domain::namespaces::FIRST_NAMESPACE_NUMBER);
         assert_eq!(created.namespace.version, 1);
         set = NamespaceSet::new(set.iter().cloned().chain([created]));
         assert!(matches!(
@@ -579,16 +587,30 @@ mod tests {
             decide_create_namespace(&set, other, 4),
             Err(ClaimsError::TooManyNamespaces { max: 4 })
         ));
-        assert_eq!(set.by_number(4).unwrap().namespace.id.as_str(), "ssh-keys");
+        let number = NamespaceId::parse("ssh-keys").unwrap().store_number();
+        assert_eq!(
+            set.by_number(number).unwrap().namespace.id.as_str(),
+            "ssh-keys"
+        );
     }
 
     #[test]
     fn only_an_empty_namespace_is_deleted() {
         let set = NamespaceSet::builtins();
-        assert_eq!(decide_delete_namespace(&set, "emails", 0).unwrap(), 3);
+        let spec = NamespaceSpec::new("pages", Normalization::AsciiCaseInsensitive);
+        let pages = decide_create_namespace(&set, spec, 10).unwrap();
+        let set = set.with(pages.clone());
+        assert_eq!(
+            decide_delete_namespace(&set, "pages", 0).unwrap(),
+            pages.number
+        );
         assert!(matches!(
-            decide_delete_namespace(&set, "emails", 2),
+            decide_delete_namespace(&set, "pages", 2),
             Err(ClaimsError::NamespaceNotEmpty { claims: 2, .. })
+        ));
+        assert!(matches!(
+            decide_delete_namespace(&set, "emails", 0),
+            Err(ClaimsError::InvalidRequest { .. })
         ));
         assert!(matches!(
             decide_delete_namespace(&set, "nope", 0),

@@ -10,7 +10,7 @@ use crate::domain::admin::{
     self, DecommissionPlan, DecommissionState, DecommissionStep, LeaseSummary,
 };
 use crate::domain::decide::{self, BeginPlan, EndPlan, EndWrites};
-use crate::domain::namespaces::{NamespaceId, NamespaceUpdate, ProofClaim, Rekey};
+use crate::domain::namespaces::{NamespaceId, NamespaceSpec, NamespaceUpdate, ProofClaim, Rekey};
 use crate::domain::pages;
 use crate::domain::resolve::{self, NamespaceSet, StoredNamespace};
 use crate::domain::restore::{self, MarkRestored, RestoreEpoch};
@@ -457,6 +457,30 @@ impl Tables {
             .filter_map(|(.., key)| self.claims.get(key).cloned())
             .collect();
         pages::claims_page(query, rows)
+    }
+
+    /// CreateNamespace (see `ClaimStore::create_namespace`).
+    pub fn create_namespace(
+        &mut self,
+        spec: NamespaceSpec,
+        max: usize,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        let created = resolve::decide_create_namespace(&self.namespaces, spec, max)?;
+        self.namespaces = std::mem::take(&mut self.namespaces).with(created.clone());
+        Ok(created)
+    }
+
+    /// DeleteNamespace (see `ClaimStore::delete_namespace`).
+    pub fn delete_namespace(&mut self, id: &str) -> Result<(), ClaimsError> {
+        let held = self
+            .claims
+            .keys()
+            .filter(|key| key.namespace.as_str() == id)
+            .count() as u64;
+        resolve::decide_delete_namespace(&self.namespaces, id, held)?;
+        let id = self.namespaces.find(id)?.namespace.id.clone();
+        self.namespaces = std::mem::take(&mut self.namespaces).without(&id);
+        Ok(())
     }
 
     /// UpdateNamespace (see `ClaimStore::update_namespace`).

@@ -332,18 +332,12 @@ impl ClaimKey {
         }
     }
 
-    /// The namespace's number in the store: the built-ins are 1, 2 and 3 (their legacy
-    /// `claim_type`), the column every store keys claims by. Within a record, claims are
-    /// ordered by this number, then by key.
+    /// The namespace's number in the store ([`NamespaceId::store_number`]: 1, 2 and 3 for the
+    /// built-ins), the column every store keys claims by. Within a record, claims are ordered
+    /// by this number, then by key.
     pub fn namespace_number(&self) -> i32 {
-        namespace_number(&self.namespace)
+        self.namespace.store_number()
     }
-}
-
-/// The store number of a namespace (see [`ClaimKey::namespace_number`]); 0 for a namespace the
-/// store does not hold.
-pub fn namespace_number(namespace: &NamespaceId) -> i32 {
-    namespace.claim_type().map_or(0, ClaimType::number)
 }
 
 impl Ord for ClaimKey {

@@ -185,6 +185,16 @@ impl ClaimStore for MeddlingStore {
     ) -> Result<Vec<topology_claims::domain::StoredNamespace>, ClaimsError> {
         self.inner.namespaces().await
     }
+    async fn create_namespace(
+        &self,
+        spec: topology_claims::domain::NamespaceSpec,
+        max: usize,
+    ) -> Result<topology_claims::domain::StoredNamespace, ClaimsError> {
+        self.inner.create_namespace(spec, max).await
+    }
+    async fn delete_namespace(&self, id: &str) -> Result<(), ClaimsError> {
+        self.inner.delete_namespace(id).await
+    }
     async fn update_namespace(
         &self,
         id: &str,

@@ -30,3 +30,7 @@ INSERT INTO namespaces (number, id, normalization, max_chars, description, versi
 -- (claim_value); NULL when they are the same, as for every claim written before namespaces.
 -- A nullable column without a default: adding it rewrites nothing.
 ALTER TABLE claims ADD COLUMN display_value text COLLATE "C";
+
+-- The namespace of a claim outside the built-ins (its id; claim_type holds the id's store
+-- number, NamespaceId::store_number). NULL for the built-ins, whose number says it.
+ALTER TABLE claims ADD COLUMN namespace text COLLATE "C";

@@ -17,8 +17,8 @@ use std::sync::{Arc, RwLock};
 
 use tokio_postgres::{GenericClient, Row};
 use topology_claims::domain::{
-    self, Adoption, NamespaceId, NamespaceRow, NamespaceSet, NamespaceUpdate, ProofClaim,
-    StoredNamespace,
+    self, Adoption, NamespaceId, NamespaceRow, NamespaceSet, NamespaceSpec, NamespaceUpdate,
+    ProofClaim, StoredNamespace,
 };
 use topology_claims::ClaimsError;
 
@@ -219,6 +219,76 @@ async fn write_namespace(
         ],
     )
     .await?;
+    Ok(())
+}
+
+/// One attempt of CreateNamespace (`ClaimStore::create_namespace`): every namespace locked,
+/// the new one decided and inserted.
+pub(crate) async fn create_attempt(
+    session: &mut Session<'_>,
+    cache: &NamespaceCache,
+    spec: &NamespaceSpec,
+    max: usize,
+) -> Result<StoredNamespace, Failure> {
+    let begin = session.begin_transaction();
+    let client = session.client()?;
+    client.batch_execute(begin).await?;
+    let rows = client
+        .query(sql::SELECT_ALL_NAMESPACES_FOR_UPDATE, &[])
+        .await?;
+    let created = domain::decide_create_namespace(&from_rows(&rows)?, spec.clone(), max)?;
+    let row = NamespaceRow::of(&created);
+    let small = |n: i64| i16::try_from(n).unwrap_or(i16::MAX);
+    // A unique violation (a create of the same id or number meanwhile) retries, decided afresh.
+    client
+        .execute(
+            sql::INSERT_NAMESPACE,
+            &[
+                &small(row.number),
+                &row.id,
+                &small(row.normalization),
+                &small(row.max_chars),
+                &row.pattern,
+                &row.reserved,
+                &row.description,
+                &row.deprecated,
+                &row.version,
+            ],
+        )
+        .await?;
+    client.batch_execute(sql::COMMIT).await?;
+    let all = read_all(client).await?;
+    session.committed();
+    cache.replace(from_rows(&all)?);
+    Ok(created)
+}
+
+/// One attempt of DeleteNamespace (`ClaimStore::delete_namespace`): the claims table locked
+/// against writers, the namespace's claims counted, the row deleted.
+pub(crate) async fn delete_attempt(
+    session: &mut Session<'_>,
+    cache: &NamespaceCache,
+    id: &str,
+) -> Result<(), Failure> {
+    let begin = session.begin_transaction();
+    let client = session.client()?;
+    client.batch_execute(begin).await?;
+    client.batch_execute(sql::LOCK_CLAIMS_FOR_RULES).await?;
+    let rows = client
+        .query(sql::SELECT_ALL_NAMESPACES_FOR_UPDATE, &[])
+        .await?;
+    let namespaces = from_rows(&rows)?;
+    let number = i16::try_from(namespaces.find(id)?.number).unwrap_or(i16::MAX);
+    let held: i64 = client
+        .query_one(sql::COUNT_CLAIMS_OF_NAMESPACE, &[&number])
+        .await?
+        .try_get(0)?;
+    domain::decide_delete_namespace(&namespaces, id, held.max(0) as u64)?;
+    client.execute(sql::DELETE_NAMESPACE, &[&number]).await?;
+    client.batch_execute(sql::COMMIT).await?;
+    let all = read_all(client).await?;
+    session.committed();
+    cache.replace(from_rows(&all)?);
     Ok(())
 }
 

@@ -10,11 +10,11 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use topology_claims::codec::{decode_request, encode_request};
 use topology_claims::domain::{
-    CellLeases, LeaseRecord, LeaseSummary, Outcome, RestoreEpoch, SlotHolder, SlotRow,
+    CellLeases, LeaseRecord, LeaseSummary, NamespaceId, Outcome, RestoreEpoch, SlotHolder, SlotRow,
 };
 use topology_claims::{
-    CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease, LeaseId,
-    LeaseOp, LeaseOutcome, OwnerType, TableName, Timestamp,
+    CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimsError, Lease, LeaseId, LeaseOp,
+    LeaseOutcome, OwnerType, TableName, Timestamp,
 };
 
 fn corrupt(what: &str, detail: impl std::fmt::Display) -> ClaimsError {
@@ -64,7 +64,13 @@ pub(crate) fn claim(row: &Row) -> Result<Claim, ClaimsError> {
     let record = ClaimRecord {
         display: get(row, 11, W)?,
         key: ClaimKey::new(
-            number(get(row, 0, W)?, ClaimType::from_number, W, "claim_type")?,
+            {
+                let number: i16 = get(row, 0, W)?;
+                let column: Option<&str> = get(row, 12, W)?;
+                NamespaceId::of_row(i64::from(number), column).ok_or_else(|| {
+                    corrupt(W, format!("claim_type {number}, namespace {column:?}"))
+                })?
+            },
             get::<String>(row, 1, W)?,
         ),
         owner_type: number(get(row, 2, W)?, OwnerType::from_number, W, "owner_type")?,
@@ -287,6 +293,7 @@ pub struct RecordArrays<'a> {
     pub table_names: Vec<i16>,
     pub record_ids: Vec<i64>,
     pub displays: Vec<Option<&'a str>>,
+    pub namespaces: Vec<Option<&'a str>>,
 }
 
 impl<'a> RecordArrays<'a> {
@@ -310,6 +317,10 @@ impl<'a> RecordArrays<'a> {
                 .collect(),
             record_ids: records.iter().map(|r| r.table_record_id).collect(),
             displays: records.iter().map(|r| r.display.as_deref()).collect(),
+            namespaces: records
+                .iter()
+                .map(|r| r.key.namespace.row_column())
+                .collect(),
         }
     }
 
@@ -352,6 +363,7 @@ pub(crate) struct ClaimRows<'a> {
     pub created_at: Vec<SystemTime>,
     pub updated_at: Vec<SystemTime>,
     pub displays: Vec<Option<&'a str>>,
+    pub namespaces: Vec<Option<&'a str>>,
 }
 
 impl<'a> ClaimRows<'a> {
@@ -375,6 +387,7 @@ impl<'a> ClaimRows<'a> {
             rows.created_at.push(system_time(claim.created_at));
             rows.updated_at.push(system_time(claim.updated_at));
             rows.displays.push(record.display.as_deref());
+            rows.namespaces.push(record.key.namespace.row_column());
         }
         rows
     }
@@ -383,8 +396,8 @@ impl<'a> ClaimRows<'a> {
         self.types.is_empty()
     }
 
-    /// The statement parameters `$1..$12`.
-    pub fn params(&self) -> [&(dyn ToSql + Sync); 12] {
+    /// The statement parameters `$1..$13`.
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 13] {
         [
             &self.types,
             &self.values,
@@ -398,6 +411,7 @@ impl<'a> ClaimRows<'a> {
             &self.created_at,
             &self.updated_at,
             &self.displays,
+            &self.namespaces,
         ]
     }
 }
@@ -489,6 +503,7 @@ pub(crate) fn lease_ids<'a>(ids: impl IntoIterator<Item = &'a LeaseId>) -> Vec<u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use topology_claims::ClaimType;
 
     #[test]
     fn timestamps_round_trip_through_system_time() {

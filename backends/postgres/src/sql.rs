@@ -159,7 +159,7 @@ pub const CELL_DECOMMISSIONED: &str =
 macro_rules! claim_columns {
     () => {
         "claim_type, claim_value, owner_type, owner_value, table_name, table_record_id, \
-         cell_id, lease_id, lease_op, created_at, updated_at, display_value"
+         cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace"
     };
 }
 /// The columns of a lease row, in the order `rows::lease` reads them.
@@ -196,19 +196,19 @@ SELECT claim_type FROM claims WHERE lease_id = $1::uuid
 ORDER BY claim_type, claim_value
 FOR UPDATE";
 
-/// BeginUpdate's creates: one multi-row insert from parallel arrays (`$1..$6` and the display
-/// forms `$10`, in key order), leased by `$8` with op `$9` for cell `$7`. A key inserted
+/// BeginUpdate's creates: one multi-row insert from parallel arrays (`$1..$6`, the display
+/// forms `$10` and the namespace columns `$11`, in key order), leased by `$8` with op `$9` for cell `$7`. A key inserted
 /// meanwhile by a concurrent batch raises a unique violation, which retries the whole
 /// transaction.
 pub const INSERT_CLAIMS: &str = "\
 INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-                    cell_id, lease_id, lease_op, created_at, updated_at, display_value)
+                    cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace)
 SELECT r.claim_type, r.claim_value, r.owner_type, r.owner_value, r.table_name, r.table_record_id,
-       $7::text, $8::uuid, $9::smallint, now(), now(), r.display_value
+       $7::text, $8::uuid, $9::smallint, now(), now(), r.display_value, r.namespace
 FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
-            $10::text[])
+            $10::text[], $11::text[])
      WITH ORDINALITY AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-                          display_value, ord)
+                          display_value, namespace, ord)
 ORDER BY r.ord";
 
 /// BeginUpdate's destroys and updates (one execution per op): lease (`$1`, op `$2`) the caller's
@@ -306,6 +306,24 @@ FROM claims WHERE claim_type = $1::smallint";
 pub const REKEY_CLAIM: &str = "\
 UPDATE claims SET claim_value = $3::text, display_value = nullif($4::text, $3::text)
 WHERE claim_type = $1::smallint AND claim_value = $2::text";
+/// Every namespace, locked: creates serialize (the unique keys are the second line).
+pub const SELECT_ALL_NAMESPACES_FOR_UPDATE: &str = concat!(
+    "SELECT ",
+    namespace_columns!(),
+    " FROM namespaces FOR UPDATE"
+);
+/// A new namespace's row (`$1..$9` in `namespace_columns!()` order).
+pub const INSERT_NAMESPACE: &str = concat!(
+    "INSERT INTO namespaces (",
+    namespace_columns!(),
+    ") VALUES ($1::smallint, $2::text, $3::smallint, $4::smallint, $5::text, $6::text, $7::text, \
+     $8::boolean, $9::bigint)"
+);
+/// How many claims namespace `$1` holds, leased ones included.
+pub const COUNT_CLAIMS_OF_NAMESPACE: &str =
+    "SELECT count(*) FROM claims WHERE claim_type = $1::smallint";
+/// Deletes namespace `$1`'s row.
+pub const DELETE_NAMESPACE: &str = "DELETE FROM namespaces WHERE number = $1::smallint";
 /// While a rule change is decided and written, no claim is written (see [`SELECT_NAMESPACES`]).
 pub const LOCK_CLAIMS_FOR_RULES: &str = "LOCK TABLE claims IN EXCLUSIVE MODE";
 /// Writes namespace `$1`'s definition.
@@ -387,12 +405,12 @@ WITH updated AS (
     SET owner_type = r.owner_type, owner_value = r.owner_value, table_name = r.table_name,
         table_record_id = r.table_record_id, cell_id = r.cell_id, lease_id = r.lease_id,
         lease_op = r.lease_op, created_at = r.created_at, updated_at = r.updated_at,
-        display_value = r.display_value
+        display_value = r.display_value, namespace = r.namespace
     FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
                 $7::text[], $8::uuid[], $9::smallint[], $10::timestamptz[], $11::timestamptz[],
-                $12::text[])
+                $12::text[], $13::text[])
          AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-              cell_id, lease_id, lease_op, created_at, updated_at, display_value)
+              cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace)
     WHERE c.claim_type = r.claim_type AND c.claim_value = r.claim_value
     RETURNING 1)
 SELECT topology_claims_expect_rows((SELECT count(*) FROM updated), cardinality($1::smallint[])::bigint,
@@ -403,14 +421,15 @@ SELECT topology_claims_expect_rows((SELECT count(*) FROM updated), cardinality($
 /// whole group.
 pub const GROUP_INSERT_CLAIMS: &str = "\
 INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-                    cell_id, lease_id, lease_op, created_at, updated_at, display_value)
+                    cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace)
 SELECT r.claim_type, r.claim_value, r.owner_type, r.owner_value, r.table_name, r.table_record_id,
-       r.cell_id, r.lease_id, r.lease_op, r.created_at, r.updated_at, r.display_value
+       r.cell_id, r.lease_id, r.lease_op, r.created_at, r.updated_at, r.display_value, r.namespace
 FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
             $7::text[], $8::uuid[], $9::smallint[], $10::timestamptz[], $11::timestamptz[],
-            $12::text[])
+            $12::text[], $13::text[])
      WITH ORDINALITY AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-                          cell_id, lease_id, lease_op, created_at, updated_at, display_value, ord)
+                          cell_id, lease_id, lease_op, created_at, updated_at, display_value,
+                          namespace, ord)
 ORDER BY r.ord";
 
 /// Deletes the leases `$1`, each locked in the first flight and so still there (else TC001).

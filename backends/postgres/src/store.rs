@@ -131,8 +131,8 @@ use deadpool_postgres::Pool;
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionStep, EndPlan, GroupDecision, GroupOp, GroupReads, GroupResults,
-    GroupSnapshot, LeaseRecord, LeaseSummary, MarkRestored, NamespaceSet, NamespaceUpdate,
-    RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, StoredNamespace,
+    GroupSnapshot, LeaseRecord, LeaseSummary, MarkRestored, NamespaceSet, NamespaceSpec,
+    NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, StoredNamespace,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -308,9 +308,9 @@ impl PostgresClaimStore {
                     return Ok(0);
                 }
                 let i = &inserts;
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
                     &i.types, &i.values, &i.owner_types, &i.owner_values, &i.table_names,
-                    &i.record_ids, &cell, id, &create, &i.displays,
+                    &i.record_ids, &cell, id, &create, &i.displays, &i.namespaces,
                 ];
                 client.execute(&insert_claims, &params).await
             },
@@ -729,6 +729,30 @@ impl ClaimStore for PostgresClaimStore {
             .await?;
         self.namespaces.replace(all.clone());
         Ok(all.iter().cloned().collect())
+    }
+
+    async fn create_namespace(
+        &self,
+        spec: NamespaceSpec,
+        max: usize,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        let cache = &self.namespaces;
+        self.shared
+            .run("CreateNamespace", || async {
+                let mut session = self.shared.session().await?;
+                namespaces::create_attempt(&mut session, cache, &spec, max).await
+            })
+            .await
+    }
+
+    async fn delete_namespace(&self, id: &str) -> Result<(), ClaimsError> {
+        let cache = &self.namespaces;
+        self.shared
+            .run("DeleteNamespace", || async {
+                let mut session = self.shared.session().await?;
+                namespaces::delete_attempt(&mut session, cache, id).await
+            })
+            .await
     }
 
     async fn update_namespace(

@@ -13,12 +13,12 @@ use gcloud_spanner::row::Row;
 use gcloud_spanner::statement::Statement;
 use gcloud_spanner::transaction::Transaction;
 use topology_claims::domain::{
-    self, Adoption, Claim, ClaimKey, NamespaceRow, NamespaceSet, NamespaceUpdate, ProofClaim,
-    Rekey, StoredNamespace, ADOPTION_PENDING_VERSION,
+    self, Adoption, Claim, ClaimKey, NamespaceRow, NamespaceSet, NamespaceSpec, NamespaceUpdate,
+    ProofClaim, Rekey, StoredNamespace, ADOPTION_PENDING_VERSION,
 };
 use topology_claims::{ClaimsError, Timestamp};
 
-use crate::error::TxError;
+use crate::error::{status_error, TxError};
 use crate::rows::{self, column, corrupt, CLAIMS, CLAIM_COLUMNS};
 use crate::store::SpannerClaimStore;
 
@@ -109,6 +109,44 @@ fn rekey_mutations(number: i32, claims: &[Claim], rekeys: &[Rekey]) -> Vec<Mutat
 }
 
 impl SpannerClaimStore {
+    /// LookupClaim (`ClaimStore::lookup_claim`): the rules and the claim from one snapshot.
+    pub(crate) async fn lookup_in(&self, sent: &ClaimKey) -> Result<Claim, ClaimsError> {
+        let context = "LookupClaim";
+        // One snapshot: the rules and the claim as of one timestamp.
+        let (mut tx, _) = self.snapshot(context).await?;
+        let namespaces = self
+            .read_namespaces(&mut tx)
+            .await
+            .map_err(|e| crate::error::tx_error(context, e))?;
+        let key = &domain::resolve_key(sent, &namespaces, "claim_value")?;
+        let read = tx.read_row_with_option(
+            CLAIMS,
+            &CLAIM_COLUMNS,
+            rows::claim_key(key),
+            self.read_options(),
+        );
+        let row = self
+            .options
+            .within_rpc_timeout(read)
+            .await
+            .map_err(|s| status_error(context, &s))?;
+        match row {
+            Some(row) => rows::claim_from_row(&row),
+            None => Err(ClaimsError::ClaimNotFound { claim: key.clone() }),
+        }
+    }
+
+    /// ListNamespaces (`ClaimStore::namespaces`), from a strong snapshot.
+    pub(crate) async fn namespaces_in(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
+        let context = "ListNamespaces";
+        let (mut tx, _) = self.snapshot(context).await?;
+        let set = self
+            .read_namespaces(&mut tx)
+            .await
+            .map_err(|e| crate::error::tx_error(context, e))?;
+        Ok(set.iter().cloned().collect())
+    }
+
     /// Every claim of namespace `number`, read (and so locked) in `tx`.
     async fn claims_of(&self, tx: &mut Transaction, number: i32) -> Result<Vec<Claim>, TxError> {
         let mut stmt = Statement::new(format!(
@@ -117,6 +155,66 @@ impl SpannerClaimStore {
         ));
         stmt.add_param("number", &i64::from(number));
         self.query_in(tx, stmt, rows::claim_from_row).await
+    }
+
+    /// CreateNamespace (`ClaimStore::create_namespace`) in one read-write transaction: every
+    /// namespace read, the new one decided and inserted.
+    pub(crate) async fn create_namespace_in(
+        &self,
+        spec: NamespaceSpec,
+        max: usize,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        let mut attempts = self.attempts("CreateNamespace");
+        let (answer, _) = loop {
+            let Some(mut tx) = attempts.begin(&self.client).await? else {
+                continue;
+            };
+            let result = async {
+                let set = self.read_namespaces(&mut tx).await?;
+                let created = match domain::decide_create_namespace(&set, spec.clone(), max) {
+                    Ok(created) => created,
+                    Err(refusal) => return Ok(Err(refusal)),
+                };
+                tx.buffer_write(vec![write(&created)]);
+                Ok::<_, TxError>(Ok(created))
+            }
+            .await;
+            if let Some(done) = attempts.end(&mut tx, result).await? {
+                break done;
+            }
+        };
+        answer
+    }
+
+    /// DeleteNamespace (`ClaimStore::delete_namespace`) in one read-write transaction: its
+    /// claims read (locking their range against creates) and counted, the row deleted.
+    pub(crate) async fn delete_namespace_in(&self, id: &str) -> Result<(), ClaimsError> {
+        let mut attempts = self.attempts("DeleteNamespace");
+        let (answer, _) = loop {
+            let Some(mut tx) = attempts.begin(&self.client).await? else {
+                continue;
+            };
+            let result = async {
+                let set = self.read_namespaces(&mut tx).await?;
+                let number = match set.find(id) {
+                    Ok(found) => found.number,
+                    Err(refusal) => return Ok(Err(refusal)),
+                };
+                let held = self.claims_of(&mut tx, number).await?.len() as u64;
+                match domain::decide_delete_namespace(&set, id, held) {
+                    Ok(number) => {
+                        tx.buffer_write(vec![delete(NAMESPACES, Key::new(&i64::from(number)))]);
+                        Ok::<_, TxError>(Ok(()))
+                    }
+                    Err(refusal) => Ok(Err(refusal)),
+                }
+            }
+            .await;
+            if let Some(done) = attempts.end(&mut tx, result).await? {
+                break done;
+            }
+        };
+        answer
     }
 
     /// UpdateNamespace (`ClaimStore::update_namespace`) in one read-write transaction: every

@@ -16,11 +16,11 @@ use gcloud_spanner::statement::ToKind;
 use gcloud_spanner::value::CommitTimestamp;
 use topology_claims::codec::{decode_request, encode_request, timestamp_from_pb, timestamp_to_pb};
 use topology_claims::domain::{
-    CellLeases, GroupWrites, LeaseOutcome, Outcome, SlotHolder, SlotRow,
+    CellLeases, GroupWrites, LeaseOutcome, NamespaceId, Outcome, SlotHolder, SlotRow,
 };
 use topology_claims::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease,
-    LeaseId, LeaseOp, OwnerType, TableName, Timestamp,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimsError, Lease, LeaseId,
+    LeaseOp, OwnerType, TableName, Timestamp,
 };
 
 pub(crate) const CLAIMS: &str = "claims";
@@ -32,7 +32,7 @@ pub(crate) const SLOTS: &str = "verification_slots";
 /// `claims.lease_op` of a claim under no lease (the design's "no-op").
 const NO_LEASE_OP: i64 = 0;
 
-pub(crate) const CLAIM_COLUMNS: [&str; 12] = [
+pub(crate) const CLAIM_COLUMNS: [&str; 13] = [
     "claim_type",
     "claim_value",
     "owner_type",
@@ -43,6 +43,7 @@ pub(crate) const CLAIM_COLUMNS: [&str; 12] = [
     "lease_id",
     "lease_op",
     "display_value",
+    "namespace",
     "created_at",
     "updated_at",
 ];
@@ -91,11 +92,14 @@ fn enum_value<T>(number: i64, what: &str, from: fn(i64) -> Option<T>) -> Result<
 
 /// A `claims` row read with [`CLAIM_COLUMNS`].
 pub(crate) fn claim_from_row(row: &Row) -> Result<Claim, ClaimsError> {
-    let claim_type = enum_value(
-        column(row, "claim_type")?,
-        "claim_type",
-        ClaimType::from_number,
-    )?;
+    let number: i64 = column(row, "claim_type")?;
+    let namespace: Option<String> = column(row, "namespace")?;
+    let claim_type = NamespaceId::of_row(number, namespace.as_deref()).ok_or_else(|| {
+        corrupt(
+            "claim",
+            format!("claim_type {number}, namespace {namespace:?}"),
+        )
+    })?;
     let lease_id: Option<String> = column(row, "lease_id")?;
     let lease_op: i64 = column(row, "lease_op")?;
     let lease = match (lease_id, lease_op) {
@@ -270,6 +274,7 @@ pub(crate) fn insert_claim(record: &ClaimRecord, owner: &CellId, lease_id: Lease
             &lease_id.to_string(),
             &i64::from(LeaseOp::Create.number()),
             &record.display,
+            &record.key.namespace.row_column(),
             &CommitTimestamp::new(),
             &CommitTimestamp::new(),
         ],
@@ -332,7 +337,8 @@ pub(crate) fn write_claim(claim: &Claim, fresh: Timestamp, existing: bool) -> Mu
     let created_at = timestamp_to_pb(claim.created_at);
     let updated_at = timestamp_to_pb(claim.updated_at);
     let cell = claim.cell_id.as_str();
-    let mut columns: Vec<&str> = CLAIM_COLUMNS[..10].to_vec();
+    let namespace = record.key.namespace.row_column();
+    let mut columns: Vec<&str> = CLAIM_COLUMNS[..11].to_vec();
     let mut values: Vec<&dyn ToKind> = vec![
         &claim_type,
         &record.key.value,
@@ -344,6 +350,7 @@ pub(crate) fn write_claim(claim: &Claim, fresh: Timestamp, existing: bool) -> Mu
         &lease_id,
         &lease_op,
         &record.display,
+        &namespace,
     ];
     for (column, value, pb) in [
         ("created_at", claim.created_at, &created_at),

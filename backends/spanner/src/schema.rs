@@ -165,7 +165,8 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     // normalization 1 exact, 2 ascii-case-insensitive, 3 precis-username; reserved the values
     // joined by '\n'; version one more at every change, 0 for a built-in awaiting adoption. DDL
     // cannot write rows: the first open writes the built-ins (namespaces.rs). display_value is
-    // a claim's display form when it differs from its key (NULL before namespaces).
+    // a claim's display form when it differs from its key (NULL before namespaces); namespace the id
+    // of a claim outside the built-ins (claim_type holds its store number), NULL for these.
     Migration {
         version: 6,
         name: "0006_namespaces",
@@ -183,6 +184,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             ) PRIMARY KEY (number)",
             "CREATE UNIQUE INDEX IF NOT EXISTS namespaces_by_id ON namespaces (id)",
             "ALTER TABLE claims ADD COLUMN IF NOT EXISTS display_value STRING(MAX)",
+            "ALTER TABLE claims ADD COLUMN IF NOT EXISTS namespace STRING(63)",
         ],
     },
 ];

@@ -22,8 +22,8 @@ use gcloud_spanner::transaction::{QueryOptions, ReadOptions, Transaction};
 use gcloud_spanner::value::TimestampBound;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, EndWrites,
-    GroupOp, GroupResults, LeaseOutcome, LeaseRecord, LeaseSummary, MarkRestored, NamespaceUpdate,
-    RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, StoredNamespace,
+    GroupOp, GroupResults, LeaseOutcome, LeaseRecord, LeaseSummary, MarkRestored, NamespaceSpec,
+    NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, StoredNamespace,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -53,7 +53,7 @@ pub(crate) const SPANNER_MIN_TIMESTAMP: Timestamp =
 /// The service's store on Cloud Spanner (or its emulator).
 pub struct SpannerClaimStore {
     pub(crate) client: Client,
-    options: SpannerOptions,
+    pub(crate) options: SpannerOptions,
     name: DatabaseName,
     /// Transactions re-run by [`Attempts`] (aborts, lost sessions), for `ClaimStore::retries`.
     retries: AtomicU64,
@@ -138,7 +138,7 @@ impl SpannerClaimStore {
         Attempts::new(&self.options, what).counted(&self.retries)
     }
 
-    fn read_options(&self) -> ReadOptions {
+    pub(crate) fn read_options(&self) -> ReadOptions {
         ReadOptions {
             call_options: self.options.call_options(),
             ..Default::default()
@@ -722,39 +722,23 @@ impl ClaimStore for SpannerClaimStore {
     }
 
     async fn lookup_claim(&self, sent: &ClaimKey) -> Result<Claim, ClaimsError> {
-        let context = "LookupClaim";
-        // One snapshot: the rules and the claim as of one timestamp.
-        let (mut tx, _) = self.snapshot(context).await?;
-        let namespaces = self
-            .read_namespaces(&mut tx)
-            .await
-            .map_err(|e| crate::error::tx_error(context, e))?;
-        let key = &domain::resolve_key(sent, &namespaces, "claim_value")?;
-        let read = tx.read_row_with_option(
-            CLAIMS,
-            &CLAIM_COLUMNS,
-            rows::claim_key(key),
-            self.read_options(),
-        );
-        let row = self
-            .options
-            .within_rpc_timeout(read)
-            .await
-            .map_err(|s| status_error(context, &s))?;
-        match row {
-            Some(row) => rows::claim_from_row(&row),
-            None => Err(ClaimsError::ClaimNotFound { claim: key.clone() }),
-        }
+        self.lookup_in(sent).await
     }
 
     async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
-        let context = "ListNamespaces";
-        let (mut tx, _) = self.snapshot(context).await?;
-        let set = self
-            .read_namespaces(&mut tx)
-            .await
-            .map_err(|e| crate::error::tx_error(context, e))?;
-        Ok(set.iter().cloned().collect())
+        self.namespaces_in().await
+    }
+
+    async fn create_namespace(
+        &self,
+        spec: NamespaceSpec,
+        max: usize,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        self.create_namespace_in(spec, max).await
+    }
+
+    async fn delete_namespace(&self, id: &str) -> Result<(), ClaimsError> {
+        self.delete_namespace_in(id).await
     }
 
     async fn update_namespace(

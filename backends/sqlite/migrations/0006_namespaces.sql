@@ -26,3 +26,7 @@ INSERT INTO namespaces (number, id, normalization, max_chars, description, versi
 -- A claim's display form (the value as the creating cell sent it) when it differs from its key
 -- (claim_value); NULL when they are the same, as for every claim written before namespaces.
 ALTER TABLE claims ADD COLUMN display_value TEXT;
+
+-- The namespace of a claim outside the built-ins (its id; claim_type holds the id's store
+-- number, NamespaceId::store_number). NULL for the built-ins, whose number says it.
+ALTER TABLE claims ADD COLUMN namespace TEXT;

@@ -6,7 +6,7 @@
 
 use rusqlite::{Connection, Row};
 use topology_claims::domain::{
-    self, Adoption, NamespaceRow, NamespaceSet, NamespaceUpdate, ProofClaim, Rekey,
+    self, Adoption, NamespaceRow, NamespaceSet, NamespaceSpec, NamespaceUpdate, ProofClaim, Rekey,
     StoredNamespace, ADOPTION_PENDING_VERSION,
 };
 
@@ -107,6 +107,47 @@ fn rekey(tx: &Connection, number: i32, rekeys: &[Rekey]) -> Result<(), StoreErro
     for (i, change) in rekeys.iter().enumerate() {
         place.execute((number, format!("\u{1}{i}"), &change.new_key))?;
     }
+    Ok(())
+}
+
+/// CreateNamespace (see `ClaimStore::create_namespace`), in the caller's write transaction.
+pub(crate) fn create_namespace(
+    tx: &Connection,
+    spec: NamespaceSpec,
+    max: usize,
+) -> Result<StoredNamespace, StoreError> {
+    let created = domain::decide_create_namespace(&read_namespaces(tx)?, spec, max)?;
+    let row = NamespaceRow::of(&created);
+    tx.execute(
+        &format!(
+            "INSERT INTO namespaces ({NAMESPACE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+        ),
+        (
+            row.number,
+            &row.id,
+            row.normalization,
+            row.max_chars,
+            &row.pattern,
+            &row.reserved,
+            &row.description,
+            row.deprecated,
+            row.version,
+        ),
+    )?;
+    Ok(created)
+}
+
+/// DeleteNamespace (see `ClaimStore::delete_namespace`), in the caller's write transaction.
+pub(crate) fn delete_namespace(tx: &Connection, id: &str) -> Result<(), StoreError> {
+    let namespaces = read_namespaces(tx)?;
+    let number = namespaces.find(id)?.number;
+    let held: i64 = tx.query_row(
+        "SELECT count(*) FROM claims WHERE claim_type = ?1",
+        [number],
+        |row| row.get(0),
+    )?;
+    let number = domain::decide_delete_namespace(&namespaces, id, held.max(0) as u64)?;
+    tx.execute("DELETE FROM namespaces WHERE number = ?1", [number])?;
     Ok(())
 }
 

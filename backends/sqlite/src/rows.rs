@@ -6,10 +6,10 @@
 
 use rusqlite::{params_from_iter, Connection, OptionalExtension, Row, ToSql};
 use topology_claims::codec::decode_request;
-use topology_claims::domain::{LeaseRecord, Outcome};
+use topology_claims::domain::{LeaseRecord, NamespaceId, Outcome};
 use topology_claims::{
-    CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimType, ClaimsError, Lease, LeaseId,
-    LeaseOp, LeaseOutcome, OwnerType, TableName, Timestamp,
+    CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimsError, Lease, LeaseId, LeaseOp,
+    LeaseOutcome, OwnerType, TableName, Timestamp,
 };
 
 use crate::error::StoreError;
@@ -17,7 +17,7 @@ use crate::error::StoreError;
 /// The `claims` columns in the order [`ClaimRow::read`] expects.
 pub(crate) const CLAIM_COLUMNS: &str = "claim_type, claim_value, cell_id, owner_type, \
      owner_value, table_name, table_record_id, lease_id, lease_op, created_at, updated_at, \
-     display_value";
+     display_value, namespace";
 
 pub(crate) fn corrupt(table: &str, detail: impl std::fmt::Display) -> ClaimsError {
     ClaimsError::internal(format!("corrupt row in SQLite table {table}: {detail}"))
@@ -59,6 +59,7 @@ struct ClaimRow {
     created_at: i64,
     updated_at: i64,
     display_value: Option<String>,
+    namespace: Option<String>,
 }
 
 impl ClaimRow {
@@ -76,6 +77,7 @@ impl ClaimRow {
             created_at: row.get(9)?,
             updated_at: row.get(10)?,
             display_value: row.get(11)?,
+            namespace: row.get(12)?,
         })
     }
 
@@ -98,7 +100,17 @@ impl ClaimRow {
             record: ClaimRecord {
                 display: self.display_value,
                 key: ClaimKey::new(
-                    enum_value(T, "claim_type", self.claim_type, ClaimType::from_number)?,
+                    NamespaceId::of_row(self.claim_type, self.namespace.as_deref()).ok_or_else(
+                        || {
+                            corrupt(
+                                T,
+                                format!(
+                                    "claim_type = {}, namespace = {:?}",
+                                    self.claim_type, self.namespace
+                                ),
+                            )
+                        },
+                    )?,
                     self.claim_value,
                 ),
                 owner_type: enum_value(T, "owner_type", self.owner_type, OwnerType::from_number)?,

@@ -20,8 +20,8 @@ use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, CellLeases, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan,
     EndWrites, GroupOp, GroupReads, GroupResults, GroupSnapshot, GroupWrites, LeaseRecord,
-    LeaseSummary, MarkRestored, NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
-    SlotRow, StoredNamespace,
+    LeaseSummary, MarkRestored, NamespaceSpec, NamespaceUpdate, RestoreEpoch, SlotGrant,
+    SlotHolder, SlotLimit, SlotRow, StoredNamespace,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Clock,
@@ -32,7 +32,9 @@ use crate::connection::{open_service_connection, SharedConnection, SqliteOptions
 use crate::error::{retry, retry_counted, StoreError};
 use crate::lock::StoreLock;
 use crate::migrations;
-use crate::namespaces::{adopt_builtins, read_namespaces, update_namespace};
+use crate::namespaces::{
+    adopt_builtins, create_namespace, delete_namespace, read_namespaces, update_namespace,
+};
 use crate::restore;
 use crate::rows::{self, lease_id_text, select_claims, LeaseRow, LEASE_COLUMNS};
 
@@ -255,8 +257,8 @@ fn begin(
     ))?;
     let mut insert = tx.prepare_cached(
         "INSERT INTO claims (claim_type, claim_value, cell_id, owner_type, owner_value, \
-         table_name, table_record_id, lease_id, lease_op, created_at, updated_at, display_value) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
+         table_name, table_record_id, lease_id, lease_op, created_at, updated_at, display_value, \
+         namespace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12)",
     )?;
     for record in &writes.inserts {
         // A primary-key violation here means another writer got in between: retried.
@@ -272,6 +274,7 @@ fn begin(
             LeaseOp::Create.number(),
             now_micros,
             &record.display,
+            record.key.namespace.row_column(),
         ))?;
     }
     let mut mark = tx.prepare_cached(
@@ -426,12 +429,12 @@ fn write_group(tx: &Connection, writes: &GroupWrites) -> Result<(), StoreError> 
     let mut update_claim = tx.prepare_cached(
         "UPDATE claims SET cell_id = ?3, owner_type = ?4, owner_value = ?5, table_name = ?6, \
          table_record_id = ?7, lease_id = ?8, lease_op = ?9, created_at = ?10, updated_at = ?11, \
-         display_value = ?12 WHERE claim_type = ?1 AND claim_value = ?2",
+         display_value = ?12, namespace = ?13 WHERE claim_type = ?1 AND claim_value = ?2",
     )?;
     let mut insert_claim = tx.prepare_cached(
         "INSERT INTO claims (claim_type, claim_value, cell_id, owner_type, owner_value, \
-         table_name, table_record_id, lease_id, lease_op, created_at, updated_at, display_value) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+         table_name, table_record_id, lease_id, lease_op, created_at, updated_at, display_value, \
+         namespace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?;
     let updates = writes.update_claims.iter().map(|c| (c, true));
     for (claim, existing) in updates.chain(writes.insert_claims.iter().map(|c| (c, false))) {
@@ -449,6 +452,7 @@ fn write_group(tx: &Connection, writes: &GroupWrites) -> Result<(), StoreError> 
             claim.created_at.as_unix_micros(),
             claim.updated_at.as_unix_micros(),
             &record.display,
+            record.key.namespace.row_column(),
         );
         if existing {
             if update_claim.execute(params)? != 1 {
@@ -784,6 +788,20 @@ impl ClaimStore for SqliteClaimStore {
     async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
         self.read(|conn, _| Ok(read_namespaces(conn)?.iter().cloned().collect()))
             .await
+    }
+
+    async fn create_namespace(
+        &self,
+        spec: NamespaceSpec,
+        max: usize,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        self.write(move |tx, _| create_namespace(tx, spec.clone(), max))
+            .await
+    }
+
+    async fn delete_namespace(&self, id: &str) -> Result<(), ClaimsError> {
+        let id = id.to_owned();
+        self.write(move |tx, _| delete_namespace(tx, &id)).await
     }
 
     async fn update_namespace(

@@ -38,8 +38,8 @@ pub fn namespace_to_pb(stored: &StoredNamespace) -> apb::Namespace {
     }
 }
 
-/// A namespace as the admin API showed it (a client reading ListNamespaces). The store's number
-/// is not on the wire: a built-in gets its legacy claim type's, any other 0.
+/// A namespace as the admin API showed it (a client reading ListNamespaces), with its store
+/// number (a function of its id).
 pub fn namespace_from_pb(message: &apb::Namespace) -> Result<StoredNamespace, ClaimsError> {
     let normalization =
         Normalization::from_number(i64::from(message.normalization)).ok_or_else(|| {
@@ -59,8 +59,41 @@ pub fn namespace_from_pb(message: &apb::Namespace) -> Result<StoredNamespace, Cl
     };
     let namespace = Namespace::from_spec(spec, message.version)?;
     Ok(StoredNamespace {
-        number: namespace.id.claim_type_number(),
+        number: namespace.id.store_number(),
         namespace,
+    })
+}
+
+/// The definition a CreateNamespaceRequest asks for (validated by the domain when decided;
+/// here only what the wire can get wrong).
+pub fn namespace_spec_from_pb(
+    message: Option<&apb::Namespace>,
+) -> Result<NamespaceSpec, ClaimsError> {
+    let message = message.ok_or_else(|| ClaimsError::invalid("namespace", "is required"))?;
+    let normalization =
+        Normalization::from_number(i64::from(message.normalization)).ok_or_else(|| {
+            ClaimsError::invalid(
+                "namespace.normalization",
+                "must be set: 1 exact, 2 ascii-case-insensitive, 3 precis-username",
+            )
+        })?;
+    let max_chars = match message.max_chars {
+        0 => topology_claims::domain::namespaces::DEFAULT_MAX_CHARS,
+        n => u16::try_from(n).ok().filter(|n| *n <= 255).ok_or_else(|| {
+            ClaimsError::invalid(
+                "namespace.max_chars",
+                format!("must be in 1..=255, got {n}"),
+            )
+        })?,
+    };
+    Ok(NamespaceSpec {
+        id: message.id.clone(),
+        normalization,
+        max_chars,
+        pattern: (!message.pattern.is_empty()).then(|| message.pattern.clone()),
+        reserved: message.reserved.clone(),
+        description: message.description.clone(),
+        deprecated: message.deprecated,
     })
 }
 

@@ -11,7 +11,7 @@
 //! |---|---|
 //! | cell | every ClaimsService RPC for its own `cell_id` (an empty one means its own; another is PERMISSION_DENIED `CELL_ID_MISMATCH`), the verification slots and pass reports included; LookupClaim of any claim |
 //! | router | LookupClaim only |
-//! | admin | ListOutstandingLeases, ListClaims, StreamClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell, MarkRestored, LiftQuarantine, GetRestoreStatus, UpdateNamespace) |
+//! | admin | ListOutstandingLeases, ListClaims, StreamClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell, MarkRestored, LiftQuarantine, GetRestoreStatus, CreateNamespace, UpdateNamespace, DeleteNamespace) |
 //! | any of the three | ListNamespaces and GetNamespace (the rules every key is computed under) |
 //!
 //! Anything else is PERMISSION_DENIED `ROLE_NOT_ALLOWED`. A plaintext server's anonymous callers
@@ -182,6 +182,8 @@ pub enum Method {
     ListNamespaces,
     GetNamespace,
     UpdateNamespace,
+    CreateNamespace,
+    DeleteNamespace,
     /// `grpc.health.v1`.
     Health,
     /// Server reflection.
@@ -192,7 +194,7 @@ pub enum Method {
 
 impl Method {
     /// The RPCs of `ClaimsService` and `AdminService`, in the proto's order.
-    pub const RPCS: [Method; 20] = [
+    pub const RPCS: [Method; 22] = [
         Self::BeginUpdate,
         Self::CommitUpdate,
         Self::RollbackUpdate,
@@ -213,6 +215,8 @@ impl Method {
         Self::ListNamespaces,
         Self::GetNamespace,
         Self::UpdateNamespace,
+        Self::CreateNamespace,
+        Self::DeleteNamespace,
     ];
 
     /// The method of an HTTP/2 `:path` such as `/topology.claims.v1.ClaimsService/BeginUpdate`.
@@ -248,6 +252,8 @@ impl Method {
             ("topology.claims.admin.v1.AdminService", "ListNamespaces") => Method::ListNamespaces,
             ("topology.claims.admin.v1.AdminService", "GetNamespace") => Method::GetNamespace,
             ("topology.claims.admin.v1.AdminService", "UpdateNamespace") => Method::UpdateNamespace,
+            ("topology.claims.admin.v1.AdminService", "CreateNamespace") => Method::CreateNamespace,
+            ("topology.claims.admin.v1.AdminService", "DeleteNamespace") => Method::DeleteNamespace,
             ("topology.claims.admin.v1.AdminService", "ListLeases") => Method::ListLeases,
             ("topology.claims.admin.v1.AdminService", "ForceRollback") => Method::ForceRollback,
             ("topology.claims.admin.v1.AdminService", "DecommissionCell") => {
@@ -273,6 +279,8 @@ impl Method {
                 | Self::MarkRestored
                 | Self::LiftQuarantine
                 | Self::UpdateNamespace
+                | Self::CreateNamespace
+                | Self::DeleteNamespace
         )
     }
 
@@ -297,6 +305,8 @@ impl Method {
                 | Self::LiftQuarantine
                 | Self::GetRestoreStatus
                 | Self::UpdateNamespace
+                | Self::CreateNamespace
+                | Self::DeleteNamespace
         )
     }
 
@@ -320,6 +330,8 @@ impl Method {
             Self::ListNamespaces => "ListNamespaces",
             Self::GetNamespace => "GetNamespace",
             Self::UpdateNamespace => "UpdateNamespace",
+            Self::CreateNamespace => "CreateNamespace",
+            Self::DeleteNamespace => "DeleteNamespace",
             Self::ListLeases => "ListLeases",
             Self::ForceRollback => "ForceRollback",
             Self::DecommissionCell => "DecommissionCell",
@@ -465,7 +477,7 @@ mod tests {
         Method::ReportVerificationPass,
     ];
 
-    const ADMIN_METHODS: [Method; 7] = [
+    const ADMIN_METHODS: [Method; 9] = [
         Method::ListLeases,
         Method::ForceRollback,
         Method::DecommissionCell,
@@ -473,6 +485,8 @@ mod tests {
         Method::LiftQuarantine,
         Method::GetRestoreStatus,
         Method::UpdateNamespace,
+        Method::CreateNamespace,
+        Method::DeleteNamespace,
     ];
 
     fn allowed(d: &Decision) -> bool {

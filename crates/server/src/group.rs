@@ -451,6 +451,18 @@ impl ClaimStore for GroupCommit {
         self.shared.store.namespaces().await
     }
 
+    async fn create_namespace(
+        &self,
+        spec: domain::NamespaceSpec,
+        max: usize,
+    ) -> Result<domain::StoredNamespace, ClaimsError> {
+        self.shared.store.create_namespace(spec, max).await
+    }
+
+    async fn delete_namespace(&self, id: &str) -> Result<(), ClaimsError> {
+        self.shared.store.delete_namespace(id).await
+    }
+
     async fn update_namespace(
         &self,
         id: &str,

@@ -37,7 +37,7 @@ use topology_claims::domain::{
     MarkRestored, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, Timestamp,
     DEFAULT_MAX_RESPONSE_BYTES, LEASES_MAX_LIMIT,
 };
-use topology_claims::domain::{NamespaceUpdate, StoredNamespace};
+use topology_claims::domain::{NamespaceSpec, NamespaceUpdate, StoredNamespace};
 use topology_claims::error::ClaimsError;
 use topology_claims::ports::ClaimStore;
 use topology_claims_client::decode;
@@ -367,6 +367,49 @@ impl ClaimStore for GrpcClaimStore {
             .map_err(|s| status::from_status(&s))?
             .into_inner();
         response.namespaces.iter().map(namespace_from_pb).collect()
+    }
+
+    /// Through the admin CreateNamespace; `max` is the server's `--max-namespaces`, not this
+    /// argument.
+    async fn create_namespace(
+        &self,
+        spec: NamespaceSpec,
+        _max: usize,
+    ) -> Result<StoredNamespace, ClaimsError> {
+        let message = apb::Namespace {
+            id: spec.id,
+            normalization: normalization_to_pb(spec.normalization) as i32,
+            max_chars: u32::from(spec.max_chars),
+            pattern: spec.pattern.unwrap_or_default(),
+            reserved: spec.reserved,
+            description: spec.description,
+            deprecated: spec.deprecated,
+            version: 0,
+        };
+        let response = self
+            .admin
+            .clone()
+            .create_namespace(apb::CreateNamespaceRequest {
+                namespace: Some(message),
+                reason: "conformance suite".to_owned(),
+            })
+            .await
+            .map_err(|s| status::from_status(&s))?
+            .into_inner();
+        namespace_from_pb(&response)
+    }
+
+    /// Through the admin DeleteNamespace.
+    async fn delete_namespace(&self, id: &str) -> Result<(), ClaimsError> {
+        self.admin
+            .clone()
+            .delete_namespace(apb::DeleteNamespaceRequest {
+                id: id.to_owned(),
+                reason: "conformance suite".to_owned(),
+            })
+            .await
+            .map_err(|s| status::from_status(&s))?;
+        Ok(())
     }
 
     /// Through the admin UpdateNamespace.

@@ -173,6 +173,7 @@ macro_rules! claim_store_conformance {
                 a_reserved_value_is_refused_to_creates_and_a_claimed_one_stays,
                 a_tighter_rule_is_applied_only_when_every_claim_passes_it,
                 a_normalization_change_rewrites_keys_unless_they_collide_or_are_leased,
+                a_created_namespace_takes_claims_under_its_rules_and_is_deleted_only_empty,
             );
             #[test]
             fn model_based_property_test() {

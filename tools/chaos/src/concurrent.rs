@@ -342,6 +342,18 @@ impl ClaimStore for Broken {
         Ok(self.lock().namespaces.iter().cloned().collect())
     }
 
+    async fn create_namespace(
+        &self,
+        spec: topology_claims::domain::NamespaceSpec,
+        max: usize,
+    ) -> Result<topology_claims::domain::StoredNamespace, ClaimsError> {
+        self.lock().create_namespace(spec, max)
+    }
+
+    async fn delete_namespace(&self, id: &str) -> Result<(), ClaimsError> {
+        self.lock().delete_namespace(id)
+    }
+
     async fn update_namespace(
         &self,
         id: &str,

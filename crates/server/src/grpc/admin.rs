@@ -25,7 +25,9 @@ use topology_claims::domain::{
 };
 use topology_claims::error::ClaimsError;
 use topology_claims::ports::ClaimStore;
-use topology_claims_proto::namespaces::{namespace_to_pb, namespace_update_from_pb};
+use topology_claims_proto::namespaces::{
+    namespace_spec_from_pb, namespace_to_pb, namespace_update_from_pb,
+};
 
 /// Most leases one ForceRollback call ends (its `limit`).
 pub const FORCE_ROLLBACK_MAX_LIMIT: usize = 1000;
@@ -37,6 +39,8 @@ pub struct AdminServiceImpl {
     max_response_bytes: usize,
     /// The server's restore gate: a mark or a lift made here applies to this server at once.
     restore: Arc<RestoreGate>,
+    /// `serve --max-namespaces`.
+    max_namespaces: usize,
 }
 
 impl AdminServiceImpl {
@@ -46,7 +50,14 @@ impl AdminServiceImpl {
             store,
             max_response_bytes,
             restore,
+            max_namespaces: domain::DEFAULT_MAX_NAMESPACES,
         }
+    }
+
+    /// At most `max` namespaces in the store (`serve --max-namespaces`).
+    pub fn with_max_namespaces(mut self, max: usize) -> Self {
+        self.max_namespaces = max;
+        self
     }
 
     /// Shares `gate` with the ClaimsService.
@@ -348,6 +359,47 @@ impl AdminService for AdminServiceImpl {
                         namespace: id.clone(),
                     })?;
                 Ok(namespace_to_pb(found))
+            }
+            .await,
+        )
+    }
+
+    async fn create_namespace(
+        &self,
+        request: Request<apb::CreateNamespaceRequest>,
+    ) -> Result<Response<apb::Namespace>, Status> {
+        respond(
+            async {
+                let request = request.get_ref();
+                check_reason(&request.reason, false)?;
+                let spec = namespace_spec_from_pb(request.namespace.as_ref())?;
+                let created = self
+                    .store
+                    .create_namespace(spec, self.max_namespaces)
+                    .await?;
+                tracing::warn!(
+                    namespace = %created.namespace.id,
+                    number = created.number,
+                    normalization = %created.namespace.rules.normalization,
+                    "namespace created by an operator"
+                );
+                Ok(namespace_to_pb(&created))
+            }
+            .await,
+        )
+    }
+
+    async fn delete_namespace(
+        &self,
+        request: Request<apb::DeleteNamespaceRequest>,
+    ) -> Result<Response<apb::DeleteNamespaceResponse>, Status> {
+        respond(
+            async {
+                let request = request.get_ref();
+                check_reason(&request.reason, false)?;
+                self.store.delete_namespace(&request.id).await?;
+                tracing::warn!(namespace = %request.id, "namespace deleted by an operator");
+                Ok(apb::DeleteNamespaceResponse {})
             }
             .await,
         )

@@ -108,6 +108,8 @@ pub struct ServerConfig {
     /// How often the restore epoch is read again (`--restore-refresh`): how soon a mark or a lift
     /// made through another server applies here.
     pub restore_refresh: Duration,
+    /// Most namespaces the store may hold (`serve --max-namespaces`).
+    pub max_namespaces: usize,
 }
 
 /// The bound `--health-listen` listener, carried in a [`ServerConfig`] (clones share it; the
@@ -147,6 +149,7 @@ impl Default for ServerConfig {
             health_listener: None,
             restore_quarantine: true,
             restore_refresh: crate::restore::DEFAULT_RESTORE_REFRESH,
+            max_namespaces: topology_claims::domain::DEFAULT_MAX_NAMESPACES,
         }
     }
 }
@@ -236,7 +239,8 @@ pub async fn serve(
     .max_decoding_message_size(max_message_bytes);
     let admin = AdminServiceServer::new(
         AdminServiceImpl::new(Arc::clone(&store), config.max_response_bytes)
-            .with_restore(Arc::clone(&restore)),
+            .with_restore(Arc::clone(&restore))
+            .with_max_namespaces(config.max_namespaces),
     )
     .max_decoding_message_size(max_message_bytes);
 

@@ -2,10 +2,10 @@
 //! the built-ins of a new store), so `John`, `john` and `ＪＯＨＮ` are one username, found by any
 //! of its forms, and shown as its cell sent it.
 
-use crate::fixtures::{cell, creates, destroys, email, lease_id, route, username};
+use crate::fixtures::{cell, creates, destroys, email, lease_id, record_in, route, username};
 use topology_claims::domain::{
-    ClaimKey, ClaimsCursor, ClaimsQuery, NamespaceId, NamespaceUpdate, Normalization,
-    StoredNamespace, TableName, ValueRule,
+    ClaimKey, ClaimsCursor, ClaimsQuery, NamespaceId, NamespaceSpec, NamespaceUpdate,
+    Normalization, StoredNamespace, TableName, ValueRule,
 };
 use topology_claims::error::ClaimsError;
 use topology_claims::ports::ClaimStore;
@@ -364,4 +364,93 @@ pub async fn a_normalization_change_rewrites_keys_unless_they_collide_or_are_lea
             .map(|s| s.0),
         Some(b.to_string())
     );
+}
+
+pub async fn a_created_namespace_takes_claims_under_its_rules_and_is_deleted_only_empty(
+    store: &impl ClaimStore,
+) {
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+    let pages = NamespaceId::parse("pages-domains").unwrap();
+    let spec = NamespaceSpec {
+        pattern: Some("^[a-z0-9.-]+$".into()),
+        description: "GitLab Pages domains".into(),
+        ..NamespaceSpec::new("pages-domains", Normalization::AsciiCaseInsensitive)
+    };
+    let created = store.create_namespace(spec.clone(), 1000).await.unwrap();
+    assert_eq!(created.namespace.version, 1);
+    assert_eq!(created.number, pages.store_number());
+    assert_eq!(
+        store.create_namespace(spec, 1000).await.unwrap_err(),
+        ClaimsError::NamespaceExists {
+            namespace: pages.clone()
+        }
+    );
+    let domain = |value: &str| record_in(TableName::Projects, 7, pages.clone(), value);
+    committed(store, creates(&a, &[domain("Example.COM")])).await;
+    assert!(matches!(
+        store
+            .begin_update(creates(&b, &[domain("example.com")]))
+            .await,
+        Err(ClaimsError::ClaimTaken { .. })
+    ));
+    let found = store
+        .lookup_claim(&ClaimKey::new(pages.clone(), "EXAMPLE.com"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            found.cell_id.clone(),
+            found.record.key.value.as_str(),
+            found.record.display_value()
+        ),
+        (a.clone(), "example.com", "Example.COM")
+    );
+    match store
+        .begin_update(creates(&b, &[domain("bad_domain")]))
+        .await
+    {
+        Err(ClaimsError::InvalidClaimValue {
+            rule, namespace, ..
+        }) => {
+            assert_eq!((rule, namespace), (ValueRule::Pattern, pages.clone()))
+        }
+        other => panic!("expected a pattern refusal, got {other:?}"),
+    }
+    let page = store
+        .list_claims(&ClaimsQuery::new(
+            a.clone(),
+            TableName::Projects,
+            ClaimsCursor::at(0),
+            10,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(page.claims.len(), 1);
+    assert_eq!(page.claims[0].record.key.namespace, pages);
+    assert_eq!(
+        store.delete_namespace("pages-domains").await.unwrap_err(),
+        ClaimsError::NamespaceNotEmpty {
+            namespace: pages.clone(),
+            claims: 1
+        }
+    );
+    assert!(matches!(
+        store.delete_namespace("usernames").await,
+        Err(ClaimsError::InvalidRequest { .. })
+    ));
+    committed(store, destroys(&a, &[domain("example.COM")])).await;
+    store.delete_namespace("pages-domains").await.unwrap();
+    assert!(matches!(
+        store
+            .lookup_claim(&ClaimKey::new(pages.clone(), "example.com"))
+            .await,
+        Err(ClaimsError::UnknownNamespace { .. })
+    ));
+    assert!(matches!(
+        store
+            .begin_update(creates(&a, &[domain("example.com")]))
+            .await,
+        Err(ClaimsError::UnknownNamespace { .. })
+    ));
+    assert_eq!(store.namespaces().await.unwrap().len(), 3);
 }

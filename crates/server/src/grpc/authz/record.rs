@@ -147,6 +147,25 @@ impl Audit {
                     });
                 }
             }
+            Method::CreateNamespace => {
+                if let Ok(request) = apb::CreateNamespaceRequest::decode(message) {
+                    let id = request.namespace.as_ref().map_or("", |n| n.id.as_str());
+                    r.admin = Some(AdminAudit {
+                        namespace_change: Some(format!("{id}: created")),
+                        reason: request.reason,
+                        ..AdminAudit::default()
+                    });
+                }
+            }
+            Method::DeleteNamespace => {
+                if let Ok(request) = apb::DeleteNamespaceRequest::decode(message) {
+                    r.admin = Some(AdminAudit {
+                        namespace_change: Some(format!("{}: deleted", request.id)),
+                        reason: request.reason,
+                        ..AdminAudit::default()
+                    });
+                }
+            }
             Method::LiftQuarantine => {
                 if let Ok(request) = apb::LiftQuarantineRequest::decode(message) {
                     r.admin = Some(AdminAudit {
