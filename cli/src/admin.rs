@@ -66,7 +66,7 @@ enum AdminCommand {
     /// The latest restore: epoch, backup time, which cells reported, which are pending.
     RestoreStatus,
     /// The namespaces of the claims store (the kinds of names claimed) and their rules: list,
-    /// get, update.
+    /// get, create, update, delete.
     Namespaces(crate::admin_namespaces::NamespacesArgs),
 }
 
@@ -158,7 +158,7 @@ pub async fn run(args: AdminArgs) -> ExitCode {
             .map(|()| Outcome::Done),
         AdminCommand::Namespaces(namespaces) => crate::admin_namespaces::run(client, namespaces)
             .await
-            .map(|()| Outcome::Done),
+            .map(done_if),
     };
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,

@@ -1,4 +1,4 @@
-//! `topology-claims admin namespaces list | get | update`: the namespaces of the claims store
+//! `topology-claims admin namespaces list | get | create | update | delete`: the namespaces of the claims store
 //! and their rules (docs/operations.md, "Namespaces"; decisions 107, 108). Owns the calls and
 //! the printing (a table, or `--json`); every rule is the server's.
 
@@ -27,6 +27,11 @@ enum NamespacesCommand {
         #[command(flatten)]
         output: OutputArgs,
     },
+    /// Add a kind of unique name. Cells may claim values of it at once (`claim :attr,
+    /// namespace: "ID"` in the Ruby gem); every server applies its rules.
+    Create(CreateArgs),
+    /// Remove a namespace that holds no claim (the built-ins cannot be removed: deprecate them).
+    Delete(DeleteArgs),
     /// Change a namespace's rules. Description, --deprecated and --reserved change at any time.
     /// A new --normalization, a lower --max-chars or a new --pattern is applied only if every
     /// claim of the namespace passes it and no two collide (the server rewrites the keys it
@@ -46,6 +51,45 @@ enum NormalizationArg {
     Exact,
     AsciiCaseInsensitive,
     PrecisUsername,
+}
+
+#[derive(Args, Debug)]
+struct CreateArgs {
+    /// The namespace: [a-z0-9][a-z0-9._-]{0,62}, e.g. pages-domains.
+    id: String,
+    /// How values become keys: exact (byte for byte), ascii-case-insensitive (ASCII letters
+    /// lowercased), precis-username (RFC 8265: case, width and Unicode forms).
+    #[arg(long, value_enum)]
+    normalization: NormalizationArg,
+    /// Most characters of a key, 1..=255.
+    #[arg(long, default_value_t = 255, value_parser = clap::value_parser!(u32).range(1..=255))]
+    max_chars: u32,
+    /// A regular expression every key must match, e.g. '^[a-z0-9.-]+$'.
+    #[arg(long)]
+    pattern: Option<String>,
+    /// Values refused to every cell's creates, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    reserved: Vec<String>,
+    /// What the namespace holds.
+    #[arg(long, default_value = "")]
+    description: String,
+    /// Why (written to the audit log). Required.
+    #[arg(long)]
+    reason: String,
+    #[command(flatten)]
+    output: OutputArgs,
+}
+
+#[derive(Args, Debug)]
+struct DeleteArgs {
+    /// The namespace.
+    id: String,
+    /// Why (written to the audit log). Required.
+    #[arg(long)]
+    reason: String,
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    yes: bool,
 }
 
 #[derive(Args, Debug)]
@@ -80,12 +124,94 @@ struct UpdateArgs {
     output: OutputArgs,
 }
 
-pub async fn run(client: AdminServiceClient<Channel>, args: NamespacesArgs) -> Result<(), String> {
+/// Runs the command; `Ok(false)`: not confirmed, nothing changed.
+pub async fn run(
+    client: AdminServiceClient<Channel>,
+    args: NamespacesArgs,
+) -> Result<bool, String> {
     match args.command {
-        NamespacesCommand::List(output) => list(client, output).await,
-        NamespacesCommand::Get { id, output } => get(client, id, output).await,
-        NamespacesCommand::Update(update) => update_namespace(client, update).await,
+        NamespacesCommand::List(output) => list(client, output).await.map(|()| true),
+        NamespacesCommand::Get { id, output } => get(client, id, output).await.map(|()| true),
+        NamespacesCommand::Create(create) => create_namespace(client, create).await.map(|()| true),
+        NamespacesCommand::Delete(delete) => delete_namespace(client, delete).await,
+        NamespacesCommand::Update(update) => update_namespace(client, update).await.map(|()| true),
     }
+}
+
+fn normalization_pb(normalization: NormalizationArg) -> i32 {
+    match normalization {
+        NormalizationArg::Exact => apb::Normalization::Exact as i32,
+        NormalizationArg::AsciiCaseInsensitive => apb::Normalization::AsciiCaseInsensitive as i32,
+        NormalizationArg::PrecisUsername => apb::Normalization::PrecisUsername as i32,
+    }
+}
+
+async fn create_namespace(
+    mut client: AdminServiceClient<Channel>,
+    args: CreateArgs,
+) -> Result<(), String> {
+    let namespace = apb::Namespace {
+        id: args.id,
+        normalization: normalization_pb(args.normalization),
+        max_chars: args.max_chars,
+        pattern: args.pattern.unwrap_or_default(),
+        reserved: args
+            .reserved
+            .into_iter()
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+            .collect(),
+        description: args.description,
+        deprecated: false,
+        version: 0,
+    };
+    let created = client
+        .create_namespace(apb::CreateNamespaceRequest {
+            namespace: Some(namespace),
+            reason: args.reason,
+        })
+        .await
+        .map_err(|s| describe(&s))?
+        .into_inner();
+    if !args.output.json {
+        eprintln!("namespace {} created", created.id);
+    }
+    print_one(&created, &args.output);
+    Ok(())
+}
+
+async fn delete_namespace(
+    mut client: AdminServiceClient<Channel>,
+    args: DeleteArgs,
+) -> Result<bool, String> {
+    if !args.yes {
+        // Show what goes before asking: a missing namespace fails here, with its reason.
+        let namespace = client
+            .get_namespace(apb::GetNamespaceRequest {
+                id: args.id.clone(),
+            })
+            .await
+            .map_err(|s| describe(&s))?
+            .into_inner();
+        eprintln!(
+            "deleting namespace {} ({}, version {}); refused if it holds any claim",
+            namespace.id,
+            normalization_name(namespace.normalization),
+            namespace.version
+        );
+        if !crate::confirm::confirm("delete it?", false)? {
+            return Ok(false);
+        }
+    }
+    client
+        .delete_namespace(apb::DeleteNamespaceRequest {
+            id: args.id.clone(),
+            reason: args.reason,
+        })
+        .await
+        .map_err(|s| describe(&s))?;
+    eprintln!("namespace {} deleted", args.id);
+    Ok(true)
 }
 
 fn normalization_name(number: i32) -> &'static str {
@@ -185,11 +311,7 @@ async fn update_namespace(
     mut client: AdminServiceClient<Channel>,
     args: UpdateArgs,
 ) -> Result<(), String> {
-    let normalization = args.normalization.map_or(0, |n| match n {
-        NormalizationArg::Exact => apb::Normalization::Exact as i32,
-        NormalizationArg::AsciiCaseInsensitive => apb::Normalization::AsciiCaseInsensitive as i32,
-        NormalizationArg::PrecisUsername => apb::Normalization::PrecisUsername as i32,
-    });
+    let normalization = args.normalization.map_or(0, normalization_pb);
     let reserved = args.reserved.map(|values| {
         values
             .into_iter()

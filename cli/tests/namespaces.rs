@@ -1,7 +1,8 @@
 //! `topology-claims admin namespaces` through the real binary: list and get (text and
-//! `--json`), an update refused with its collisions listed (exit 2, the reason on stderr) and
-//! one applied, both persisted across a restart of the server on SQLite and PostgreSQL; every
-//! update audited; under mutual TLS a cell may read the namespaces but not change them.
+//! `--json`), a namespace created and claimed in, an update refused with its collisions listed
+//! (exit 2, the reason on stderr) and one applied, all persisted across a restart of the server
+//! on SQLite and PostgreSQL; a non-empty namespace not deleted; every change audited; under
+//! mutual TLS a cell may read the namespaces but not create or change them.
 #![cfg(unix)]
 
 mod common;
@@ -14,11 +15,20 @@ use topology_claims_client::{ClaimsClient, ClientConfig};
 use topology_claims_testkit::fixtures::{cell, creates, email};
 
 fn serve_args(store: &str, audit: &Path) -> Vec<String> {
-    ["--listen", "127.0.0.1:0", "--store", store, "--audit-log"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([audit.to_str().unwrap().to_owned()])
-        .collect()
+    // A client channel of this test may still be open at a stop: do not wait 30 s for it.
+    [
+        "--listen",
+        "127.0.0.1:0",
+        "--drain-timeout",
+        "1s",
+        "--store",
+        store,
+        "--audit-log",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([audit.to_str().unwrap().to_owned()])
+    .collect()
 }
 
 /// Runs `topology-claims admin --server … namespaces ARGS`.
@@ -30,6 +40,24 @@ async fn namespaces(dir: &Path, server: &Server, args: &[&str]) -> std::process:
     tokio::task::spawn_blocking(move || command.output().unwrap())
         .await
         .unwrap()
+}
+
+async fn commit_in(server: &Server, cell_id: &str, namespace: &str, value: &str) {
+    let record = topology_claims_testkit::fixtures::record_in(
+        topology_claims::TableName::Projects,
+        1,
+        topology_claims::domain::NamespaceId::parse(namespace).unwrap(),
+        value,
+    );
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let lease = client
+        .begin_update(creates(&cell(cell_id), &[record]))
+        .await
+        .unwrap();
+    client
+        .commit_update(&cell(cell_id), lease.lease_id)
+        .await
+        .unwrap();
 }
 
 async fn commit(server: &Server, cell_id: &str, value: &str) {
@@ -115,7 +143,33 @@ async fn round_trip(dir: &Path, store: &str) {
     )
     .await;
     assert!(reserved.status.success(), "{}", text(&reserved.stderr));
+    let created = namespaces(
+        dir,
+        &server,
+        &[
+            "create",
+            "pages-domains",
+            "--normalization",
+            "ascii-case-insensitive",
+            "--pattern",
+            "^[a-z0-9.-]+$",
+            "--description",
+            "Pages domains",
+            "--reason",
+            "test",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(json(&created)["version"], 1);
+    commit_in(&server, "cell-a", "pages-domains", "Docs.Example.COM").await;
     let log = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"method\":\"CreateNamespace\"")
+                && l.contains("pages-domains: created")),
+        "{log}"
+    );
     assert!(
         log.lines()
             .any(|l| l.contains("\"method\":\"UpdateNamespace\"")
@@ -134,6 +188,37 @@ async fn round_trip(dir: &Path, store: &str) {
     );
     let usernames = json(&namespaces(dir, &server, &["get", "usernames", "--json"]).await);
     assert_eq!(usernames["reserved"], serde_json::json!(["admin", "root"]));
+    // The created namespace and its claim outlive the server; a non-empty one is not deleted,
+    // and without a terminal nor --yes nothing is called.
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let claim = client
+        .lookup_claim(&topology_claims::ClaimKey::new(
+            topology_claims::domain::NamespaceId::parse("pages-domains").unwrap(),
+            "docs.example.com",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(claim.record.display_value(), "Docs.Example.COM");
+    drop(client);
+    let unconfirmed = namespaces(dir, &server, &["delete", "pages-domains", "--reason", "t"]).await;
+    assert_eq!(
+        unconfirmed.status.code(),
+        Some(1),
+        "{}",
+        text(&unconfirmed.stderr)
+    );
+    let not_empty = namespaces(
+        dir,
+        &server,
+        &["delete", "pages-domains", "--reason", "t", "--yes"],
+    )
+    .await;
+    assert_eq!(not_empty.status.code(), Some(2));
+    assert!(
+        text(&not_empty.stderr).contains("NAMESPACE_NOT_EMPTY"),
+        "{}",
+        text(&not_empty.stderr)
+    );
     let missing = namespaces(dir, &server, &["get", "ssh-keys"]).await;
     assert_eq!(missing.status.code(), Some(2));
     assert!(
