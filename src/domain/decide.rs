@@ -53,8 +53,14 @@ pub fn check_batch(request: &BeginUpdate, max_batch: usize) -> Result<(), Claims
         record.check(format_args!("updates_claims[{i}]"))?;
     }
     // One key in two lists (or twice in one) is a conflict: a claim takes one operation a batch.
+    // Named as the caller sent it (the repeat's own form), like every refusal of a claim.
     match first_repeat(request) {
-        Some(key) => Err(ClaimsError::BatchConflict { claim: key.clone() }),
+        Some(record) => Err(ClaimsError::BatchConflict {
+            claim: ClaimKey {
+                namespace: record.key.namespace.clone(),
+                value: record.display_value().to_owned(),
+            },
+        }),
         None => Ok(()),
     }
 }
@@ -63,20 +69,21 @@ pub fn check_batch(request: &BeginUpdate, max_batch: usize) -> Result<(), Claims
 /// comparisons, no allocation, no hashing); larger ones with a hash set.
 const PAIRWISE_REPEAT_CHECK: usize = 16;
 
-/// The first key of `request`'s operations (in `operations()` order) that an earlier one has.
-fn first_repeat(request: &BeginUpdate) -> Option<&ClaimKey> {
+/// The first record of `request`'s operations (in `operations()` order) whose key an earlier
+/// one has.
+fn first_repeat(request: &BeginUpdate) -> Option<&ClaimRecord> {
     if request.len() <= PAIRWISE_REPEAT_CHECK {
-        let keys = || request.operations().map(|(_, record)| &record.key);
-        return keys()
+        let records = || request.operations().map(|(_, record)| record);
+        return records()
             .enumerate()
-            .find(|&(i, key)| keys().take(i).any(|earlier| earlier == key))
-            .map(|(_, key)| key);
+            .find(|&(i, record)| records().take(i).any(|earlier| earlier.key == record.key))
+            .map(|(_, record)| record);
     }
     let mut seen = HashSet::with_capacity(request.len());
     request
         .operations()
-        .map(|(_, record)| &record.key)
-        .find(|key| !seen.insert(*key))
+        .map(|(_, record)| record)
+        .find(|record| !seen.insert(&record.key))
 }
 
 /// The rule for one claim of a batch, given its current row.

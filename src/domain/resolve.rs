@@ -183,10 +183,15 @@ pub fn resolve_begin(
 /// What every store does with a BeginUpdate before it reads a claim row: the keys of its values
 /// under `namespaces` ([`resolve_begin`]), then the batch check on those keys (two forms of one
 /// name are one claim twice). The batch-size policy is the front end's, so any size passes.
+///
+/// The batch is checked as sent first: that is what the front end and the group combiner check
+/// before any store is asked, so a value sent twice is named the same way whichever path
+/// refuses it; only then are two *forms* of one name found.
 pub fn prepare_begin(
     request: BeginUpdate,
     namespaces: &NamespaceSet,
 ) -> Result<BeginUpdate, ClaimsError> {
+    super::decide::check_batch(&request, usize::MAX)?;
     let request = resolve_begin(request, namespaces)?;
     super::decide::check_batch(&request, usize::MAX)?;
     Ok(request)
