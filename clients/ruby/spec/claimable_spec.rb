@@ -216,6 +216,41 @@ RSpec.describe TopologyClaims::Claimable do
       expect(cell.leases_outstanding).to eq(0)
     end
 
+    it "claims in a namespace an administrator created, under its rules, shown as the cell sent it" do
+      namespace = "pages-domains-#{SecureRandom.hex(3)}"
+      _, err, status = TopologyClaims::Testing.run(
+        "admin", "--server", SpecSupport.server.url, "namespaces", "create", namespace,
+        "--normalization", "ascii-case-insensitive", "--pattern", "^[a-z0-9.-]+$", "--reason", "spec"
+      )
+      expect(status).to be_success, err
+      other = SpecSupport.cell(:sqlite, "b")
+      domains = [cell, other].map do |c|
+        model = Class.new(c.base) do
+          self.table_name = "users"
+          include TopologyClaims::Claimable
+          claims_owner :user
+          claims_table :users
+          claim :username, namespace: namespace
+        end
+        model.claims_configuration(c.config)
+        Cells.const_set(:"PagesDomain#{SecureRandom.hex(4)}", model)
+        model
+      end
+      site = "Docs-#{SecureRandom.hex(3)}.Example.COM"
+      domains[0].create!(username: site, email: "x@example.com")
+      found = cell.client.lookup_claim(namespace, site.downcase)
+      expect(found.cell_id).to eq(cell.cell_id)
+      expect(found.claim.claim_value).to eq(site)
+      expect(found.claim.claim_key).to eq(site.downcase)
+
+      late = domains[1].new(username: site.upcase, email: "y@example.com")
+      expect(late.save).to be(false)
+      expect(late.errors[:username]).to include("has already been taken")
+      bad = domains[1].new(username: "not_a_domain", email: "z@example.com")
+      expect(bad.save).to be(false)
+      expect(bad.errors[:username].join).to match(/pattern/)
+    end
+
     it "refuses a declaration with both namespace: and type:, or neither" do
       expect { Class.new(cell.base) { include TopologyClaims::Claimable; claim :x, namespace: "emails", type: :email } }
         .to raise_error(ArgumentError, /namespace: .*not both/)

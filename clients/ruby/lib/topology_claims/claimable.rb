@@ -269,6 +269,17 @@ module TopologyClaims
       @holders[[namespace, value]]
     end
 
+    # [record, attribute] of the claim a request field names, e.g. "creates_claims[1].claim_value"
+    # (the lists in the order begin_update sends them).
+    def sent_at(field)
+      match = /\A(creates|destroys|updates)_claims\[(\d+)\]/.match(field.to_s)
+      return unless match
+
+      list = { "creates" => @creates, "destroys" => @destroys, "updates" => @updates }.fetch(match[1])
+      k = list.keys[match[2].to_i]
+      k && @holders[k]
+    end
+
     # [model, attribute] of a declaration that names `namespace`.
     def declared(namespace)
       @holders.each do |(held_namespace, _), (record, attribute)|
@@ -390,6 +401,12 @@ module TopologyClaims
 
         raise UnknownNamespace.new("#{model.name}##{attribute}: #{e.message}", reason: e.reason, code: e.code,
                                                                                 metadata: e.metadata)
+      rescue InvalidClaimValue => e
+        record, attribute = batch.sent_at(e.field)
+        raise unless record
+
+        record.errors.add(attribute, :invalid_claim_value, rule: e.rule)
+        raise ClaimsInvalid.new(record, e)
       rescue ClaimTaken, ClaimLeased, RestoreQuarantine => e
         record, attribute = batch.holder(e.namespace, e.claim_value)
         raise unless record

@@ -71,6 +71,13 @@ module TopologyClaims
   end
 
   # The caller may not do this (PERMISSION_DENIED, UNAUTHENTICATED, CELL_DECOMMISSIONED…).
+  # INVALID_CLAIM_VALUE: a value its namespace's rules refuse (`field` names it in the request,
+  # `rule` is normalization, max_chars, pattern or reserved).
+  class InvalidClaimValue < InvalidRequest
+    def namespace = metadata["namespace"]
+    def rule = metadata["rule"]
+  end
+
   class PermissionDenied < CallError; end
 
   # The service did not answer in time or could not be reached (after the retries), or a
@@ -108,6 +115,7 @@ module TopologyClaims
     "LEASE_NOT_FOUND" => LeaseNotFound, "NOT_LEASE_OWNER" => NotLeaseOwner,
     "LEASE_ID_CONFLICT" => LeaseIdConflict, "LEASE_RENEWED" => LeaseRenewed,
     "INVALID_REQUEST" => InvalidRequest, "UNKNOWN_NAMESPACE" => UnknownNamespace,
+    "INVALID_CLAIM_VALUE" => InvalidClaimValue,
     "STORE_UNAVAILABLE" => Unavailable, "AUDIT_UNAVAILABLE" => Unavailable,
     "RATE_LIMITED" => Unavailable,
     "UNAUTHENTICATED" => PermissionDenied, "CELL_DECOMMISSIONED" => PermissionDenied,
