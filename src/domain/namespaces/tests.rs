@@ -351,3 +351,21 @@ fn a_verify_query_names_a_namespace_by_id_or_by_its_legacy_claim_type() {
     assert_eq!(NamespaceId::from_name_or_legacy("Not An Id"), None);
     assert_eq!(NamespaceId::from_legacy_number(4), None);
 }
+
+proptest::proptest! {
+    /// The printable-ASCII fast path of `precis-username` is the profile itself: for every
+    /// ASCII string (spaces, controls and the empty string included, which take the general
+    /// path) the key, or the refusal, is what `precis-profiles` says.
+    #[test]
+    fn the_ascii_fast_path_agrees_with_the_precis_crate(value in "[\\x00-\\x7f]{0,24}") {
+        use precis_core::profile::PrecisFastInvocation;
+        let crate_says = precis_profiles::UsernameCaseMapped::enforce(value.as_str())
+            .map(|key| key.into_owned())
+            .ok();
+        let ours = Normalization::PrecisUsername
+            .apply(&value)
+            .map(|key| key.into_owned())
+            .ok();
+        proptest::prop_assert_eq!(ours, crate_says);
+    }
+}
