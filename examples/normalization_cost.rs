@@ -30,12 +30,15 @@ fn fullwidth(value: &str) -> String {
         .collect()
 }
 
+/// A way a cell may send a value.
+type Form = fn(&str) -> String;
+
 fn main() {
     let entities: usize = std::env::args()
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or(200_000);
-    let forms: [(&str, fn(&str) -> String); 3] = [
+    let forms: [(&str, Form); 3] = [
         ("as the bench sends them (lowercase ASCII)", |v| {
             v.to_owned()
         }),
