@@ -572,29 +572,15 @@ async fn only_the_admin_role_reaches_the_admin_service_under_mutual_tls() {
     let server = start(dir.path(), args).await;
     let endpoint = format!("https://localhost:{}", server.child.addr.port());
     let as_role = |role: &str, name: &str| {
-        let pair = pki.issue_client(role, name).unwrap();
-        let args: Vec<String> = [
-            "admin",
-            "--server",
-            &endpoint,
-            "--tls-ca",
-            pki.ca().to_str().unwrap(),
-            "--tls-cert",
-            pair.cert.to_str().unwrap(),
-            "--tls-key",
-            pair.key.to_str().unwrap(),
+        let call = [
             "decommission",
             "--cell-id",
             "cell-a",
             "--reason",
             "test",
             "--dry-run",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        command(dir.path(), &args).output().unwrap()
+        ];
+        common::admin_as(dir.path(), &pki, &endpoint, (role, name), &call)
     };
     for (role, name) in [("cell", "cell-a"), ("router", "edge")] {
         let refused = as_role(role, name);

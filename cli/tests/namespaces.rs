@@ -265,25 +265,8 @@ async fn a_cell_reads_the_namespaces_but_only_an_admin_changes_them() {
     let server = Server::start_async(dir.path(), args).await;
     let endpoint = format!("https://localhost:{}", server.child.addr.port());
     let as_role = |role: &str, name: &str, call: &[&str]| {
-        let pair = pki.issue_client(role, name).unwrap();
-        let mut args: Vec<String> = [
-            "admin",
-            "--server",
-            &endpoint,
-            "--tls-ca",
-            pki.ca().to_str().unwrap(),
-            "--tls-cert",
-            pair.cert.to_str().unwrap(),
-            "--tls-key",
-            pair.key.to_str().unwrap(),
-            "namespaces",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(call.iter().map(|s| s.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        command(dir.path(), &args).output().unwrap()
+        let args = [&["namespaces"], call].concat();
+        common::admin_as(dir.path(), &pki, &endpoint, (role, name), &args)
     };
     let read = as_role("cell", "cell-a", &["list", "--json"]);
     assert!(read.status.success(), "{}", text(&read.stderr));

@@ -213,7 +213,7 @@ pub fn check_creates(request: &BeginUpdate, namespaces: &NamespaceSet) -> Result
 /// A `namespaces` row, column for column, as every SQL store holds it: `normalization` its
 /// number ([`Normalization::number`]), `reserved` the values joined by `'\n'` (a value has no
 /// control character), `version` [`ADOPTION_PENDING_VERSION`] for a built-in awaiting adoption.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct NamespaceRow {
     pub number: i64,
     pub id: String,
@@ -244,6 +244,27 @@ impl NamespaceRow {
             deprecated: namespace.deprecated,
             version: namespace.version as i64,
         }
+    }
+
+    /// [`into_stored`](Self::into_stored), remembered: a store reads the rows of the namespaces
+    /// a BeginUpdate names in its transaction, and a row it read before (every column equal)
+    /// is not validated again (a pattern is compiled once, the reserved keys computed once).
+    /// A pure function's memo, bounded: cleared when it holds 4,096 rows.
+    pub fn to_stored(&self) -> Result<StoredNamespace, String> {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        static PARSED: OnceLock<Mutex<HashMap<NamespaceRow, StoredNamespace>>> = OnceLock::new();
+        let parsed = PARSED.get_or_init(Mutex::default);
+        if let Some(stored) = parsed.lock().unwrap_or_else(|p| p.into_inner()).get(self) {
+            return Ok(stored.clone());
+        }
+        let stored = self.clone().into_stored()?;
+        let mut parsed = parsed.lock().unwrap_or_else(|p| p.into_inner());
+        if parsed.len() >= 4096 {
+            parsed.clear();
+        }
+        parsed.insert(self.clone(), stored.clone());
+        Ok(stored)
     }
 
     /// The namespace, or what makes the row unreadable (the store reports it as corrupt).

@@ -124,7 +124,7 @@ fn corrupt(detail: impl std::fmt::Display) -> ClaimsError {
 pub(crate) fn from_rows(rows: &[Row]) -> Result<NamespaceSet, ClaimsError> {
     let stored = rows
         .iter()
-        .map(|r| row(r).map_err(corrupt)?.into_stored().map_err(corrupt))
+        .map(|r| row(r).map_err(corrupt)?.to_stored().map_err(corrupt))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(NamespaceSet::new(stored))
 }
@@ -199,16 +199,20 @@ async fn rekey(
     Ok(())
 }
 
+/// Runs `statement` ([`sql::INSERT_NAMESPACE`] or [`sql::UPDATE_NAMESPACE`]) with `stored`'s
+/// columns.
 async fn write_namespace(
     tx: &impl GenericClient,
+    statement: &str,
     stored: &StoredNamespace,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<u64, tokio_postgres::Error> {
     let row = NamespaceRow::of(stored);
     let small = |n: i64| i16::try_from(n).unwrap_or(i16::MAX);
     tx.execute(
-        sql::UPDATE_NAMESPACE,
+        statement,
         &[
             &small(row.number),
+            &row.id,
             &small(row.normalization),
             &small(row.max_chars),
             &row.pattern,
@@ -218,8 +222,7 @@ async fn write_namespace(
             &row.version,
         ],
     )
-    .await?;
-    Ok(())
+    .await
 }
 
 /// One attempt of CreateNamespace (`ClaimStore::create_namespace`): every namespace locked,
@@ -237,25 +240,8 @@ pub(crate) async fn create_attempt(
         .query(sql::SELECT_ALL_NAMESPACES_FOR_UPDATE, &[])
         .await?;
     let created = domain::decide_create_namespace(&from_rows(&rows)?, spec.clone(), max)?;
-    let row = NamespaceRow::of(&created);
-    let small = |n: i64| i16::try_from(n).unwrap_or(i16::MAX);
     // A unique violation (a create of the same id or number meanwhile) retries, decided afresh.
-    client
-        .execute(
-            sql::INSERT_NAMESPACE,
-            &[
-                &small(row.number),
-                &row.id,
-                &small(row.normalization),
-                &small(row.max_chars),
-                &row.pattern,
-                &row.reserved,
-                &row.description,
-                &row.deprecated,
-                &row.version,
-            ],
-        )
-        .await?;
+    write_namespace(client, sql::INSERT_NAMESPACE, &created).await?;
     client.batch_execute(sql::COMMIT).await?;
     let all = read_all(client).await?;
     session.committed();
@@ -322,7 +308,7 @@ pub(crate) async fn update_attempt(
         Ok::<_, ClaimsError>(claims.clone())
     })??;
     rekey(client, number, &change.rekeys, &claims).await?;
-    write_namespace(client, &change.next).await?;
+    write_namespace(client, sql::UPDATE_NAMESPACE, &change.next).await?;
     client.batch_execute(sql::COMMIT).await?;
     let all = read_all(client).await?;
     session.committed();
@@ -365,7 +351,7 @@ pub(crate) async fn adopt_builtins(
                 number: stored.number,
                 namespace: namespace.clone(),
             };
-            write_namespace(tx, &next).await?;
+            write_namespace(tx, sql::UPDATE_NAMESPACE, &next).await?;
         }
         match adoption.describe(stored.namespace.id.as_str()) {
             (true, line) => tracing::warn!(target_db = target, "PostgreSQL: {line}"),

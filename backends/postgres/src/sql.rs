@@ -326,11 +326,11 @@ pub const COUNT_CLAIMS_OF_NAMESPACE: &str =
 pub const DELETE_NAMESPACE: &str = "DELETE FROM namespaces WHERE number = $1::smallint";
 /// While a rule change is decided and written, no claim is written (see [`SELECT_NAMESPACES`]).
 pub const LOCK_CLAIMS_FOR_RULES: &str = "LOCK TABLE claims IN EXCLUSIVE MODE";
-/// Writes namespace `$1`'s definition.
+/// Writes namespace `$1` (`$2`)'s definition: the parameters of [`INSERT_NAMESPACE`].
 pub const UPDATE_NAMESPACE: &str = "\
-UPDATE namespaces SET normalization = $2::smallint, max_chars = $3::smallint, pattern = $4::text,
-    reserved = $5::text, description = $6::text, deprecated = $7::boolean, version = $8::bigint
-WHERE number = $1::smallint";
+UPDATE namespaces SET normalization = $3::smallint, max_chars = $4::smallint, pattern = $5::text,
+    reserved = $6::text, description = $7::text, deprecated = $8::boolean, version = $9::bigint
+WHERE number = $1::smallint AND id = $2::text";
 
 pub const DELETE_LEASE: &str = "DELETE FROM leases WHERE lease_id = $1::uuid";
 

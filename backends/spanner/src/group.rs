@@ -39,7 +39,9 @@ impl SpannerClaimStore {
         tx: &mut WriteTx,
         ops: &[GroupOp],
     ) -> Result<GroupAttempt, TxError> {
-        let namespaces = self.read_namespaces(tx).await?;
+        let namespaces = self
+            .read_named(tx, topology_claims::domain::namespaces_named(ops))
+            .await?;
         let reads = GroupReads::of(ops, &namespaces);
         let lease_keys = reads.lease_ids.iter().map(|id| rows::lease_key(*id));
         let leases = self

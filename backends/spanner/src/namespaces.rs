@@ -13,8 +13,8 @@ use gcloud_spanner::row::Row;
 use gcloud_spanner::statement::Statement;
 use gcloud_spanner::transaction::Transaction;
 use topology_claims::domain::{
-    self, Adoption, Claim, ClaimKey, NamespaceRow, NamespaceSet, NamespaceSpec, NamespaceUpdate,
-    ProofClaim, Rekey, StoredNamespace, ADOPTION_PENDING_VERSION,
+    self, Adoption, Claim, ClaimKey, NamespaceId, NamespaceRow, NamespaceSet, NamespaceSpec,
+    NamespaceUpdate, ProofClaim, Rekey, StoredNamespace, ADOPTION_PENDING_VERSION,
 };
 use topology_claims::{ClaimsError, Timestamp};
 
@@ -47,7 +47,7 @@ fn from_row(row: &Row) -> Result<StoredNamespace, ClaimsError> {
         deprecated: column(row, "deprecated")?,
         version: column(row, "version")?,
     }
-    .into_stored()
+    .to_stored()
     .map_err(|e| corrupt("namespace", e))
 }
 
@@ -115,7 +115,7 @@ impl SpannerClaimStore {
         // One snapshot: the rules and the claim as of one timestamp.
         let (mut tx, _) = self.snapshot(context).await?;
         let namespaces = self
-            .read_namespaces(&mut tx)
+            .read_named(&mut tx, [sent.namespace.clone()])
             .await
             .map_err(|e| crate::error::tx_error(context, e))?;
         let key = &domain::resolve_key(sent, &namespaces, "claim_value")?;
@@ -278,6 +278,33 @@ impl SpannerClaimStore {
         let stmt = Statement::new(format!("SELECT {} FROM {NAMESPACES}", COLUMNS.join(", ")));
         let stored = self.query_in(tx, stmt, from_row).await?;
         Ok(NamespaceSet::with_pending_builtins(stored))
+    }
+
+    /// The namespaces `ids`, read in `tx` by primary key (a namespace's number is a function of
+    /// its id), locking them in a read-write transaction: what a BeginUpdate, a group or a
+    /// lookup names, whatever the number the store holds.
+    pub(crate) async fn read_named(
+        &self,
+        tx: &mut Transaction,
+        ids: impl IntoIterator<Item = NamespaceId>,
+    ) -> Result<NamespaceSet, TxError> {
+        let ids: std::collections::BTreeSet<NamespaceId> = ids.into_iter().collect();
+        let keys = ids
+            .iter()
+            .map(|id| Key::new(&i64::from(id.store_number())))
+            .collect();
+        let stored = self
+            .read_keys(tx, NAMESPACES, &COLUMNS, keys, from_row)
+            .await?;
+        // A built-in whose row the first open has not written yet reads as pending.
+        let read = NamespaceSet::with_pending_builtins(
+            stored.into_iter().filter(|s| ids.contains(&s.namespace.id)),
+        );
+        Ok(NamespaceSet::new(
+            read.iter()
+                .filter(|s| ids.contains(&s.namespace.id))
+                .cloned(),
+        ))
     }
 
     /// At open: decides and writes the adoption of every pending built-in, in one read-write

@@ -412,7 +412,8 @@ impl SpannerClaimStore {
         lease_id: LeaseId,
     ) -> Result<Result<(BeginPlan, BeginUpdate), ClaimsError>, TxError> {
         // The keys under the rules as this transaction reads (and locks) them.
-        let namespaces = self.read_namespaces(tx).await?;
+        let named = sent.operations().map(|(_, r)| r.key.namespace.clone());
+        let namespaces = self.read_named(tx, named).await?;
         let request = match domain::prepare_begin(sent.clone(), &namespaces) {
             Ok(request) => request,
             Err(refusal) => return Ok(Err(refusal)),

@@ -4,10 +4,10 @@
 //! Owns the table's SQL. Must not decide anything: the rows go to the domain as a
 //! [`NamespaceSet`], and what it decided is written back.
 
-use rusqlite::{Connection, Row};
+use rusqlite::{Connection, OptionalExtension, Row};
 use topology_claims::domain::{
-    self, Adoption, NamespaceRow, NamespaceSet, NamespaceSpec, NamespaceUpdate, ProofClaim, Rekey,
-    StoredNamespace, ADOPTION_PENDING_VERSION,
+    self, Adoption, NamespaceId, NamespaceRow, NamespaceSet, NamespaceSpec, NamespaceUpdate,
+    ProofClaim, Rekey, StoredNamespace, ADOPTION_PENDING_VERSION,
 };
 
 use crate::error::StoreError;
@@ -30,8 +30,7 @@ fn read_row(row: &Row<'_>) -> rusqlite::Result<NamespaceRow> {
     })
 }
 
-/// Every namespace, read in the caller's transaction (a handful of rows, at most
-/// `--max-namespaces`; SQLite reads them from its page cache).
+/// Every namespace, read in the caller's transaction (administrative calls).
 pub(crate) fn read_namespaces(conn: &Connection) -> Result<NamespaceSet, StoreError> {
     let mut statement =
         conn.prepare_cached(&format!("SELECT {NAMESPACE_COLUMNS} FROM namespaces"))?;
@@ -39,9 +38,27 @@ pub(crate) fn read_namespaces(conn: &Connection) -> Result<NamespaceSet, StoreEr
         .query_map([], read_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let stored = rows
-        .into_iter()
-        .map(|row| row.into_stored().map_err(|e| corrupt("namespaces", e)))
+        .iter()
+        .map(|row| row.to_stored().map_err(|e| corrupt("namespaces", e)))
         .collect::<Result<Vec<StoredNamespace>, _>>()?;
+    Ok(NamespaceSet::new(stored))
+}
+
+/// The namespaces `ids`, read in the caller's transaction: a point read each (what a
+/// BeginUpdate or a lookup names, a handful), whatever the number the store holds.
+pub(crate) fn read_named(
+    conn: &Connection,
+    ids: impl IntoIterator<Item = NamespaceId>,
+) -> Result<NamespaceSet, StoreError> {
+    let mut statement = conn.prepare_cached(&format!(
+        "SELECT {NAMESPACE_COLUMNS} FROM namespaces WHERE id = ?1"
+    ))?;
+    let mut stored = Vec::new();
+    for id in ids.into_iter().collect::<std::collections::BTreeSet<_>>() {
+        if let Some(row) = statement.query_row([id.as_str()], read_row).optional()? {
+            stored.push(row.to_stored().map_err(|e| corrupt("namespaces", e))?);
+        }
+    }
     Ok(NamespaceSet::new(stored))
 }
 

@@ -33,7 +33,8 @@ use crate::error::{retry, retry_counted, StoreError};
 use crate::lock::StoreLock;
 use crate::migrations;
 use crate::namespaces::{
-    adopt_builtins, create_namespace, delete_namespace, read_namespaces, update_namespace,
+    adopt_builtins, create_namespace, delete_namespace, read_named, read_namespaces,
+    update_namespace,
 };
 use crate::restore;
 use crate::rows::{self, lease_id_text, select_claims, LeaseRow, LEASE_COLUMNS};
@@ -225,7 +226,8 @@ fn begin(
     now: Timestamp,
 ) -> Result<Lease, StoreError> {
     // The keys, under the rules as this transaction reads them (decision 108).
-    let namespaces = read_namespaces(tx)?;
+    let named = request.operations().map(|(_, r)| r.key.namespace.clone());
+    let namespaces = read_named(tx, named)?;
     let request = &domain::prepare_begin(request.clone(), &namespaces)?;
     // BEGIN IMMEDIATE serializes this with every decommission step, so the mark read here
     // cannot appear before the claims below are written.
@@ -371,7 +373,7 @@ fn end(tx: &Connection, plan: EndPlan, now: Timestamp) -> Result<(), StoreError>
 /// the net result. The order of the writes keeps the claims' foreign key to
 /// `leases_outstanding` valid at every statement.
 fn group(tx: &Connection, ops: &[GroupOp], now: Timestamp) -> Result<GroupResults, StoreError> {
-    let namespaces = read_namespaces(tx)?;
+    let namespaces = read_named(tx, domain::namespaces_named(ops))?;
     let reads = GroupReads::of(ops, &namespaces);
     let mut snapshot = GroupSnapshot {
         namespaces,
@@ -778,7 +780,8 @@ impl ClaimStore for SqliteClaimStore {
     async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {
         let key = key.clone();
         self.read(move |conn, _| {
-            let key = domain::resolve_key(&key, &read_namespaces(conn)?, "claim_value")?;
+            let namespaces = read_named(conn, [key.namespace.clone()])?;
+            let key = domain::resolve_key(&key, &namespaces, "claim_value")?;
             rows::claim_by_key(conn, &key)?
                 .ok_or_else(|| ClaimsError::ClaimNotFound { claim: key }.into())
         })

@@ -28,6 +28,36 @@ pub fn run(dir: &Path, args: &[&str]) -> Output {
     command(dir, args).output().expect("run topology-claims")
 }
 
+/// Runs `topology-claims admin --server ENDPOINT` with the TLS flags of a client certificate
+/// that `pki` issues for `role`/`name`, then `args`.
+pub fn admin_as(
+    dir: &Path,
+    pki: &topology_claims_harness::pki::DevPki,
+    endpoint: &str,
+    (role, name): (&str, &str),
+    args: &[&str],
+) -> Output {
+    let pair = pki.issue_client(role, name).unwrap();
+    let (ca, cert, key) = (
+        pki.ca().to_str().unwrap().to_owned(),
+        pair.cert.to_str().unwrap().to_owned(),
+        pair.key.to_str().unwrap().to_owned(),
+    );
+    let mut full = vec![
+        "admin",
+        "--server",
+        endpoint,
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ];
+    full.extend_from_slice(args);
+    command(dir, &full).output().unwrap()
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
