@@ -5,6 +5,8 @@
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 use tonic::transport::Channel;
+use topology_claims::domain::Normalization;
+use topology_claims_proto::namespaces::normalization_to_pb;
 use topology_claims_proto::pb::admin as apb;
 use topology_claims_proto::pb::admin::admin_service_client::AdminServiceClient;
 
@@ -138,12 +140,13 @@ pub async fn run(
     }
 }
 
+/// The wire number of a `--normalization` (the proto crate's one mapping).
 fn normalization_pb(normalization: NormalizationArg) -> i32 {
-    match normalization {
-        NormalizationArg::Exact => apb::Normalization::Exact as i32,
-        NormalizationArg::AsciiCaseInsensitive => apb::Normalization::AsciiCaseInsensitive as i32,
-        NormalizationArg::PrecisUsername => apb::Normalization::PrecisUsername as i32,
-    }
+    normalization_to_pb(match normalization {
+        NormalizationArg::Exact => Normalization::Exact,
+        NormalizationArg::AsciiCaseInsensitive => Normalization::AsciiCaseInsensitive,
+        NormalizationArg::PrecisUsername => Normalization::PrecisUsername,
+    }) as i32
 }
 
 async fn create_namespace(
@@ -214,13 +217,9 @@ async fn delete_namespace(
     Ok(true)
 }
 
+/// The name of a wire normalization, as the domain spells it.
 fn normalization_name(number: i32) -> &'static str {
-    match apb::Normalization::try_from(number) {
-        Ok(apb::Normalization::Exact) => "exact",
-        Ok(apb::Normalization::AsciiCaseInsensitive) => "ascii-case-insensitive",
-        Ok(apb::Normalization::PrecisUsername) => "precis-username",
-        _ => "unknown",
-    }
+    Normalization::from_number(i64::from(number)).map_or("unknown", Normalization::name)
 }
 
 fn as_json(namespace: &apb::Namespace) -> serde_json::Value {

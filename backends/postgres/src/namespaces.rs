@@ -23,6 +23,7 @@ use topology_claims::domain::{
 use topology_claims::ClaimsError;
 
 use crate::error::{Contended, Failure};
+use crate::rows::small;
 use crate::session::Session;
 use crate::sql;
 
@@ -207,14 +208,15 @@ async fn write_namespace(
     stored: &StoredNamespace,
 ) -> Result<u64, tokio_postgres::Error> {
     let row = NamespaceRow::of(stored);
-    let small = |n: i64| i16::try_from(n).unwrap_or(i16::MAX);
+    // The row's columns are i64 (shared by every backend); these three are smallint here.
+    let smallint = |n: i64| i16::try_from(n).unwrap_or(i16::MAX);
     tx.execute(
         statement,
         &[
-            &small(row.number),
+            &smallint(row.number),
             &row.id,
-            &small(row.normalization),
-            &small(row.max_chars),
+            &smallint(row.normalization),
+            &smallint(row.max_chars),
             &row.pattern,
             &row.reserved,
             &row.description,
@@ -264,7 +266,7 @@ pub(crate) async fn delete_attempt(
         .query(sql::SELECT_ALL_NAMESPACES_FOR_UPDATE, &[])
         .await?;
     let namespaces = from_rows(&rows)?;
-    let number = i16::try_from(namespaces.find(id)?.number).unwrap_or(i16::MAX);
+    let number = small(namespaces.find(id)?.number);
     let held: i64 = client
         .query_one(sql::COUNT_CLAIMS_OF_NAMESPACE, &[&number])
         .await?
@@ -295,7 +297,7 @@ pub(crate) async fn update_attempt(
         .query(sql::SELECT_NAMESPACE_FOR_UPDATE, &[&id])
         .await?;
     let current = from_rows(&rows)?.find(id)?.clone();
-    let number = i16::try_from(current.number).unwrap_or(i16::MAX);
+    let number = small(current.number);
     // The claims are read only when the change needs the proof.
     let needs_proof =
         domain::decide_namespace_update(&current.namespace, update.clone())?.needs_proof;
@@ -335,7 +337,7 @@ pub(crate) async fn adopt_builtins(
                 continue;
             }
         };
-        let number = i16::try_from(stored.number).unwrap_or(i16::MAX);
+        let number = small(stored.number);
         let claims = proof_claims(tx, number).await?;
         let adoption = domain::decide_adoption(&stored.namespace, &claims);
         let next = match &adoption {
