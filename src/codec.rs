@@ -78,13 +78,31 @@ fn claim_record_from(
 ) -> Result<ClaimRecord, ClaimsError> {
     let namespace = namespace_from_pb(record.claim_type, &record.namespace, &field)?;
     // The enums' own parse_field, with its message, only once a number is known to be bad.
-    let owner_type = match OwnerType::from_number(i64::from(record.owner)) {
-        Some(known) => known,
-        None => OwnerType::parse_field(record.owner, &format!("{field}.owner"))?,
+    // The common shape (a legacy enum alone) costs no allocation; paths are written out only
+    // for the uncommon ones.
+    let owner_type = match (
+        OwnerType::from_number(i64::from(record.owner)),
+        record.owner_type.as_str(),
+    ) {
+        (Some(known), "") => known,
+        _ => OwnerType::from_wire(
+            record.owner,
+            &record.owner_type,
+            &format!("{field}.owner"),
+            &format!("{field}.owner_type"),
+        )?,
     };
-    let table_name = match TableName::from_number(i64::from(record.table_name)) {
-        Some(known) => known,
-        None => TableName::parse_field(record.table_name, &format!("{field}.table_name"))?,
+    let table_name = match (
+        TableName::from_number(i64::from(record.table_name)),
+        record.source_table.as_str(),
+    ) {
+        (Some(known), "") => known,
+        _ => TableName::from_wire(
+            record.table_name,
+            &record.source_table,
+            &format!("{field}.table_name"),
+            &format!("{field}.source_table"),
+        )?,
     };
     let (key, display) = match origin {
         Origin::Stored
@@ -168,6 +186,8 @@ pub fn claim_record_to_pb(record: &ClaimRecord) -> pb::ClaimRecord {
         owner: record.owner_type.number(),
         owner_value: record.owner_value.clone(),
         table_name: record.table_name.number(),
+        owner_type: record.owner_type.name().to_owned(),
+        source_table: record.table_name.name().to_owned(),
         table_record_id: record.table_record_id,
         namespace: record.key.namespace.to_string(),
         claim_key: if record.display.is_some() {

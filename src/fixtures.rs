@@ -23,7 +23,7 @@ pub fn record_in(
     ClaimRecord {
         display: None,
         key: key(namespace, value),
-        owner_type: OwnerType::User,
+        owner_type: OwnerType::USER,
         owner_value: format!("owner-of-{value}"),
         table_name: table,
         table_record_id: record_id,
@@ -31,15 +31,15 @@ pub fn record_in(
 }
 
 pub fn username(value: &str) -> ClaimRecord {
-    record_in(TableName::Users, 1, ClaimType::Username, value)
+    record_in(TableName::USERS, 1, ClaimType::Username, value)
 }
 
 pub fn email(value: &str) -> ClaimRecord {
-    record_in(TableName::Emails, 1, ClaimType::Email, value)
+    record_in(TableName::EMAILS, 1, ClaimType::Email, value)
 }
 
 pub fn route(value: &str) -> ClaimRecord {
-    record_in(TableName::Routes, 1, ClaimType::Routes, value)
+    record_in(TableName::ROUTES, 1, ClaimType::Routes, value)
 }
 
 pub fn creates(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
@@ -81,7 +81,7 @@ pub fn updates(cell_id: &CellId, records: &[ClaimRecord]) -> BeginUpdate {
 pub fn moved(record: &ClaimRecord, owner: &str, table: TableName, record_id: i64) -> ClaimRecord {
     ClaimRecord {
         display: None,
-        owner_type: OwnerType::Project,
+        owner_type: OwnerType::PROJECT,
         owner_value: owner.to_owned(),
         table_name: table,
         table_record_id: record_id,

@@ -17,6 +17,7 @@ impl From<StreamClaimsRequest> for ListClaimsRequest {
             cursor_key: r.cursor_key,
             page_token: r.page_token,
             page_tokens: r.page_tokens,
+            source_table: r.source_table,
         }
     }
 }
@@ -31,6 +32,7 @@ impl From<ListClaimsRequest> for StreamClaimsRequest {
             cursor_key: r.cursor_key,
             page_token: r.page_token,
             page_tokens: r.page_tokens,
+            source_table: r.source_table,
         }
     }
 }

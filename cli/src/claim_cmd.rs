@@ -34,7 +34,7 @@ pub struct ClaimArgs {
     #[arg(long)]
     value: String,
 
-    /// What kind of entity owns the claim: user, group or project.
+    /// What kind of entity owns the claim: user, group, project or any [a-z0-9_]{1,63}.
     #[arg(long, default_value = "user", value_parser = parse_owner)]
     owner_type: OwnerType,
 
@@ -42,8 +42,8 @@ pub struct ClaimArgs {
     #[arg(long)]
     owner_value: Option<String>,
 
-    /// The cell's table whose record implies the claim: users, emails, routes, projects or
-    /// groups (what the cell's verifier compares against).
+    /// The cell's table whose record implies the claim (what the cell's verifier compares
+    /// against): users, emails, routes, projects, groups or any [a-z0-9_]{1,63}.
     #[arg(long, default_value = "users", value_parser = parse_table)]
     source_table: TableName,
 
@@ -53,12 +53,11 @@ pub struct ClaimArgs {
 }
 
 fn parse_owner(text: &str) -> Result<OwnerType, String> {
-    OwnerType::from_name(text).ok_or_else(|| format!("{text:?} is not user, group or project"))
+    OwnerType::parse_name(text, "--owner-type").map_err(|e| e.to_string())
 }
 
 fn parse_table(text: &str) -> Result<TableName, String> {
-    TableName::from_name(text)
-        .ok_or_else(|| format!("{text:?} is not users, emails, routes, projects or groups"))
+    TableName::parse_name(text, "--source-table").map_err(|e| e.to_string())
 }
 
 /// Exit statuses: done; refused by the service (taken, leased, not the owner, …); error.
@@ -103,12 +102,12 @@ async fn claim_or_release(args: &ClaimArgs, release: bool) -> Result<String, Cla
             args.value.clone(),
         ),
         display: None,
-        owner_type: args.owner_type,
+        owner_type: args.owner_type.clone(),
         owner_value: args
             .owner_value
             .clone()
             .unwrap_or_else(|| args.value.clone()),
-        table_name: args.source_table,
+        table_name: args.source_table.clone(),
         table_record_id: args.source_record_id,
     };
     record.check("claim")?;

@@ -289,20 +289,25 @@ fn timestamp_text(ts: Option<&prost_types::Timestamp>) -> String {
 }
 
 fn format_lookup(namespace: &str, value: &str, response: &pb::LookupClaimResponse) -> String {
-    let name_of = |n: i32, name: Option<&'static str>| {
-        name.map_or_else(|| format!("unknown ({n})"), str::to_owned)
+    // The name a server sends; a server from before free-form names sends the enum alone.
+    let name_of = |text: &str, n: i32, legacy: Option<String>| match (text, legacy) {
+        ("", Some(name)) => name,
+        ("", None) => format!("unknown ({n})"),
+        (text, _) => text.to_owned(),
     };
     let mut text = format!("claim:      {namespace} {value}\n");
     text.push_str(&format!("cell:       {}\n", response.cell_id));
     text.push_str(&format!("state:      {}\n", state_name(response.state)));
     if let Some(claim) = &response.claim {
         let owner = name_of(
+            &claim.owner_type_name,
             claim.owner_type,
-            OwnerType::from_number(claim.owner_type.into()).map(OwnerType::name),
+            OwnerType::from_number(claim.owner_type.into()).map(|o| o.name().to_owned()),
         );
         let table = name_of(
+            &claim.source_table,
             claim.table_name,
-            TableName::from_number(claim.table_name.into()).map(TableName::name),
+            TableName::from_number(claim.table_name.into()).map(|t| t.name().to_owned()),
         );
         if claim.claim_value != value || (!claim.claim_key.is_empty() && claim.claim_key != value) {
             text.push_str(&format!(
@@ -438,15 +443,17 @@ mod tests {
             claim: Some(pb::ClaimInfo {
                 claim_type: ClaimType::Email.number(),
                 claim_value: "a@example.com".into(),
-                owner_type: OwnerType::User.number(),
+                owner_type: OwnerType::USER.number(),
                 owner_value: "u-1".into(),
-                table_name: TableName::Emails.number(),
+                table_name: TableName::EMAILS.number(),
                 table_record_id: 17,
                 created_at: Some(ts(0)),
                 updated_at: Some(ts(60)),
                 state: pb::ClaimState::Creating.into(),
                 namespace: "emails".into(),
                 claim_key: "a@example.com".into(),
+                owner_type_name: String::new(),
+                source_table: String::new(),
             }),
             cell_id: "cell-a".into(),
             state: pb::ClaimState::Creating.into(),

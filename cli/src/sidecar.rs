@@ -292,15 +292,17 @@ fn load_source_file(path: &PathBuf) -> Result<BTreeMap<TableName, String>, Claim
         })?;
     let mut queries = BTreeMap::new();
     for (name, section) in tables {
-        let table = TableName::from_name(name).ok_or_else(|| ClaimsError::Configuration {
-            message: format!(
-                "verify source: unknown table {name:?}; one of: {}",
-                TableName::ALL
-                    .iter()
-                    .map(|t| t.name())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+        // Any source table name the service takes: the cell's claims name it (source_table).
+        let table = TableName::parse_name(name, "").map_err(|e| {
+            let problem = match e {
+                ClaimsError::InvalidRequest { description, .. } => description,
+                other => other.to_string(),
+            };
+            ClaimsError::Configuration {
+                message: format!(
+                    "verify source: [tables.{name:?}] is not a source table name: {problem}"
+                ),
+            }
         })?;
         let query = section
             .get("query")
@@ -339,7 +341,7 @@ pub async fn verify(args: VerifyArgs) -> ExitCode {
             cursor_file: Some(args.cursor_file.clone().unwrap_or_else(|| {
                 PathBuf::from(format!(".topology-claims-verify-{cell_id}.cursor"))
             })),
-            ..VerifierConfig::new(cell_id, queries.keys().copied().collect())
+            ..VerifierConfig::new(cell_id, queries.keys().cloned().collect())
         };
     let metrics = VerifyMetrics::new();
     topology_claims_server::metrics::register_process(metrics.registry());

@@ -44,7 +44,7 @@ async fn namespaces(dir: &Path, server: &Server, args: &[&str]) -> std::process:
 
 async fn commit_in(server: &Server, cell_id: &str, namespace: &str, value: &str) {
     let record = topology_claims_testkit::fixtures::record_in(
-        topology_claims::TableName::Projects,
+        topology_claims::TableName::PROJECTS,
         1,
         topology_claims::domain::NamespaceId::parse(namespace).unwrap(),
         value,

@@ -38,9 +38,9 @@ fn claim(lease: usize, n: usize) -> pb::ClaimRecord {
     pb::ClaimRecord {
         claim_type: ClaimType::Email.number(),
         claim_value: long_value("v", lease, n),
-        owner: OwnerType::User.number(),
+        owner: OwnerType::USER.number(),
         owner_value: long_value("owner", lease, n),
-        table_name: TableName::Users.number(),
+        table_name: TableName::USERS.number(),
         table_record_id: RECORD_ID,
         ..Default::default()
     }
@@ -61,13 +61,14 @@ fn claims_request(
 ) -> pb::ListClaimsRequest {
     pb::ListClaimsRequest {
         cell_id: CELL.into(),
-        table_name: TableName::Users.number(),
+        table_name: TableName::USERS.number(),
         cursor,
         limit,
         cursor_key,
         // Follows next_cursor_key, so a page may end inside record 77.
         page_token: String::new(),
         page_tokens: true,
+        source_table: String::new(),
     }
 }
 

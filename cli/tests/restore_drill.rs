@@ -35,7 +35,7 @@ struct Cell {
 }
 
 fn username(id: i64, name: &str) -> ClaimRecord {
-    let mut record = record_in(TableName::Users, id, ClaimType::Username, name);
+    let mut record = record_in(TableName::USERS, id, ClaimType::Username, name);
     record.owner_value = id.to_string();
     record
 }

@@ -29,9 +29,9 @@ fn email_claim(value: &str) -> pb::ClaimRecord {
     pb::ClaimRecord {
         claim_type: ClaimType::Email.number(),
         claim_value: value.to_owned(),
-        owner: OwnerType::User.number(),
+        owner: OwnerType::USER.number(),
         owner_value: "user-42".to_owned(),
-        table_name: TableName::Emails.number(),
+        table_name: TableName::EMAILS.number(),
         table_record_id: 4242,
         ..Default::default()
     }

@@ -67,7 +67,7 @@ async fn reconcile_once_commits_recorded_leases_and_rolls_back_stale_unrecorded_
     let db_path = dir.path().join("cell.db");
     let conn = local_db(&db_path);
     let a = cell("cell-a");
-    let user = |name: &str| record_in(TableName::Users, 1, ClaimType::Username, name);
+    let user = |name: &str| record_in(TableName::USERS, 1, ClaimType::Username, name);
     let recorded = client
         .begin_update(creates(&a, &[user("kept")]))
         .await
@@ -147,7 +147,7 @@ async fn verify_repairs_drift_after_a_dry_run_and_then_finds_nothing() {
     }
     let a = cell("cell-a");
     let claim = |id: i64, name: &str, owner: &str| {
-        let mut record = record_in(TableName::Users, id, ClaimType::Username, name);
+        let mut record = record_in(TableName::USERS, id, ClaimType::Username, name);
         record.owner_value = owner.to_owned();
         record
     };
@@ -251,7 +251,7 @@ async fn verify_repairs_drift_after_a_dry_run_and_then_finds_nothing() {
 fn verify_with_a_bad_source_file_fails_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let source = dir.path().join("verify.toml");
-    std::fs::write(&source, "[tables.nonsense]\nquery = \"SELECT 1\"\n").unwrap();
+    std::fs::write(&source, "[tables.\"ssh keys\"]\nquery = \"SELECT 1\"\n").unwrap();
     let db = dir.path().join("cell.db");
     drop(local_db(&db));
     let local = format!("sqlite://{}", db.display());
@@ -266,7 +266,10 @@ fn verify_with_a_bad_source_file_fails_clearly() {
     ]);
     assert_eq!(output.status.code(), Some(2));
     let err = String::from_utf8_lossy(&output.stderr);
-    assert!(err.contains("unknown table \"nonsense\""), "{err}");
+    assert!(
+        err.contains("[tables.\"ssh keys\"] is not a source table name"),
+        "{err}"
+    );
 }
 
 /// A cell database with users 1..=`users` (all old), its verify.toml, and the `verify` flags
@@ -386,7 +389,7 @@ async fn verify_exits_1_when_a_correction_fails() {
     let lease = client
         .begin_update(creates(
             &b,
-            &[record_in(TableName::Users, 1, ClaimType::Username, "u1")],
+            &[record_in(TableName::USERS, 1, ClaimType::Username, "u1")],
         ))
         .await
         .unwrap();

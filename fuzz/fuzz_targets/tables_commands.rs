@@ -84,12 +84,12 @@ fn record(cell_n: u8, key: u8) -> ClaimRecord {
             },
             format!("k{key}"),
         ),
-        owner_type: OwnerType::User,
+        owner_type: OwnerType::USER,
         owner_value: format!("owner-{}", cell_n % CELLS),
         table_name: if key % 4 == 0 {
-            TableName::Emails
+            TableName::EMAILS
         } else {
-            TableName::Users
+            TableName::USERS
         },
         table_record_id: i64::from(key / 2),
     }
@@ -285,9 +285,9 @@ fuzz_target!(|commands: Vec<Command>| {
                 limit,
             } => {
                 let table_name = if table {
-                    TableName::Emails
+                    TableName::EMAILS
                 } else {
-                    TableName::Users
+                    TableName::USERS
                 };
                 check_pages(&tables, &cell(c), table_name, usize::from(limit % 6));
             }

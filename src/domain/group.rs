@@ -276,9 +276,9 @@ mod tests {
         ClaimRecord {
             display: None,
             key: ClaimKey::new(ClaimType::ALL[0], format!("k{value}")),
-            owner_type: OwnerType::User,
+            owner_type: OwnerType::USER,
             owner_value: format!("o{id}"),
-            table_name: TableName::ALL[0],
+            table_name: TableName::ALL[0].clone(),
             table_record_id: id,
         }
     }

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod decide;
 pub mod group;
+mod names;
 pub mod namespaces;
 pub mod pages;
 pub mod reconcile;

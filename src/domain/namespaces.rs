@@ -99,13 +99,7 @@ impl NamespaceId {
         if self.0.is_empty() {
             return 0;
         }
-        let mut hash: u32 = 0x811c_9dc5;
-        for byte in self.0.bytes() {
-            hash ^= u32::from(byte);
-            hash = hash.wrapping_mul(0x0100_0193);
-        }
-        let span = (i16::MAX as u32) - (FIRST_NAMESPACE_NUMBER as u32) + 1;
-        FIRST_NAMESPACE_NUMBER + (hash % span) as i32
+        super::names::hashed_store_number(&self.0)
     }
 
     /// What a claim row's `namespace` column holds: NULL for a built-in (its number says it, as

@@ -268,7 +268,7 @@ pub fn check_claims_page_followable(
 ) -> Result<(), ClaimsError> {
     match page.split_record() {
         Some(record_id) if !resumes_inside_records => Err(ClaimsError::RecordExceedsPage {
-            table_name: query.table_name,
+            table_name: query.table_name.clone(),
             record_id,
         }),
         _ => Ok(()),
@@ -348,11 +348,14 @@ const CLAIMS_RESPONSE_FIXED_LEN: usize = 3 * SCALAR
     )
     + delimited(PAGE_TOKEN_MAX_LEN);
 
-/// `ClaimRecord` / `ClaimInfo`: claim type, owner type, table name, record id, the namespace,
-/// the value as sent, and the owner value; the key as well where it is written (a `ClaimInfo`
-/// always carries it, a `ClaimRecord` when it differs from the value as sent).
+/// `ClaimRecord` / `ClaimInfo`: claim type, owner type and table name (as enums and as names),
+/// record id, the namespace, the value as sent, and the owner value; the key as well where it is
+/// written (a `ClaimInfo` always carries it, a `ClaimRecord` when it differs from the value as
+/// sent).
 fn claim_record_len_bound(record: &ClaimRecord, with_key: bool) -> usize {
     3 * ENUM
+        + delimited(record.owner_type.name().len())
+        + delimited(record.table_name.name().len())
         + int_field(record.table_record_id)
         + delimited(record.key.namespace.as_str().len())
         + delimited(record.display_value().len())
@@ -407,9 +410,9 @@ mod tests {
             record: ClaimRecord {
                 display: None,
                 key: ClaimKey::new(ClaimType::Username, value),
-                owner_type: OwnerType::User,
+                owner_type: OwnerType::USER,
                 owner_value: "o".into(),
-                table_name: TableName::Users,
+                table_name: TableName::USERS,
                 table_record_id: id,
             },
             cell_id: CellId::parse("c").unwrap(),
@@ -422,7 +425,7 @@ mod tests {
     fn query(cursor: ClaimsCursor, limit: usize, max_bytes: usize) -> ClaimsQuery {
         ClaimsQuery {
             cell_id: CellId::parse("c").unwrap(),
-            table_name: TableName::Users,
+            table_name: TableName::USERS,
             cursor,
             limit,
             max_bytes,
@@ -506,7 +509,7 @@ mod tests {
         assert_eq!(
             check_claims_page_followable(&q, &page, false),
             Err(ClaimsError::RecordExceedsPage {
-                table_name: TableName::Users,
+                table_name: TableName::USERS,
                 record_id: 4,
             })
         );

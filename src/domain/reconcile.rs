@@ -118,9 +118,9 @@ mod tests {
         let record = ClaimRecord {
             display: None,
             key: ClaimKey::new(ClaimType::Username, "a"),
-            owner_type: OwnerType::User,
+            owner_type: OwnerType::USER,
             owner_value: "1".into(),
-            table_name: TableName::Users,
+            table_name: TableName::USERS,
             table_record_id: 1,
         };
         let cell_id = CellId::parse("c").unwrap();

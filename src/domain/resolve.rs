@@ -524,9 +524,9 @@ mod tests {
         ClaimRecord {
             key: ClaimKey::new(NamespaceId::parse(namespace).unwrap(), value),
             display: None,
-            owner_type: OwnerType::User,
+            owner_type: OwnerType::USER,
             owner_value: "o".into(),
-            table_name: TableName::Users,
+            table_name: TableName::USERS,
             table_record_id: 1,
         }
     }

@@ -317,9 +317,9 @@ mod tests {
         ClaimRecord {
             display: None,
             key: ClaimKey::new(ClaimType::Username, value),
-            owner_type: OwnerType::User,
+            owner_type: OwnerType::USER,
             owner_value: "1".into(),
-            table_name: TableName::Users,
+            table_name: TableName::USERS,
             table_record_id: 1,
         }
     }

@@ -76,7 +76,7 @@ type RecordIndexKey = (CellId, TableName, i64, ClaimKey);
 fn index_key(claim: &Claim) -> RecordIndexKey {
     (
         claim.cell_id.clone(),
-        claim.record.table_name,
+        claim.record.table_name.clone(),
         claim.record.table_record_id,
         claim.record.key.clone(),
     )
@@ -435,7 +435,7 @@ impl Tables {
         let start = match &cursor.after_key {
             Some(key) => Bound::Excluded((
                 query.cell_id.clone(),
-                query.table_name,
+                query.table_name.clone(),
                 cursor.record_id,
                 key.clone(),
             )),
@@ -443,7 +443,7 @@ impl Tables {
                 let lowest = ClaimKey::lowest();
                 Bound::Included((
                     query.cell_id.clone(),
-                    query.table_name,
+                    query.table_name.clone(),
                     cursor.record_id,
                     lowest,
                 ))
@@ -622,9 +622,9 @@ mod tests {
                 ClaimType::ALL[usize::from(claim_type) % ClaimType::ALL.len()],
                 format!("v{value}"),
             ),
-            owner_type: OwnerType::User,
+            owner_type: OwnerType::USER,
             owner_value: "o".into(),
-            table_name: TableName::ALL[usize::from(table) % TableName::ALL.len()],
+            table_name: TableName::ALL[usize::from(table) % TableName::ALL.len()].clone(),
             table_record_id: id,
         }
     }
@@ -656,7 +656,7 @@ mod tests {
                             .into_iter()
                             .map(|r| ClaimRecord {
                                 display: None,
-                                table_name: TableName::ALL[(r.table_name.number() as usize) % 3],
+                                table_name: TableName::ALL[(r.table_name.number() as usize) % 3].clone(),
                                 table_record_id: r.table_record_id + 1,
                                 ..r
                             })
@@ -682,12 +682,12 @@ mod tests {
                 }
             }
             for cell in &cells {
-                for &table in TableName::ALL {
+                for table in TableName::ALL {
                     let mut cursor = ClaimsCursor::at(0);
                     for step in 0..100 {
                         let query = ClaimsQuery {
                             cell_id: cell.clone(),
-                            table_name: table,
+                            table_name: table.clone(),
                             cursor: cursor.clone(),
                             limit: limits[step % limits.len()],
                             max_bytes: crate::domain::DEFAULT_MAX_RESPONSE_BYTES,

@@ -8,6 +8,7 @@ use uuid::Uuid;
 use crate::error::ClaimsError;
 
 use super::namespaces::NamespaceId;
+pub use super::names::{OwnerType, TableName, MAX_OPEN_NAME_LEN};
 
 /// Longest cell id, in bytes.
 pub const MAX_CELL_ID_LEN: usize = 100;
@@ -285,20 +286,6 @@ macro_rules! protocol_enum {
 protocol_enum!(
     /// What kind of value is claimed.
     ClaimType { Routes = 1 => "routes", Username = 2 => "username", Email = 3 => "email" }
-);
-protocol_enum!(
-    /// What kind of entity owns a claim.
-    OwnerType { Group = 1 => "group", Project = 2 => "project", User = 3 => "user" }
-);
-protocol_enum!(
-    /// The cell's table that holds the record behind a claim (for verification).
-    TableName {
-        Users = 1 => "users",
-        Emails = 2 => "emails",
-        Routes = 3 => "routes",
-        Projects = 4 => "projects",
-        Groups = 5 => "groups",
-    }
 );
 protocol_enum!(
     /// What a lease does to a claim when committed.

@@ -25,7 +25,7 @@ impl ClaimSource for Records {
 }
 
 fn user_record(id: i64, name: &str) -> topology_claims::ClaimRecord {
-    record_in(TableName::Users, id, ClaimType::Username, name)
+    record_in(TableName::USERS, id, ClaimType::Username, name)
 }
 
 /// A store clock two hours behind, so the claims written through it are not "recent".
@@ -81,7 +81,7 @@ async fn verifier_repairs_each_kind_of_drift_and_leaves_recent_records_alone() {
     ]));
     let config = VerifierConfig {
         page_size: 2,
-        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+        ..VerifierConfig::new(a.clone(), vec![TableName::USERS])
     };
 
     let dry = Verifier::new(
@@ -170,13 +170,13 @@ async fn verifier_corrects_a_different_claim_with_one_update_that_never_frees_it
     // The route moved from a project to its group locally; the service still has the project.
     let local = ClaimRecord {
         display: None,
-        owner_type: OwnerType::Group,
+        owner_type: OwnerType::GROUP,
         owner_value: "acme".into(),
-        ..record_in(TableName::Routes, 7, ClaimType::Routes, "acme/app")
+        ..record_in(TableName::ROUTES, 7, ClaimType::Routes, "acme/app")
     };
     let stale = ClaimRecord {
         display: None,
-        owner_type: OwnerType::Project,
+        owner_type: OwnerType::PROJECT,
         owner_value: "acme/app".into(),
         ..local.clone()
     };
@@ -188,7 +188,7 @@ async fn verifier_corrects_a_different_claim_with_one_update_that_never_frees_it
         record: local.clone(),
         created_at: Timestamp::from_unix_micros(1_000_000),
     }]));
-    let config = VerifierConfig::new(a.clone(), vec![TableName::Routes]);
+    let config = VerifierConfig::new(a.clone(), vec![TableName::ROUTES]);
     let report = Verifier::new(client.clone(), &records, config.clone())
         .run(|_| {})
         .await
@@ -272,7 +272,7 @@ async fn verifier_resumes_from_its_saved_cursor_within_a_time_budget() {
         page_size: 1,
         time_budget: Some(Duration::ZERO),
         cursor_file: Some(cursor_file.clone()),
-        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+        ..VerifierConfig::new(a.clone(), vec![TableName::USERS])
     };
     let report = Verifier::new(client.clone(), &records, config.clone())
         .run(|_| {})
@@ -331,13 +331,13 @@ async fn verifier_compares_a_record_split_over_pages_as_a_whole() {
     let records = Records(Mutex::new(local));
     let config = VerifierConfig {
         page_size: 2,
-        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+        ..VerifierConfig::new(a.clone(), vec![TableName::USERS])
     };
     let page = client
         .list_claims(
             &ClaimsQuery::new(
                 a.clone(),
-                TableName::Users,
+                TableName::USERS,
                 topology_claims::ClaimsCursor::at(4),
                 2,
             ),
@@ -395,7 +395,7 @@ async fn verifier_falls_back_to_list_claims_against_a_server_without_stream_clai
     let a = cell("cell-a");
     let query = ClaimsQuery::new(
         a.clone(),
-        TableName::Users,
+        TableName::USERS,
         topology_claims::ClaimsCursor::at(0),
         2,
     );
@@ -406,7 +406,7 @@ async fn verifier_falls_back_to_list_claims_against_a_server_without_stream_clai
     let records = old_users(0..7);
     let config = VerifierConfig {
         page_size: 2,
-        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+        ..VerifierConfig::new(a.clone(), vec![TableName::USERS])
     };
     let report = Verifier::new(client.clone(), &records, config.clone())
         .run(|_| {})
@@ -450,7 +450,7 @@ async fn verifier_over_the_stream_resumes_from_its_saved_cursor_after_a_kill() {
     let a = cell("cell-a");
     let query = ClaimsQuery::new(
         a.clone(),
-        TableName::Users,
+        TableName::USERS,
         topology_claims::ClaimsCursor::at(0),
         1,
     );
@@ -472,7 +472,7 @@ async fn verifier_over_the_stream_resumes_from_its_saved_cursor_after_a_kill() {
     let config = VerifierConfig {
         page_size: 1,
         cursor_file: Some(cursor_file.clone()),
-        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+        ..VerifierConfig::new(a.clone(), vec![TableName::USERS])
     };
     let saved = || -> i64 {
         std::fs::read_to_string(&cursor_file)
@@ -563,7 +563,7 @@ async fn a_correction_the_records_no_longer_call_for_is_withdrawn_not_committed(
     let config = VerifierConfig {
         chunk: 1,
         slot: None,
-        ..VerifierConfig::new(a.clone(), vec![TableName::Users])
+        ..VerifierConfig::new(a.clone(), vec![TableName::USERS])
     };
     let report = Verifier::new(client.clone(), &source, config)
         .on_correction(move |e| {
@@ -614,13 +614,13 @@ async fn a_correction_the_records_no_longer_call_for_is_withdrawn_not_committed(
 #[tokio::test]
 async fn a_record_moved_to_another_table_is_corrected_by_one_update_in_either_order() {
     for tables in [
-        vec![TableName::Emails, TableName::Users],
-        vec![TableName::Users, TableName::Emails],
+        vec![TableName::EMAILS, TableName::USERS],
+        vec![TableName::USERS, TableName::EMAILS],
     ] {
         let server = old_claims_server().await;
         let client = client(&server);
         let a = cell("cell-a");
-        let old = record_in(TableName::Emails, 3, ClaimType::Username, "alice");
+        let old = record_in(TableName::EMAILS, 3, ClaimType::Username, "alice");
         let moved = user_record(7, "alice");
         let lease = client
             .begin_update(creates(&a, std::slice::from_ref(&old)))

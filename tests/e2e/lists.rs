@@ -25,18 +25,18 @@ async fn list_claims_pages_tile_the_id_space_and_include_leased_claims(store: Ar
     // Record 5 has three claims: at limit 2 the page before it ends at record 5, and record 5
     // alone fills the next page, so it is split after its second claim.
     let records = [
-        claim(ClaimType::Routes, "r-1", TableName::Routes, 1),
-        claim(ClaimType::Routes, "r-5a", TableName::Routes, 5),
-        claim(ClaimType::Routes, "r-5b", TableName::Routes, 5),
-        claim(ClaimType::Routes, "r-5c", TableName::Routes, 5),
-        claim(ClaimType::Routes, "r-9", TableName::Routes, 9),
+        claim(ClaimType::Routes, "r-1", TableName::ROUTES, 1),
+        claim(ClaimType::Routes, "r-5a", TableName::ROUTES, 5),
+        claim(ClaimType::Routes, "r-5b", TableName::ROUTES, 5),
+        claim(ClaimType::Routes, "r-5c", TableName::ROUTES, 5),
+        claim(ClaimType::Routes, "r-9", TableName::ROUTES, 9),
     ];
     claimed(&mut c, "cell-a", &records[..4]).await;
     begin(&mut c, request("cell-a", &records[4..], &[])).await; // left leased
     claimed(
         &mut c,
         "cell-b",
-        &[claim(ClaimType::Routes, "b-3", TableName::Routes, 3)],
+        &[claim(ClaimType::Routes, "b-3", TableName::ROUTES, 3)],
     )
     .await;
 
@@ -48,7 +48,7 @@ async fn list_claims_pages_tile_the_id_space_and_include_leased_claims(store: Ar
     loop {
         let request = pb::ListClaimsRequest {
             cursor_key: cursor_key.clone(),
-            ..claims_req("cell-a", TableName::Routes, cursor, 2)
+            ..claims_req("cell-a", TableName::ROUTES, cursor, 2)
         };
         let page = ok(c.list_claims(request).await, "page");
         assert_eq!(page.start_range, expected_start, "pages leave no gap");
@@ -139,7 +139,7 @@ async fn default_page_sizes_apply_when_limit_is_zero(store: Arc<dyn ClaimStore>)
             claim(
                 ClaimType::Email,
                 &format!("u{i}@example.com"),
-                TableName::Emails,
+                TableName::EMAILS,
                 i,
             )
         })
@@ -147,7 +147,7 @@ async fn default_page_sizes_apply_when_limit_is_zero(store: Arc<dyn ClaimStore>)
     begin(&mut c, request("cell-b", &records[..1000], &[])).await;
     begin(&mut c, request("cell-b", &records[1000..], &[])).await;
     let page = ok(
-        c.list_claims(claims_req("cell-b", TableName::Emails, 0, 0))
+        c.list_claims(claims_req("cell-b", TableName::EMAILS, 0, 0))
             .await,
         "list",
     );
@@ -176,7 +176,7 @@ async fn pages_stop_before_the_configured_response_budget(store: Arc<dyn ClaimSt
                 ..claim(
                     ClaimType::Email,
                     &long("v", lease * 100 + i),
-                    TableName::Emails,
+                    TableName::EMAILS,
                     3,
                 )
             })
@@ -218,7 +218,7 @@ async fn pages_stop_before_the_configured_response_budget(store: Arc<dyn ClaimSt
     loop {
         let request = pb::ListClaimsRequest {
             cursor_key: cursor_key.clone(),
-            ..claims_req("cell-a", TableName::Emails, cursor, 0)
+            ..claims_req("cell-a", TableName::EMAILS, cursor, 0)
         };
         let page = ok(c.list_claims(request).await, "claims page");
         assert!(page.encoded_len() <= budget, "{} bytes", page.encoded_len());

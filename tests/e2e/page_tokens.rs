@@ -51,7 +51,7 @@ async fn loaded(store: Arc<dyn ClaimStore>) -> (TestServer, Vec<String>) {
     ] {
         for i in 0..claims {
             let value = long_value(record, i);
-            records.push(claim(ClaimType::Username, &value, TableName::Users, record));
+            records.push(claim(ClaimType::Username, &value, TableName::USERS, record));
         }
     }
     for batch in records.chunks(1000) {
@@ -63,7 +63,7 @@ async fn loaded(store: Arc<dyn ClaimStore>) -> (TestServer, Vec<String>) {
         [claim(
             ClaimType::Email,
             "a@example.com",
-            TableName::Emails,
+            TableName::EMAILS,
             10,
         )],
     )
@@ -71,7 +71,7 @@ async fn loaded(store: Arc<dyn ClaimStore>) -> (TestServer, Vec<String>) {
     claimed(
         &mut c,
         "cell-b",
-        [claim(ClaimType::Username, "b-10", TableName::Users, 10)],
+        [claim(ClaimType::Username, "b-10", TableName::USERS, 10)],
     )
     .await;
     // Values are zero-padded, so their order is the page order within each record.
@@ -91,7 +91,7 @@ async fn a_record_larger_than_a_page_is_listed_once_by_token_followers_and_refus
 
     // A token follower: the first request names where to start, the others send the token
     // alone (no cursor, no cursor_key) until it is empty.
-    let first = claims_req("cell-a", TableName::Users, 0, 0);
+    let first = claims_req("cell-a", TableName::USERS, 0, 0);
     let mut request = first.clone();
     let mut listed = Vec::new();
     let mut pages = 0;
@@ -112,7 +112,7 @@ async fn a_record_larger_than_a_page_is_listed_once_by_token_followers_and_refus
         }
         request = pb::ListClaimsRequest {
             page_token: page.next_page_token,
-            ..claims_req("cell-a", TableName::Users, 0, 0)
+            ..claims_req("cell-a", TableName::USERS, 0, 0)
         };
         assert!(pages < 100, "paging advances");
     }
@@ -181,7 +181,7 @@ async fn a_record_larger_than_a_page_is_listed_once_by_token_followers_and_refus
     let resumed: Vec<pb::ClaimsRange> = ok(
         c.stream_claims(pb::StreamClaimsRequest {
             page_token: ranges[split].next_page_token.clone(),
-            ..pb::StreamClaimsRequest::from(claims_req("cell-a", TableName::Users, 0, 0))
+            ..pb::StreamClaimsRequest::from(claims_req("cell-a", TableName::USERS, 0, 0))
         })
         .await,
         "StreamClaims from a token",
@@ -197,18 +197,18 @@ async fn altered_or_replayed_page_tokens_are_invalid_argument(store: Arc<dyn Cla
     let server = TestServer::start(store).await;
     let mut c = server.client().await;
     let records: Vec<pb::ClaimRecord> = (0..3)
-        .map(|i| claim(ClaimType::Username, &format!("u-{i}"), TableName::Users, 7))
+        .map(|i| claim(ClaimType::Username, &format!("u-{i}"), TableName::USERS, 7))
         .collect();
     claimed(&mut c, "cell-a", &records).await;
     claimed(
         &mut c,
         "cell-b",
-        [claim(ClaimType::Username, "b-7", TableName::Users, 7)],
+        [claim(ClaimType::Username, "b-7", TableName::USERS, 7)],
     )
     .await;
     // At limit 2, record 7 is split: the token carries record 7 and its second claim.
     let page = ok(
-        c.list_claims(claims_req("cell-a", TableName::Users, 0, 2))
+        c.list_claims(claims_req("cell-a", TableName::USERS, 0, 2))
             .await,
         "first page",
     );
@@ -219,7 +219,7 @@ async fn altered_or_replayed_page_tokens_are_invalid_argument(store: Arc<dyn Cla
         ..claims_req(cell, table, 0, 2)
     };
     let rest = ok(
-        c.list_claims(with("cell-a", TableName::Users, &token))
+        c.list_claims(with("cell-a", TableName::USERS, &token))
             .await,
         "the token itself",
     );
@@ -230,13 +230,13 @@ async fn altered_or_replayed_page_tokens_are_invalid_argument(store: Arc<dyn Cla
     altered[middle] = if altered[middle] == b'A' { b'B' } else { b'A' };
     let altered = String::from_utf8(altered).unwrap();
     for (_what, request) in [
-        ("altered", with("cell-a", TableName::Users, &altered)),
+        ("altered", with("cell-a", TableName::USERS, &altered)),
         (
             "forged",
-            with("cell-a", TableName::Users, "c2VsZWN0ICogZnJvbSBjbGFpbXM"),
+            with("cell-a", TableName::USERS, "c2VsZWN0ICogZnJvbSBjbGFpbXM"),
         ),
-        ("another table's", with("cell-a", TableName::Emails, &token)),
-        ("another cell's", with("cell-b", TableName::Users, &token)),
+        ("another table's", with("cell-a", TableName::EMAILS, &token)),
+        ("another cell's", with("cell-b", TableName::USERS, &token)),
     ] {
         let status = c.list_claims(request.clone()).await;
         expect_invalid(status, "page_token");
@@ -248,7 +248,7 @@ async fn altered_or_replayed_page_tokens_are_invalid_argument(store: Arc<dyn Cla
     // A token is the whole position: a cursor naming another one beside it is refused.
     let conflicting = pb::ListClaimsRequest {
         cursor: 3,
-        ..with("cell-a", TableName::Users, &token)
+        ..with("cell-a", TableName::USERS, &token)
     };
     expect_invalid(c.list_claims(conflicting).await, "page_token");
     server.shutdown().await;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use tonic::Code;
-use topology_claims::{ClaimStore, ClaimType, TableName};
+use topology_claims::{ClaimStore, ClaimType, OwnerType, TableName};
 use topology_claims_proto::pb;
 use topology_claims_testkit::TestServer;
 
@@ -23,10 +23,10 @@ async fn happy_path_user_email_and_route_are_routable_while_creating_and_active_
     let server = TestServer::start(store).await;
     let mut client = server.client().await;
     let claims = [
-        claim(ClaimType::Username, "alice", TableName::Users, 7),
-        claim(ClaimType::Email, "alice@example.com", TableName::Emails, 70),
-        claim(ClaimType::Routes, "alice", TableName::Routes, 700),
-        claim(ClaimType::Routes, "alice/blog", TableName::Routes, 701),
+        claim(ClaimType::Username, "alice", TableName::USERS, 7),
+        claim(ClaimType::Email, "alice@example.com", TableName::EMAILS, 70),
+        claim(ClaimType::Routes, "alice", TableName::ROUTES, 700),
+        claim(ClaimType::Routes, "alice/blog", TableName::ROUTES, 701),
     ];
 
     // Phase 1: one BeginUpdate for the whole batch.
@@ -37,11 +37,17 @@ async fn happy_path_user_email_and_route_are_routable_while_creating_and_active_
         .original_request
         .as_ref()
         .expect("the original request");
-    // As sent, with the namespace each legacy claim_type stands for.
+    // As sent, with the namespace each legacy claim_type stands for and the names of the legacy
+    // owner and table enums.
     let with_namespaces: Vec<pb::ClaimRecord> = claims
         .iter()
         .map(|c| pb::ClaimRecord {
             namespace: ["routes", "usernames", "emails"][c.claim_type as usize - 1].to_owned(),
+            owner_type: OwnerType::from_number(c.owner.into()).unwrap().name().to_owned(),
+            source_table: TableName::from_number(c.table_name.into())
+                .unwrap()
+                .name()
+                .to_owned(),
             ..c.clone()
         })
         .collect();
@@ -92,7 +98,7 @@ async fn happy_path_user_email_and_route_are_routable_while_creating_and_active_
 
     let users = ok(
         client
-            .list_claims(claims_req("cell-a", TableName::Users, 0, 0))
+            .list_claims(claims_req("cell-a", TableName::USERS, 0, 0))
             .await,
         "list",
     );

@@ -47,7 +47,7 @@ async fn loaded(store: Arc<dyn ClaimStore>) -> TestServer {
         for i in 0..n {
             if records.len() < 2500 {
                 let value = format!("user-{id}-{i}-padding-to-a-realistic-length");
-                records.push(claim(ClaimType::Username, &value, TableName::Users, id * 3));
+                records.push(claim(ClaimType::Username, &value, TableName::USERS, id * 3));
             }
         }
     }
@@ -60,13 +60,13 @@ async fn loaded(store: Arc<dyn ClaimStore>) -> TestServer {
     claimed(
         &mut c,
         "cell-a",
-        [claim(ClaimType::Routes, "r-1", TableName::Routes, 30)],
+        [claim(ClaimType::Routes, "r-1", TableName::ROUTES, 30)],
     )
     .await;
     claimed(
         &mut c,
         "cell-b",
-        [claim(ClaimType::Username, "b-1", TableName::Users, 30)],
+        [claim(ClaimType::Username, "b-1", TableName::USERS, 30)],
     )
     .await;
     server
@@ -109,7 +109,7 @@ async fn stream_claims_yields_exactly_the_list_claims_tiling(store: Arc<dyn Clai
     let server = loaded(store).await;
     let mut c = server.client().await;
     for limit in [97, 0] {
-        let first = claims_req("cell-a", TableName::Users, 0, limit);
+        let first = claims_req("cell-a", TableName::USERS, 0, limit);
         let pages = list_pages(&mut c, first.clone()).await;
         let ranges = stream_ranges(&mut c, stream_req(&first)).await;
         assert_eq!(ranges, pages, "limit {limit}");
@@ -142,7 +142,7 @@ async fn stream_claims_yields_exactly_the_list_claims_tiling(store: Arc<dyn Clai
 async fn stream_claims_resumes_from_a_cursor_inside_the_tiling(store: Arc<dyn ClaimStore>) {
     let server = loaded(store).await;
     let mut c = server.client().await;
-    let first = claims_req("cell-a", TableName::Users, 0, 97);
+    let first = claims_req("cell-a", TableName::USERS, 0, 97);
     let pages = list_pages(&mut c, first.clone()).await;
     let split = pages
         .iter()
@@ -165,9 +165,9 @@ async fn stream_claims_refuses_a_bad_request_before_streaming(store: Arc<dyn Cla
     let server = TestServer::start(store).await;
     let mut c = server.client().await;
     for (request, field) in [
-        (claims_req("cell-a", TableName::Users, -1, 0), "cursor"),
-        (claims_req("cell-a", TableName::Users, 0, 10_001), "limit"),
-        (claims_req("", TableName::Users, 0, 0), "cell_id"),
+        (claims_req("cell-a", TableName::USERS, -1, 0), "cursor"),
+        (claims_req("cell-a", TableName::USERS, 0, 10_001), "limit"),
+        (claims_req("", TableName::USERS, 0, 0), "cell_id"),
     ] {
         let status = c
             .stream_claims(stream_req(&request))

@@ -77,7 +77,7 @@ pub fn claim(
     pb::ClaimRecord {
         claim_type: claim_type.number(),
         claim_value: value.to_owned(),
-        owner: OwnerType::User.number(),
+        owner: OwnerType::USER.number(),
         owner_value: format!("owner-of-{value}"),
         table_name: table.number(),
         table_record_id: record_id,
@@ -86,15 +86,15 @@ pub fn claim(
 }
 
 pub fn username(value: &str) -> pb::ClaimRecord {
-    claim(ClaimType::Username, value, TableName::Users, 1)
+    claim(ClaimType::Username, value, TableName::USERS, 1)
 }
 
 pub fn email(value: &str) -> pb::ClaimRecord {
-    claim(ClaimType::Email, value, TableName::Emails, 1)
+    claim(ClaimType::Email, value, TableName::EMAILS, 1)
 }
 
 pub fn route(value: &str) -> pb::ClaimRecord {
-    claim(ClaimType::Routes, value, TableName::Routes, 1)
+    claim(ClaimType::Routes, value, TableName::ROUTES, 1)
 }
 
 /// A BeginUpdate request; `creates` / `destroys` are arrays, vectors or slices of records.
@@ -163,6 +163,7 @@ pub fn claims_req(cell: &str, table: TableName, cursor: i64, limit: i32) -> pb::
         cursor_key: None,
         page_token: String::new(),
         page_tokens: true,
+        source_table: String::new(),
     }
 }
 

@@ -42,7 +42,7 @@ async fn cell_id_rules_are_enforced_at_and_past_their_limits_on_every_rpc(
         "list leases",
     );
     ok(
-        c.list_claims(claims_req(&longest, TableName::Users, 0, 0))
+        c.list_claims(claims_req(&longest, TableName::USERS, 0, 0))
             .await,
         "list claims",
     );
@@ -80,7 +80,7 @@ async fn cell_id_rules_are_enforced_at_and_past_their_limits_on_every_rpc(
             "cell_id",
         );
         expect_invalid(
-            c.list_claims(claims_req(bad, TableName::Users, 0, 0)).await,
+            c.list_claims(claims_req(bad, TableName::USERS, 0, 0)).await,
             "cell_id",
         );
     }
@@ -100,18 +100,23 @@ async fn claim_record_rules_are_enforced_at_and_past_their_limits(store: Arc<dyn
 
     // At the limits: accepted.
     let mut at_limits = vec![
-        claim(ClaimType::Username, &ascii_255, TableName::Users, 0),
-        claim(ClaimType::Email, &utf8_255, TableName::Emails, i64::MAX - 1),
-        claim(ClaimType::Routes, "x", TableName::Groups, 1),
+        claim(ClaimType::Username, &ascii_255, TableName::USERS, 0),
+        claim(ClaimType::Email, &utf8_255, TableName::EMAILS, i64::MAX - 1),
+        claim(ClaimType::Routes, "x", TableName::GROUPS, 1),
     ];
     at_limits[0].owner_value = "o".repeat(255);
     at_limits[1].owner_value = utf8_255.clone();
-    at_limits[2].owner = OwnerType::Group.number();
+    at_limits[2].owner = OwnerType::GROUP.number();
+    // Owner types and tables outside the legacy enums, as names: the longest accepted.
+    let mut free_form = claim(ClaimType::Routes, "free-form", TableName::USERS, 3);
+    (free_form.owner, free_form.owner_type) = (0, "o".repeat(63));
+    (free_form.table_name, free_form.source_table) = (0, "ssh_keys_2".to_owned());
+    at_limits.push(free_form);
     for owner in OwnerType::ALL {
         let mut record = claim(
             ClaimType::Routes,
             &format!("owner-{owner}"),
-            TableName::Projects,
+            TableName::PROJECTS,
             2,
         );
         record.owner = owner.number();
@@ -152,10 +157,15 @@ async fn claim_record_rules_are_enforced_at_and_past_their_limits(store: Arc<dyn
         ("namespace", |r| r.namespace = "emails".to_owned()),
         ("claim_type", |r| r.claim_type = 4),
         ("claim_type", |r| r.claim_type = -1),
-        ("owner", |r| r.owner = 0),
+        ("owner_type", |r| r.owner = 0),
         ("owner", |r| r.owner = 4),
-        ("table_name", |r| r.table_name = 0),
+        ("owner_type", |r| r.owner_type = "Organization".to_owned()),
+        ("owner_type", |r| r.owner_type = "o".repeat(64)),
+        ("owner_type", |r| r.owner_type = "group".to_owned()),
+        ("source_table", |r| r.table_name = 0),
         ("table_name", |r| r.table_name = 6),
+        ("source_table", |r| r.source_table = "ssh keys".to_owned()),
+        ("source_table", |r| r.source_table = "emails".to_owned()),
         ("table_record_id", |r| r.table_record_id = -1),
         ("table_record_id", |r| r.table_record_id = i64::MAX),
         ("table_record_id", |r| r.table_record_id = i64::MIN),
@@ -303,7 +313,7 @@ async fn batch_size_rules_are_enforced_before_any_store_access(store: Arc<dyn Cl
                 claim(
                     ClaimType::Username,
                     &format!("{prefix}-{i}"),
-                    TableName::Users,
+                    TableName::USERS,
                     i as i64,
                 )
             })
@@ -354,14 +364,14 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
     }
     for bad in [-1, i32::MIN, 10_001, i32::MAX] {
         expect_invalid(
-            c.list_claims(claims_req("cell-a", TableName::Users, 0, bad))
+            c.list_claims(claims_req("cell-a", TableName::USERS, 0, bad))
                 .await,
             "limit",
         );
     }
     for bad in [-1, i64::MIN, i64::MAX] {
         expect_invalid(
-            c.list_claims(claims_req("cell-a", TableName::Users, bad, 0))
+            c.list_claims(claims_req("cell-a", TableName::USERS, bad, 0))
                 .await,
             "cursor",
         );
@@ -375,7 +385,8 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
             cursor_key: None,
             ..Default::default()
         };
-        expect_invalid(c.list_claims(req).await, "table_name");
+        let field = if bad == 0 { "source_table" } else { "table_name" };
+        expect_invalid(c.list_claims(req).await, field);
     }
     for (claim_type, value, field) in [
         (0, "a", "cursor_key.namespace"),
@@ -389,7 +400,7 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
                 claim_value: value.into(),
                 ..Default::default()
             }),
-            ..claims_req("cell-a", TableName::Users, 0, 0)
+            ..claims_req("cell-a", TableName::USERS, 0, 0)
         };
         expect_invalid(c.list_claims(req).await, field);
     }
@@ -415,12 +426,12 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
         "leases cursor",
     );
     ok(
-        c.list_claims(claims_req("cell-a", TableName::Users, 0, 10_000))
+        c.list_claims(claims_req("cell-a", TableName::USERS, 0, 10_000))
             .await,
         "claims limit 10000",
     );
     let last = ok(
-        c.list_claims(claims_req("cell-a", TableName::Users, i64::MAX - 1, 1))
+        c.list_claims(claims_req("cell-a", TableName::USERS, i64::MAX - 1, 1))
             .await,
         "cursor",
     );
@@ -434,7 +445,7 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
             claim_value: "someone@example.com".into(),
             ..Default::default()
         }),
-        ..claims_req("cell-a", TableName::Users, 7, 1)
+        ..claims_req("cell-a", TableName::USERS, 7, 1)
     };
     ok(c.list_claims(after_key).await, "cursor_key");
     server.shutdown().await;

@@ -224,7 +224,7 @@ impl PostgresQuerySource {
                         crate::error::describe(&e)
                     ),
                 })?;
-            check_verify_query_columns(*table, statement.columns().len())?;
+            check_verify_query_columns(table, statement.columns().len())?;
         }
         Ok(Self {
             pool,
@@ -261,7 +261,7 @@ fn enum_column<T>(
     parsed.ok_or_else(|| bad_column(column, "a known name or number"))
 }
 
-fn read_claim(row: &Row, table: TableName) -> Result<LocalClaim, ClaimsError> {
+fn read_claim(row: &Row, table: &TableName) -> Result<LocalClaim, ClaimsError> {
     let text = |i: usize, column: &str| {
         row.try_get::<_, String>(i)
             .ok()
@@ -298,7 +298,7 @@ fn read_claim(row: &Row, table: TableName) -> Result<LocalClaim, ClaimsError> {
                 OwnerType::from_number,
             )?,
             owner_value: text(4, "owner_value")?,
-            table_name: table,
+            table_name: table.clone(),
             table_record_id: integer(row, 0)
                 .ok_or_else(|| bad_column("table_record_id", "an integer"))?,
         },
@@ -329,6 +329,6 @@ impl ClaimSource for PostgresQuerySource {
             .query(&statement, &[&start, &end])
             .await
             .map_err(|e| final_error(&e, &self.target, "running a verify query"))?;
-        rows.iter().map(|row| read_claim(row, table)).collect()
+        rows.iter().map(|row| read_claim(row, &table)).collect()
     }
 }

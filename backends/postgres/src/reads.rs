@@ -26,11 +26,12 @@ impl PostgresClaimStore {
                 &page,
                 &[
                     &query.cell_id.as_str(),
-                    &small(query.table_name.number()),
+                    &small(query.table_name.store_number()),
                     &record_id,
                     &small(claim_type),
                     &claim_value,
                     &fetch,
+                    &query.table_name.stored_name(),
                 ],
             )
             .await?;

@@ -73,9 +73,18 @@ pub(crate) fn claim(row: &Row) -> Result<Claim, ClaimsError> {
             },
             get::<String>(row, 1, W)?,
         ),
-        owner_type: number(get(row, 2, W)?, OwnerType::from_number, W, "owner_type")?,
+        owner_type: {
+            let (number, name): (i16, Option<&str>) = (get(row, 2, W)?, get(row, 13, W)?);
+            OwnerType::from_stored(number.into(), name).ok_or_else(|| {
+                corrupt(W, format!("owner_type {number}, owner_type_name {name:?}"))
+            })?
+        },
         owner_value: get(row, 3, W)?,
-        table_name: number(get(row, 4, W)?, TableName::from_number, W, "table_name")?,
+        table_name: {
+            let (number, name): (i16, Option<&str>) = (get(row, 4, W)?, get(row, 14, W)?);
+            TableName::from_stored(number.into(), name)
+                .ok_or_else(|| corrupt(W, format!("table_name {number}, source_table {name:?}")))?
+        },
         table_record_id: get(row, 5, W)?,
     };
     let cell_id = CellId::parse(get(row, 6, W)?).map_err(|e| corrupt(W, e))?;
@@ -284,7 +293,7 @@ impl<'a> KeyArrays<'a> {
     }
 }
 
-/// Claim records as the seven parallel arrays of `sql::INSERT_CLAIMS`, in key order.
+/// Claim records as the parallel arrays of `sql::INSERT_CLAIMS`, in key order.
 pub struct RecordArrays<'a> {
     pub types: Vec<i16>,
     pub values: Vec<&'a str>,
@@ -294,6 +303,8 @@ pub struct RecordArrays<'a> {
     pub record_ids: Vec<i64>,
     pub displays: Vec<Option<&'a str>>,
     pub namespaces: Vec<Option<&'a str>>,
+    pub owner_type_names: Vec<Option<&'a str>>,
+    pub source_tables: Vec<Option<&'a str>>,
 }
 
 impl<'a> RecordArrays<'a> {
@@ -308,12 +319,12 @@ impl<'a> RecordArrays<'a> {
             values: records.iter().map(|r| r.key.value.as_str()).collect(),
             owner_types: records
                 .iter()
-                .map(|r| small(r.owner_type.number()))
+                .map(|r| small(r.owner_type.store_number()))
                 .collect(),
             owner_values: records.iter().map(|r| r.owner_value.as_str()).collect(),
             table_names: records
                 .iter()
-                .map(|r| small(r.table_name.number()))
+                .map(|r| small(r.table_name.store_number()))
                 .collect(),
             record_ids: records.iter().map(|r| r.table_record_id).collect(),
             displays: records.iter().map(|r| r.display.as_deref()).collect(),
@@ -321,6 +332,8 @@ impl<'a> RecordArrays<'a> {
                 .iter()
                 .map(|r| r.key.namespace.row_column())
                 .collect(),
+            owner_type_names: records.iter().map(|r| r.owner_type.stored_name()).collect(),
+            source_tables: records.iter().map(|r| r.table_name.stored_name()).collect(),
         }
     }
 
@@ -347,7 +360,7 @@ pub(crate) fn clock_and_marks(
     Ok((now, marks))
 }
 
-/// Whole claim rows as the eleven parallel arrays of `sql::GROUP_INSERT_CLAIMS` and
+/// Whole claim rows as the fifteen parallel arrays of `sql::GROUP_INSERT_CLAIMS` and
 /// `sql::GROUP_UPDATE_CLAIMS`, in key order.
 #[derive(Default)]
 pub(crate) struct ClaimRows<'a> {
@@ -364,6 +377,8 @@ pub(crate) struct ClaimRows<'a> {
     pub updated_at: Vec<SystemTime>,
     pub displays: Vec<Option<&'a str>>,
     pub namespaces: Vec<Option<&'a str>>,
+    pub owner_type_names: Vec<Option<&'a str>>,
+    pub source_tables: Vec<Option<&'a str>>,
 }
 
 impl<'a> ClaimRows<'a> {
@@ -375,9 +390,11 @@ impl<'a> ClaimRows<'a> {
             let record = &claim.record;
             rows.types.push(small(record.key.namespace_number()));
             rows.values.push(record.key.value.as_str());
-            rows.owner_types.push(small(record.owner_type.number()));
+            rows.owner_types
+                .push(small(record.owner_type.store_number()));
             rows.owner_values.push(record.owner_value.as_str());
-            rows.table_names.push(small(record.table_name.number()));
+            rows.table_names
+                .push(small(record.table_name.store_number()));
             rows.record_ids.push(record.table_record_id);
             rows.cell_ids.push(claim.cell_id.as_str());
             rows.lease_ids
@@ -388,6 +405,8 @@ impl<'a> ClaimRows<'a> {
             rows.updated_at.push(system_time(claim.updated_at));
             rows.displays.push(record.display.as_deref());
             rows.namespaces.push(record.key.namespace.row_column());
+            rows.owner_type_names.push(record.owner_type.stored_name());
+            rows.source_tables.push(record.table_name.stored_name());
         }
         rows
     }
@@ -396,8 +415,8 @@ impl<'a> ClaimRows<'a> {
         self.types.is_empty()
     }
 
-    /// The statement parameters `$1..$13`.
-    pub fn params(&self) -> [&(dyn ToSql + Sync); 13] {
+    /// The statement parameters `$1..$15`.
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 15] {
         [
             &self.types,
             &self.values,
@@ -412,6 +431,8 @@ impl<'a> ClaimRows<'a> {
             &self.updated_at,
             &self.displays,
             &self.namespaces,
+            &self.owner_type_names,
+            &self.source_tables,
         ]
     }
 }

@@ -43,6 +43,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0005_namespaces",
         sql: include_str!("../migrations/0005_namespaces.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_open_names",
+        sql: include_str!("../migrations/0006_open_names.sql"),
+    },
 ];
 
 /// Advisory lock class (first key of the two-key form) of schema migrations; the second key is
@@ -159,7 +164,8 @@ pub const CELL_DECOMMISSIONED: &str =
 macro_rules! claim_columns {
     () => {
         "claim_type, claim_value, owner_type, owner_value, table_name, table_record_id, \
-         cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace"
+         cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace, \
+         owner_type_name, source_table"
     };
 }
 /// The columns of a lease row, in the order `rows::lease` reads them.
@@ -197,18 +203,20 @@ ORDER BY claim_type, claim_value
 FOR UPDATE";
 
 /// BeginUpdate's creates: one multi-row insert from parallel arrays (`$1..$6`, the display
-/// forms `$10` and the namespace columns `$11`, in key order), leased by `$8` with op `$9` for cell `$7`. A key inserted
-/// meanwhile by a concurrent batch raises a unique violation, which retries the whole
+/// forms `$10`, the namespace columns `$11` and the owner type and table name columns `$12`,
+/// `$13`, in key order), leased by `$8` with op `$9` for cell `$7`. A key inserted meanwhile by a concurrent batch raises a unique violation, which retries the whole
 /// transaction.
 pub const INSERT_CLAIMS: &str = "\
 INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-                    cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace)
+                    cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace,
+                    owner_type_name, source_table)
 SELECT r.claim_type, r.claim_value, r.owner_type, r.owner_value, r.table_name, r.table_record_id,
-       $7::text, $8::uuid, $9::smallint, now(), now(), r.display_value, r.namespace
+       $7::text, $8::uuid, $9::smallint, now(), now(), r.display_value, r.namespace,
+       r.owner_type_name, r.source_table
 FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
-            $10::text[], $11::text[])
+            $10::text[], $11::text[], $12::text[], $13::text[])
      WITH ORDINALITY AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-                          display_value, namespace, ord)
+                          display_value, namespace, owner_type_name, source_table, ord)
 ORDER BY r.ord";
 
 /// BeginUpdate's destroys and updates (one execution per op): lease (`$1`, op `$2`) the caller's
@@ -246,18 +254,19 @@ WHERE (claim_type, claim_value) IN (
   AND lease_id = $3::uuid";
 
 /// Commit's updates: write the new owner type, owner value, table name, record id (`$3..$6`)
-/// and display form (`$8`) of the keys (`$1`, `$2`) still held by lease `$7`, and clear the
+/// display form (`$8`) and owner type and table name columns (`$9`, `$10`) of the keys (`$1`, `$2`) still held by lease `$7`, and clear the
 /// lease. The rows were locked in key order by [`LOCK_CLAIMS_OF_LEASE`]; the record index
 /// entries move with the update.
 pub const REPLACE_CLAIMS_OF_LEASE: &str = "\
 UPDATE claims AS c
 SET owner_type = r.owner_type, owner_value = r.owner_value, table_name = r.table_name,
     table_record_id = r.table_record_id, lease_id = NULL, lease_op = NULL, updated_at = now(),
-    display_value = r.display_value
+    display_value = r.display_value, owner_type_name = r.owner_type_name,
+    source_table = r.source_table
 FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
-            $8::text[])
+            $8::text[], $9::text[], $10::text[])
      AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-          display_value)
+          display_value, owner_type_name, source_table)
 WHERE c.claim_type = r.claim_type AND c.claim_value = r.claim_value
   AND c.lease_id = $7::uuid";
 
@@ -395,9 +404,9 @@ WITH deleted AS (
 SELECT topology_claims_expect_rows((SELECT count(*) FROM deleted), cardinality($1::smallint[])::bigint,
                                    'group commit: deleting claims')";
 
-/// Rewrites every column of the claims of keys (`$1`, `$2`) from the parallel arrays `$3..$12`
+/// Rewrites every column of the claims of keys (`$1`, `$2`) from the parallel arrays `$3..$15`
 /// (owner type, owner value, table, record id, cell, lease id, lease op, created, updated,
-/// display form); each row was locked by [`GROUP_SELECT_CLAIMS_FOR_UPDATE`] and must still be
+/// display form, namespace, owner type name, table name); each row was locked by [`GROUP_SELECT_CLAIMS_FOR_UPDATE`] and must still be
 /// there (else TC001).
 pub const GROUP_UPDATE_CLAIMS: &str = "\
 WITH updated AS (
@@ -405,12 +414,14 @@ WITH updated AS (
     SET owner_type = r.owner_type, owner_value = r.owner_value, table_name = r.table_name,
         table_record_id = r.table_record_id, cell_id = r.cell_id, lease_id = r.lease_id,
         lease_op = r.lease_op, created_at = r.created_at, updated_at = r.updated_at,
-        display_value = r.display_value, namespace = r.namespace
+        display_value = r.display_value, namespace = r.namespace,
+        owner_type_name = r.owner_type_name, source_table = r.source_table
     FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
                 $7::text[], $8::uuid[], $9::smallint[], $10::timestamptz[], $11::timestamptz[],
-                $12::text[], $13::text[])
+                $12::text[], $13::text[], $14::text[], $15::text[])
          AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-              cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace)
+              cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace,
+              owner_type_name, source_table)
     WHERE c.claim_type = r.claim_type AND c.claim_value = r.claim_value
     RETURNING 1)
 SELECT topology_claims_expect_rows((SELECT count(*) FROM updated), cardinality($1::smallint[])::bigint,
@@ -421,15 +432,17 @@ SELECT topology_claims_expect_rows((SELECT count(*) FROM updated), cardinality($
 /// whole group.
 pub const GROUP_INSERT_CLAIMS: &str = "\
 INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
-                    cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace)
+                    cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace,
+                    owner_type_name, source_table)
 SELECT r.claim_type, r.claim_value, r.owner_type, r.owner_value, r.table_name, r.table_record_id,
-       r.cell_id, r.lease_id, r.lease_op, r.created_at, r.updated_at, r.display_value, r.namespace
+       r.cell_id, r.lease_id, r.lease_op, r.created_at, r.updated_at, r.display_value, r.namespace,
+       r.owner_type_name, r.source_table
 FROM unnest($1::smallint[], $2::text[], $3::smallint[], $4::text[], $5::smallint[], $6::bigint[],
             $7::text[], $8::uuid[], $9::smallint[], $10::timestamptz[], $11::timestamptz[],
-            $12::text[], $13::text[])
+            $12::text[], $13::text[], $14::text[], $15::text[])
      WITH ORDINALITY AS r(claim_type, claim_value, owner_type, owner_value, table_name, table_record_id,
                           cell_id, lease_id, lease_op, created_at, updated_at, display_value,
-                          namespace, ord)
+                          namespace, owner_type_name, source_table, ord)
 ORDER BY r.ord";
 
 /// Deletes the leases `$1`, each locked in the first flight and so still there (else TC001).
@@ -582,6 +595,7 @@ pub const LIST_CLAIMS_AFTER: &str = concat!(
     claim_columns!(),
     " FROM claims
 WHERE cell_id = $1::text AND table_name = $2::smallint
+  AND source_table IS NOT DISTINCT FROM $7::text
   AND (table_record_id, claim_type, claim_value) > ($3::bigint, $4::smallint, $5::text)
 ORDER BY table_record_id, claim_type, claim_value
 LIMIT $6::bigint"

@@ -308,9 +308,10 @@ impl PostgresClaimStore {
                     return Ok(0);
                 }
                 let i = &inserts;
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 13] = [
                     &i.types, &i.values, &i.owner_types, &i.owner_values, &i.table_names,
                     &i.record_ids, &cell, id, &create, &i.displays, &i.namespaces,
+                    &i.owner_type_names, &i.source_tables,
                 ];
                 client.execute(&insert_claims, &params).await
             },
@@ -542,9 +543,9 @@ impl PostgresClaimStore {
                     return Ok(0);
                 }
                 let r = &replace;
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
                     &r.types, &r.values, &r.owner_types, &r.owner_values, &r.table_names,
-                    &r.record_ids, id, &r.displays,
+                    &r.record_ids, id, &r.displays, &r.owner_type_names, &r.source_tables,
                 ];
                 client.execute(&replace_claims, &params).await
             },

@@ -75,7 +75,7 @@ async fn a_group_of_any_size_takes_two_round_trips_and_decides_each_operation_al
         ));
     }
     ops.push(begin(destroys(&a, &[username("x")]), 200));
-    let update = moved(&username("moving"), "p", TableName::Projects, 7);
+    let update = moved(&username("moving"), "p", TableName::PROJECTS, 7);
     ops.push(begin(
         BeginUpdate {
             updates: vec![update.clone()],
@@ -164,7 +164,7 @@ const GROUP_MAX: usize = 8;
 
 fn key_record(k: usize, record_id: i64) -> ClaimRecord {
     record_in(
-        TableName::Users,
+        TableName::USERS,
         record_id,
         ClaimType::Username,
         &format!("k{k}"),

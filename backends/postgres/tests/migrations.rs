@@ -15,6 +15,7 @@ const ALL_MIGRATIONS: &[&str] = &[
     "0003_verification_slots",
     "0004_restore_epochs",
     "0005_namespaces",
+    "0006_open_names",
 ];
 
 /// The migrations of the release before namespaces, as it applied them.

@@ -29,7 +29,7 @@ const KEYS: usize = 16;
 
 fn claim(round: &str, k: usize) -> ClaimRecord {
     record_in(
-        TableName::Users,
+        TableName::USERS,
         k as i64,
         ClaimType::Username,
         &format!("{round}-k{k}"),

@@ -31,7 +31,7 @@ async fn begin_and_commit_take_two_round_trips_each() {
     // Creates, destroys and updates in one batch: still two round trips each way.
     let request = BeginUpdate {
         destroys: vec![username("warm")],
-        updates: vec![moved(&username("moving"), "p", TableName::Projects, 5)],
+        updates: vec![moved(&username("moving"), "p", TableName::PROJECTS, 5)],
         ..creates(&a, &[username("x"), username("y"), username("z")])
     };
     let (lease, n) = common::trips(&store, store.begin_update(request)).await;
@@ -44,7 +44,7 @@ async fn begin_and_commit_take_two_round_trips_each() {
     done.unwrap();
     assert_eq!(n, 2, "CommitUpdate");
     let updated = store.lookup_claim(&username("moving").key).await.unwrap();
-    assert_eq!(updated.record.table_name, TableName::Projects);
+    assert_eq!(updated.record.table_name, TableName::PROJECTS);
     let (again, n) = common::trips(&store, store.commit_update(&a, lease.lease_id)).await;
     again.unwrap();
     assert_eq!(n, 1, "CommitUpdate of a committed lease");

@@ -32,7 +32,7 @@ pub(crate) const SLOTS: &str = "verification_slots";
 /// `claims.lease_op` of a claim under no lease (the design's "no-op").
 const NO_LEASE_OP: i64 = 0;
 
-pub(crate) const CLAIM_COLUMNS: [&str; 13] = [
+pub(crate) const CLAIM_COLUMNS: [&str; 15] = [
     "claim_type",
     "claim_value",
     "owner_type",
@@ -44,6 +44,8 @@ pub(crate) const CLAIM_COLUMNS: [&str; 13] = [
     "lease_op",
     "display_value",
     "namespace",
+    "owner_type_name",
+    "source_table",
     "created_at",
     "updated_at",
 ];
@@ -119,17 +121,27 @@ pub(crate) fn claim_from_row(row: &Row) -> Result<Claim, ClaimsError> {
         record: ClaimRecord {
             display: column(row, "display_value")?,
             key: ClaimKey::new(claim_type, column::<String>(row, "claim_value")?),
-            owner_type: enum_value(
-                column(row, "owner_type")?,
-                "owner_type",
-                OwnerType::from_number,
-            )?,
+            owner_type: {
+                let number: i64 = column(row, "owner_type")?;
+                let name: Option<String> = column(row, "owner_type_name")?;
+                OwnerType::from_stored(number, name.as_deref()).ok_or_else(|| {
+                    corrupt(
+                        "claim",
+                        format!("owner_type {number}, owner_type_name {name:?}"),
+                    )
+                })?
+            },
             owner_value: column(row, "owner_value")?,
-            table_name: enum_value(
-                column(row, "table_name")?,
-                "table_name",
-                TableName::from_number,
-            )?,
+            table_name: {
+                let number: i64 = column(row, "table_name")?;
+                let name: Option<String> = column(row, "source_table")?;
+                TableName::from_stored(number, name.as_deref()).ok_or_else(|| {
+                    corrupt(
+                        "claim",
+                        format!("table_name {number}, source_table {name:?}"),
+                    )
+                })?
+            },
             table_record_id: column(row, "table_record_id")?,
         },
         cell_id: cell_id(&column::<String>(row, "cell_id")?)?,
@@ -266,15 +278,17 @@ pub(crate) fn insert_claim(record: &ClaimRecord, owner: &CellId, lease_id: Lease
         &[
             &i64::from(record.key.namespace_number()),
             &record.key.value,
-            &i64::from(record.owner_type.number()),
+            &i64::from(record.owner_type.store_number()),
             &record.owner_value,
             &owner.as_str(),
-            &i64::from(record.table_name.number()),
+            &i64::from(record.table_name.store_number()),
             &record.table_record_id,
             &lease_id.to_string(),
             &i64::from(LeaseOp::Create.number()),
             &record.display,
             &record.key.namespace.row_column(),
+            &record.owner_type.stored_name(),
+            &record.table_name.stored_name(),
             &CommitTimestamp::new(),
             &CommitTimestamp::new(),
         ],
@@ -302,18 +316,22 @@ pub(crate) fn replace_claim(record: &ClaimRecord) -> Mutation {
             "lease_id",
             "lease_op",
             "display_value",
+            "owner_type_name",
+            "source_table",
             "updated_at",
         ],
         &[
             &i64::from(record.key.namespace_number()),
             &record.key.value,
-            &i64::from(record.owner_type.number()),
+            &i64::from(record.owner_type.store_number()),
             &record.owner_value,
-            &i64::from(record.table_name.number()),
+            &i64::from(record.table_name.store_number()),
             &record.table_record_id,
             &None::<String>,
             &NO_LEASE_OP,
             &record.display,
+            &record.owner_type.stored_name(),
+            &record.table_name.stored_name(),
             &CommitTimestamp::new(),
         ],
     )
@@ -327,8 +345,8 @@ pub(crate) fn replace_claim(record: &ClaimRecord) -> Mutation {
 pub(crate) fn write_claim(claim: &Claim, fresh: Timestamp, existing: bool) -> Mutation {
     let record = &claim.record;
     let claim_type = i64::from(record.key.namespace_number());
-    let owner_type = i64::from(record.owner_type.number());
-    let table_name = i64::from(record.table_name.number());
+    let owner_type = i64::from(record.owner_type.store_number());
+    let table_name = i64::from(record.table_name.store_number());
     let lease_id = claim.lease.map(|l| l.lease_id.to_string());
     let lease_op = claim
         .lease
@@ -338,7 +356,11 @@ pub(crate) fn write_claim(claim: &Claim, fresh: Timestamp, existing: bool) -> Mu
     let updated_at = timestamp_to_pb(claim.updated_at);
     let cell = claim.cell_id.as_str();
     let namespace = record.key.namespace.row_column();
-    let mut columns: Vec<&str> = CLAIM_COLUMNS[..11].to_vec();
+    let (owner_type_name, source_table) = (
+        record.owner_type.stored_name(),
+        record.table_name.stored_name(),
+    );
+    let mut columns: Vec<&str> = CLAIM_COLUMNS[..13].to_vec();
     let mut values: Vec<&dyn ToKind> = vec![
         &claim_type,
         &record.key.value,
@@ -351,6 +373,8 @@ pub(crate) fn write_claim(claim: &Claim, fresh: Timestamp, existing: bool) -> Mu
         &lease_op,
         &record.display,
         &namespace,
+        &owner_type_name,
+        &source_table,
     ];
     for (column, value, pb) in [
         ("created_at", claim.created_at, &created_at),

@@ -187,6 +187,18 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             "ALTER TABLE claims ADD COLUMN IF NOT EXISTS namespace STRING(63)",
         ],
     },
+    // Owner types and source tables outside the legacy enums (decision 111): owner_type and
+    // table_name keep a number (a legacy name's, else OwnerType::store_number's hash), so that
+    // claims_by_table_record still narrows a listing to one table; the name is kept beside it,
+    // NULL for the legacy names. Two names may share a number: listings compare both.
+    Migration {
+        version: 7,
+        name: "0007_open_names",
+        statements: &[
+            "ALTER TABLE claims ADD COLUMN IF NOT EXISTS owner_type_name STRING(63)",
+            "ALTER TABLE claims ADD COLUMN IF NOT EXISTS source_table STRING(63)",
+        ],
+    },
 ];
 
 /// How many values `lease_outcomes.decided_shard` takes (`0..OUTCOME_SHARDS`).

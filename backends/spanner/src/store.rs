@@ -607,6 +607,7 @@ impl SpannerClaimStore {
         let mut stmt = Statement::new(format!(
             "SELECT {} FROM claims@{{FORCE_INDEX=claims_by_table_record}}
              WHERE cell_id = @cell_id AND table_name = @table_name
+               AND IFNULL(source_table, '') = @source_table
                AND table_record_id >= @record_id
                AND (table_record_id > @record_id OR claim_type > @claim_type
                     OR (claim_type = @claim_type AND claim_value > @claim_value))
@@ -615,7 +616,9 @@ impl SpannerClaimStore {
         ));
         let (record_id, claim_type, claim_value) = query.cursor.start_after();
         stmt.add_param("cell_id", &query.cell_id.as_str());
-        stmt.add_param("table_name", &i64::from(query.table_name.number()));
+        stmt.add_param("table_name", &i64::from(query.table_name.store_number()));
+        let source_table = query.table_name.stored_name().unwrap_or_default();
+        stmt.add_param("source_table", &source_table);
         stmt.add_param("record_id", &record_id);
         stmt.add_param("claim_type", &i64::from(claim_type));
         stmt.add_param("claim_value", &claim_value);

@@ -26,7 +26,7 @@ fn claim(claim_type: ClaimType, value: &str, table: TableName, record_id: i64) -
     pb::ClaimRecord {
         claim_type: claim_type.number(),
         claim_value: value.to_owned(),
-        owner: OwnerType::User.number(),
+        owner: OwnerType::USER.number(),
         owner_value: format!("owner-of-{value}"),
         table_name: table.number(),
         table_record_id: record_id,
@@ -133,9 +133,9 @@ async fn happy_path_claims_are_routable_while_creating_active_after_commit_and_f
     let server = spanner_server().await;
     let mut client = server.client().await;
     let claims = [
-        claim(ClaimType::Username, "alice", TableName::Users, 7),
-        claim(ClaimType::Email, "alice@example.com", TableName::Emails, 70),
-        claim(ClaimType::Routes, "alice", TableName::Routes, 700),
+        claim(ClaimType::Username, "alice", TableName::USERS, 7),
+        claim(ClaimType::Email, "alice@example.com", TableName::EMAILS, 70),
+        claim(ClaimType::Routes, "alice", TableName::ROUTES, 700),
     ];
 
     // Phase 1: one BeginUpdate for the whole batch; the claims are routable at once.
@@ -198,7 +198,7 @@ async fn happy_path_claims_are_routable_while_creating_active_after_commit_and_f
     let new_email = claim(
         ClaimType::Email,
         "alice@new.example.com",
-        TableName::Emails,
+        TableName::EMAILS,
         70,
     );
     let change = begin(
@@ -219,7 +219,7 @@ async fn happy_path_claims_are_routable_while_creating_active_after_commit_and_f
 
     let users = pb::ListClaimsRequest {
         cell_id: "cell-a".into(),
-        table_name: TableName::Users.number(),
+        table_name: TableName::USERS.number(),
         cursor: 0,
         limit: 0,
         cursor_key: None,

@@ -128,7 +128,7 @@ fn updates_and_destroys_in_one_group_rewrite_whole_rows() {
             .await
             .unwrap();
         let created = begun(&setup[0]).created_at;
-        let new_k = moved(&k, "project-7", TableName::Routes, 7);
+        let new_k = moved(&k, "project-7", TableName::ROUTES, 7);
         let results = store
             .run_group(&[
                 begin(updates(&a, std::slice::from_ref(&new_k)), lease_id(2)),

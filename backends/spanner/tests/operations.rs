@@ -216,7 +216,8 @@ fn migrate_creates_the_database_once_and_is_idempotent() {
                 "0003_verification_slots",
                 "0004_claim_updates",
                 "0005_restore_epochs",
-                "0006_namespaces"
+                "0006_namespaces",
+                "0007_open_names"
             ]
         );
         let again = topology_claims_spanner::migrate(&url, options.clone(), true)
@@ -256,7 +257,8 @@ fn pending_migrations_are_refused_or_applied_through_update_database_ddl() {
                     "0003_verification_slots".into(),
                     "0004_claim_updates".into(),
                     "0005_restore_epochs".into(),
-                    "0006_namespaces".into()
+                    "0006_namespaces".into(),
+                    "0007_open_names".into()
                 ]
             }
         );
@@ -422,7 +424,7 @@ fn a_store_whose_spanner_is_gone_answers_unavailable_instead_of_hanging() {
             let claims = store
                 .list_claims(&ClaimsQuery::new(
                     a.clone(),
-                    TableName::Users,
+                    TableName::USERS,
                     ClaimsCursor::at(0),
                     10,
                 ))

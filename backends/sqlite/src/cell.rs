@@ -226,7 +226,7 @@ impl SqliteQuerySource {
             let statement = conn.prepare(sql).map_err(|e| ClaimsError::Configuration {
                 message: format!("verify query for table {table} does not prepare: {e}"),
             })?;
-            check_verify_query_columns(*table, statement.column_count())?;
+            check_verify_query_columns(table, statement.column_count())?;
         }
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
@@ -253,7 +253,7 @@ fn enum_column<T>(
     })
 }
 
-fn read_claim(row: &rusqlite::Row<'_>, table: TableName) -> Result<LocalClaim, ClaimsError> {
+fn read_claim(row: &rusqlite::Row<'_>, table: &TableName) -> Result<LocalClaim, ClaimsError> {
     let get = |i: usize| row.get_ref(i).map_err(|e| sqlite_to_claims(&e));
     let text = |i: usize, column: &str| -> Result<String, ClaimsError> {
         match get(i)? {
@@ -299,7 +299,7 @@ fn read_claim(row: &rusqlite::Row<'_>, table: TableName) -> Result<LocalClaim, C
             OwnerType::from_number,
         )?,
         owner_value: text(4, "owner_value")?,
-        table_name: table,
+        table_name: table.clone(),
         table_record_id: record_id,
     };
     Ok(LocalClaim { record, created_at })
@@ -326,7 +326,7 @@ impl ClaimSource for SqliteQuerySource {
                 .map_err(|e| sqlite_to_claims(&e))?;
             let mut claims = Vec::new();
             while let Some(row) = rows.next().map_err(|e| sqlite_to_claims(&e))? {
-                claims.push(read_claim(row, table)?);
+                claims.push(read_claim(row, &table)?);
             }
             Ok(claims)
         })

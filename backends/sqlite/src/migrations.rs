@@ -50,6 +50,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0006_namespaces",
         sql: include_str!("../migrations/0006_namespaces.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_open_names",
+        sql: include_str!("../migrations/0007_open_names.sql"),
+    },
 ];
 
 const CREATE_SCHEMA_MIGRATIONS: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (

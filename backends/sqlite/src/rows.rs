@@ -17,7 +17,7 @@ use crate::error::StoreError;
 /// The `claims` columns in the order [`ClaimRow::read`] expects.
 pub(crate) const CLAIM_COLUMNS: &str = "claim_type, claim_value, cell_id, owner_type, \
      owner_value, table_name, table_record_id, lease_id, lease_op, created_at, updated_at, \
-     display_value, namespace";
+     display_value, namespace, owner_type_name, source_table";
 
 pub(crate) fn corrupt(table: &str, detail: impl std::fmt::Display) -> ClaimsError {
     ClaimsError::internal(format!("corrupt row in SQLite table {table}: {detail}"))
@@ -60,6 +60,8 @@ struct ClaimRow {
     updated_at: i64,
     display_value: Option<String>,
     namespace: Option<String>,
+    owner_type_name: Option<String>,
+    source_table: Option<String>,
 }
 
 impl ClaimRow {
@@ -78,6 +80,8 @@ impl ClaimRow {
             updated_at: row.get(10)?,
             display_value: row.get(11)?,
             namespace: row.get(12)?,
+            owner_type_name: row.get(13)?,
+            source_table: row.get(14)?,
         })
     }
 
@@ -113,9 +117,23 @@ impl ClaimRow {
                     )?,
                     self.claim_value,
                 ),
-                owner_type: enum_value(T, "owner_type", self.owner_type, OwnerType::from_number)?,
+                owner_type: OwnerType::from_stored(
+                    self.owner_type,
+                    self.owner_type_name.as_deref(),
+                )
+                .ok_or_else(|| {
+                    let (number, name) = (self.owner_type, &self.owner_type_name);
+                    corrupt(
+                        T,
+                        format!("owner_type = {number}, owner_type_name = {name:?}"),
+                    )
+                })?,
                 owner_value: self.owner_value,
-                table_name: enum_value(T, "table_name", self.table_name, TableName::from_number)?,
+                table_name: TableName::from_stored(self.table_name, self.source_table.as_deref())
+                    .ok_or_else(|| {
+                    let (number, name) = (self.table_name, &self.source_table);
+                    corrupt(T, format!("table_name = {number}, source_table = {name:?}"))
+                })?,
                 table_record_id: self.table_record_id,
             },
             cell_id: cell_id(T, &self.cell_id)?,
@@ -225,4 +243,30 @@ pub(crate) fn lease_record(
         outcome: enum_value(T, "outcome", outcome, LeaseOutcome::from_number)?,
         decided_at: Timestamp::from_unix_micros(decided_at),
     })))
+}
+
+/// A ListClaims page: one range of claims_by_cell_table_record.
+pub(crate) fn claims_page(
+    conn: &Connection,
+    query: &topology_claims::ClaimsQuery,
+) -> Result<topology_claims::ClaimsPage, StoreError> {
+    // One range of claims_by_cell_table_record: the row value starts the page after the cursor
+    // (inside a record when it has a key), in exactly the index's order.
+    let (record_id, claim_type, claim_value) = query.cursor.start_after();
+    let rows = select_claims(
+        conn,
+        "WHERE cell_id = ?1 AND table_name = ?2 AND source_table IS ?7 \
+         AND (table_record_id, claim_type, claim_value) > (?3, ?4, ?5) \
+         ORDER BY table_record_id, claim_type, claim_value LIMIT ?6",
+        &[
+            &query.cell_id.as_str(),
+            &query.table_name.store_number(),
+            &record_id,
+            &claim_type,
+            &claim_value,
+            &crate::store::sql_limit(query.fetch_limit()),
+            &query.table_name.stored_name(),
+        ],
+    )?;
+    Ok(topology_claims::domain::claims_page(query, rows))
 }

@@ -215,7 +215,7 @@ fn read_transaction<T>(
 
 /// An SQL bound for a count of rows (`LIMIT`), saturating: a larger limit than SQLite can hold
 /// means "all rows" anyway.
-fn sql_limit(rows: usize) -> i64 {
+pub(crate) fn sql_limit(rows: usize) -> i64 {
     i64::try_from(rows).unwrap_or(i64::MAX)
 }
 
@@ -260,7 +260,8 @@ fn begin(
     let mut insert = tx.prepare_cached(
         "INSERT INTO claims (claim_type, claim_value, cell_id, owner_type, owner_value, \
          table_name, table_record_id, lease_id, lease_op, created_at, updated_at, display_value, \
-         namespace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12)",
+         namespace, owner_type_name, source_table) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14)",
     )?;
     for record in &writes.inserts {
         // A primary-key violation here means another writer got in between: retried.
@@ -268,15 +269,17 @@ fn begin(
             record.key.namespace_number(),
             &record.key.value,
             request.cell_id.as_str(),
-            record.owner_type.number(),
+            record.owner_type.store_number(),
             &record.owner_value,
-            record.table_name.number(),
+            record.table_name.store_number(),
             record.table_record_id,
             &id,
             LeaseOp::Create.number(),
             now_micros,
             &record.display,
             record.key.namespace.row_column(),
+            record.owner_type.stored_name(),
+            record.table_name.stored_name(),
         ))?;
     }
     let mut mark = tx.prepare_cached(
@@ -342,19 +345,22 @@ fn end(tx: &Connection, plan: EndPlan, now: Timestamp) -> Result<(), StoreError>
     let mut replace_claim = tx.prepare_cached(
         "UPDATE claims SET owner_type = ?1, owner_value = ?2, table_name = ?3, \
          table_record_id = ?4, lease_id = NULL, lease_op = 0, updated_at = ?5, \
-         display_value = ?9 WHERE claim_type = ?6 AND claim_value = ?7 AND lease_id = ?8",
+         display_value = ?9, owner_type_name = ?10, source_table = ?11 \
+         WHERE claim_type = ?6 AND claim_value = ?7 AND lease_id = ?8",
     )?;
     for record in &replace {
         replace_claim.execute((
-            record.owner_type.number(),
+            record.owner_type.store_number(),
             &record.owner_value,
-            record.table_name.number(),
+            record.table_name.store_number(),
             record.table_record_id,
             now_micros,
             record.key.namespace_number(),
             &record.key.value,
             &id,
             &record.display,
+            record.owner_type.stored_name(),
+            record.table_name.stored_name(),
         ))?;
     }
     // After the claims: the foreign key forbids removing a lease that claims still carry.
@@ -431,12 +437,14 @@ fn write_group(tx: &Connection, writes: &GroupWrites) -> Result<(), StoreError> 
     let mut update_claim = tx.prepare_cached(
         "UPDATE claims SET cell_id = ?3, owner_type = ?4, owner_value = ?5, table_name = ?6, \
          table_record_id = ?7, lease_id = ?8, lease_op = ?9, created_at = ?10, updated_at = ?11, \
-         display_value = ?12, namespace = ?13 WHERE claim_type = ?1 AND claim_value = ?2",
+         display_value = ?12, namespace = ?13, owner_type_name = ?14, source_table = ?15 \
+         WHERE claim_type = ?1 AND claim_value = ?2",
     )?;
     let mut insert_claim = tx.prepare_cached(
         "INSERT INTO claims (claim_type, claim_value, cell_id, owner_type, owner_value, \
          table_name, table_record_id, lease_id, lease_op, created_at, updated_at, display_value, \
-         namespace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+         namespace, owner_type_name, source_table) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
     )?;
     let updates = writes.update_claims.iter().map(|c| (c, true));
     for (claim, existing) in updates.chain(writes.insert_claims.iter().map(|c| (c, false))) {
@@ -445,9 +453,9 @@ fn write_group(tx: &Connection, writes: &GroupWrites) -> Result<(), StoreError> 
             record.key.namespace_number(),
             &record.key.value,
             claim.cell_id.as_str(),
-            record.owner_type.number(),
+            record.owner_type.store_number(),
             &record.owner_value,
-            record.table_name.number(),
+            record.table_name.store_number(),
             record.table_record_id,
             claim.lease.map(|l| lease_id_text(l.lease_id)),
             claim.lease.map_or(0, |l| l.op.number()),
@@ -455,6 +463,8 @@ fn write_group(tx: &Connection, writes: &GroupWrites) -> Result<(), StoreError> 
             claim.updated_at.as_unix_micros(),
             &record.display,
             record.key.namespace.row_column(),
+            record.owner_type.stored_name(),
+            record.table_name.stored_name(),
         );
         if existing {
             if update_claim.execute(params)? != 1 {
@@ -692,27 +702,6 @@ fn outstanding_leases(
     Ok(domain::leases_page(query, leases, now))
 }
 
-fn claims_page(conn: &Connection, query: &ClaimsQuery) -> Result<ClaimsPage, StoreError> {
-    // One range of claims_by_cell_table_record: the row value starts the page after the cursor
-    // (inside a record when it has a key), in exactly the index's order.
-    let (record_id, claim_type, claim_value) = query.cursor.start_after();
-    let rows = rows::select_claims(
-        conn,
-        "WHERE cell_id = ?1 AND table_name = ?2 \
-         AND (table_record_id, claim_type, claim_value) > (?3, ?4, ?5) \
-         ORDER BY table_record_id, claim_type, claim_value LIMIT ?6",
-        &[
-            &query.cell_id.as_str(),
-            &query.table_name.number(),
-            &record_id,
-            &claim_type,
-            &claim_value,
-            &sql_limit(query.fetch_limit()),
-        ],
-    )?;
-    Ok(domain::claims_page(query, rows))
-}
-
 #[async_trait]
 impl ClaimStore for SqliteClaimStore {
     async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
@@ -774,7 +763,8 @@ impl ClaimStore for SqliteClaimStore {
 
     async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
         let query = query.clone();
-        self.read(move |conn, _| claims_page(conn, &query)).await
+        self.read(move |conn, _| rows::claims_page(conn, &query))
+            .await
     }
 
     async fn lookup_claim(&self, key: &ClaimKey) -> Result<Claim, ClaimsError> {

@@ -16,6 +16,7 @@ const ALL_MIGRATIONS: &[&str] = &[
     "0004_claim_updates",
     "0005_restore_epochs",
     "0006_namespaces",
+    "0007_open_names",
 ];
 
 fn temp_dir() -> TempDir {

@@ -180,7 +180,8 @@ async fn every_field_of_every_request_is_checked_at_and_past_its_limits() {
         ));
         record_cases.push((
             format!("owner {what}"),
-            "owner",
+            // Neither owner_type nor owner: the owner type is missing.
+            if n == 0 { "owner_type" } else { "owner" },
             Box::new(move |r| r.owner = n),
             valid,
         ));
@@ -188,7 +189,7 @@ async fn every_field_of_every_request_is_checked_at_and_past_its_limits() {
     for (what, n, valid) in enum_cases(1..=5) {
         record_cases.push((
             format!("table_name {what}"),
-            "table_name",
+            if n == 0 { "source_table" } else { "table_name" },
             Box::new(move |r| r.table_name = n),
             valid,
         ));
@@ -386,7 +387,7 @@ async fn every_field_of_every_request_is_checked_at_and_past_its_limits() {
         let expect = if valid {
             Expect::Valid
         } else {
-            Expect::Invalid("table_name")
+            Expect::Invalid(if n == 0 { "source_table" } else { "table_name" })
         };
         let result = c.list_claims(claims("cell-a".into(), n, 0, 0)).await;
         check(&format!("ListClaims table_name {what}"), result, expect);

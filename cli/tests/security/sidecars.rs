@@ -62,7 +62,7 @@ async fn the_cell_side_and_its_sidecars_run_over_mtls_against_postgres() {
         .await
         .unwrap();
     let a = cell("cell-a");
-    let user = |id: i64, name: &str| record_in(TableName::Users, id, ClaimType::Username, name);
+    let user = |id: i64, name: &str| record_in(TableName::USERS, id, ClaimType::Username, name);
 
     // Three phases: lease, local commit recording the lease, commit.
     let ((), _) = topology_claims_postgres::cell::transact::<

@@ -86,6 +86,8 @@ pub fn claim_view_from_pb(info: &pb::ClaimInfo, cell_id: CellId) -> Result<Claim
         table_record_id: info.table_record_id,
         namespace: info.namespace.clone(),
         claim_key: info.claim_key.clone(),
+        owner_type: info.owner_type_name.clone(),
+        source_table: info.source_table.clone(),
     };
     Ok(ClaimView {
         record: claim_record_from_server_pb(record, "claim").map_err(|e| bad("claim", e))?,
@@ -165,6 +167,8 @@ pub fn claims_query_to_pb(query: &ClaimsQuery, page_token: Option<&str>) -> pb::
     pb::ListClaimsRequest {
         cell_id: query.cell_id.to_string(),
         table_name: query.table_name.number(),
+        // Both: a server from before free-form tables reads the enum (and lists no other).
+        source_table: query.table_name.name().to_owned(),
         cursor,
         limit: i32::try_from(query.limit).unwrap_or(i32::MAX),
         cursor_key,
@@ -228,7 +232,7 @@ mod tests {
     fn our_requests_follow_page_tokens_and_send_a_token_alone() {
         let query = ClaimsQuery::new(
             CellId::parse("cell-a").unwrap(),
-            TableName::Users,
+            TableName::USERS,
             ClaimsCursor {
                 record_id: 9,
                 after_key: Some(ClaimKey::new(ClaimType::Username, "ada")),

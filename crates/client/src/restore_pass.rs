@@ -60,14 +60,15 @@ pub(crate) async fn resolve_restored_leases<S: ClaimSource>(
             // The keys each touched record holds now, read once per record.
             let mut held: BTreeMap<(TableName, i64), Vec<ClaimKey>> = BTreeMap::new();
             for (_, record) in lease.request.operations() {
-                let at = (record.table_name, record.table_record_id);
+                let at = (record.table_name.clone(), record.table_record_id);
                 if let std::collections::btree_map::Entry::Vacant(entry) = held.entry(at) {
-                    let claims = source.claims_in_range(at.0, at.1, at.1 + 1).await?;
+                    let (table, id) = (record.table_name.clone(), record.table_record_id);
+                    let claims = source.claims_in_range(table, id, id + 1).await?;
                     entry.insert(claims.into_iter().map(|c| c.record.key).collect());
                 }
             }
             let action = decide_restored_lease(lease, |_, record| {
-                held.get(&(record.table_name, record.table_record_id))
+                held.get(&(record.table_name.clone(), record.table_record_id))
                     .is_some_and(|keys| keys.contains(&record.key))
             });
             let lease_id = lease.lease_id;

@@ -27,7 +27,7 @@ pub const VERIFY_QUERY_COLUMNS: [&str; 6] = [
 /// Refuses a verify query for `table` that returns `count` columns instead of
 /// [`VERIFY_QUERY_COLUMNS`]: said as a count, before any row is read, rather than as the first
 /// column that is missing or has the wrong type.
-pub fn check_verify_query_columns(table: TableName, count: usize) -> Result<(), ClaimsError> {
+pub fn check_verify_query_columns(table: &TableName, count: usize) -> Result<(), ClaimsError> {
     if count == VERIFY_QUERY_COLUMNS.len() {
         return Ok(());
     }

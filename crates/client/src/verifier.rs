@@ -129,7 +129,7 @@ enum Corrected {
 
 /// The id range of one page of one table: the local records a correction is checked against
 /// again.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct PageRange {
     table: TableName,
     start: i64,
@@ -331,11 +331,11 @@ impl<S: ClaimSource> Verifier<S> {
         let restore_mark = restore_pass.as_ref().map(|view| view.marked_at);
         let mut streaming = self.config.stream;
         let mut extras = DeferredExtras::default();
-        'tables: for &table in &self.config.tables {
+        'tables: for table in &self.config.tables {
             // This table's StreamClaims stream, once opened; dropped (closing it) when the
             // table is done or the time budget runs out.
             let mut stream: Option<ClaimsPageStream> = None;
-            let mut cursor = ClaimsCursor::at(cursors.get(&table).copied().unwrap_or(0));
+            let mut cursor = ClaimsCursor::at(cursors.get(table).copied().unwrap_or(0));
             // The server's token of `cursor` (none for the saved record id a run starts at):
             // what the next page is asked with, `cursor` being the fallback of an older server.
             let mut page_token: Option<String> = None;
@@ -354,7 +354,7 @@ impl<S: ClaimSource> Verifier<S> {
                 lost_slot(slot)?;
                 let query = ClaimsQuery::new(
                     self.config.cell_id.clone(),
-                    table,
+                    table.clone(),
                     cursor.clone(),
                     self.config.page_size,
                 );
@@ -377,13 +377,13 @@ impl<S: ClaimSource> Verifier<S> {
                 if page.start_range < page.end_range {
                     let local = self
                         .source
-                        .claims_in_range(table, page.start_range, page.end_range)
+                        .claims_in_range(table.clone(), page.start_range, page.end_range)
                         .await?;
                     let found =
                         self.compare(local, service, restore_mark, &mut extras, &mut report);
                     if !self.config.dry_run {
                         let range = PageRange {
-                            table,
+                            table: table.clone(),
                             start: page.start_range,
                             end: page.end_range,
                         };
@@ -399,12 +399,12 @@ impl<S: ClaimSource> Verifier<S> {
                     Some(next) => {
                         // Saved without its key: a resumed run reads a split record from its
                         // first claim again, as the claims carried in memory are gone.
-                        cursors.insert(table, next.record_id);
+                        cursors.insert(table.clone(), next.record_id);
                         cursor = next;
                         page_token = page.next_page_token;
                     }
                     None => {
-                        cursors.remove(&table);
+                        cursors.remove(table);
                         self.save_cursors(&cursors)?;
                         break;
                     }
@@ -416,7 +416,7 @@ impl<S: ClaimSource> Verifier<S> {
         // elsewhere; a run stopped early leaves them to the next one.
         if report.finished && !self.config.dry_run {
             for (range, records) in extras.into_destroys() {
-                self.apply(records, LeaseOp::Destroy, range, slot, &mut report)
+                self.apply(records, LeaseOp::Destroy, &range, slot, &mut report)
                     .await?;
             }
         }
@@ -560,9 +560,9 @@ impl<S: ClaimSource> Verifier<S> {
                 Discrepancy::Extra(r) => destroys.push(r),
             }
         }
-        self.apply(creates, LeaseOp::Create, range, slot, report)
+        self.apply(creates, LeaseOp::Create, &range, slot, report)
             .await?;
-        self.apply(updates, LeaseOp::Update, range, slot, report)
+        self.apply(updates, LeaseOp::Update, &range, slot, report)
             .await?;
         extras.defer(range, destroys);
         Ok(())
@@ -572,7 +572,7 @@ impl<S: ClaimSource> Verifier<S> {
         &self,
         records: Vec<ClaimRecord>,
         op: LeaseOp,
-        range: PageRange,
+        range: &PageRange,
         slot: Option<&HeldSlot>,
         report: &mut VerifyReport,
     ) -> Result<(), ClaimsError> {
@@ -628,7 +628,7 @@ impl<S: ClaimSource> Verifier<S> {
         &self,
         record: &ClaimRecord,
         op: LeaseOp,
-        range: PageRange,
+        range: &PageRange,
     ) -> Result<Corrected, ClaimsError> {
         let one = std::slice::from_ref(record);
         match self.correct_chunk(one, op, range).await {
@@ -663,7 +663,7 @@ impl<S: ClaimSource> Verifier<S> {
         &self,
         records: &[ClaimRecord],
         op: LeaseOp,
-        range: PageRange,
+        range: &PageRange,
     ) -> Result<Corrected, ClaimsError> {
         let cell_id = self.config.cell_id.clone();
         let lease_id = LeaseId::generate();
@@ -716,7 +716,7 @@ impl<S: ClaimSource> Verifier<S> {
         };
         let local = self
             .source
-            .claims_in_range(range.table, range.start, range.end)
+            .claims_in_range(range.table.clone(), range.start, range.end)
             .await;
         let mut stands = match &local {
             Ok(local) => Ok(records.iter().all(|r| still_called_for(op, r, local))),

@@ -49,6 +49,8 @@ pub fn claim_info_to_pb(claim: &Claim) -> pb::ClaimInfo {
         owner_type: record.owner_type.number(),
         owner_value: record.owner_value.clone(),
         table_name: record.table_name.number(),
+        owner_type_name: record.owner_type.name().to_owned(),
+        source_table: record.table_name.name().to_owned(),
         table_record_id: record.table_record_id,
         created_at: Some(timestamp_to_pb(claim.created_at)),
         updated_at: Some(timestamp_to_pb(claim.updated_at)),
@@ -110,7 +112,12 @@ pub fn claims_query_from_pb(
     max_bytes: usize,
 ) -> Result<ClaimsQuery, ClaimsError> {
     let cell_id = CellId::parse(&request.cell_id)?;
-    let table_name = TableName::parse_field(request.table_name, "table_name")?;
+    let table_name = TableName::from_wire(
+        request.table_name,
+        &request.source_table,
+        "table_name",
+        "source_table",
+    )?;
     check_record_id(request.cursor, "cursor")?;
     let after_key = request
         .cursor_key
@@ -130,7 +137,7 @@ pub fn claims_query_from_pb(
     let cursor = if request.page_token.is_empty() {
         named
     } else {
-        let position = page_token::decode(&request.page_token, &cell_id, table_name)?;
+        let position = page_token::decode(&request.page_token, &cell_id, &table_name)?;
         if named != ClaimsCursor::at(0) && named != position {
             return Err(ClaimsError::invalid(
                 page_token::FIELD,
@@ -329,7 +336,7 @@ pub fn claims_page_to_pb(page: &ClaimsPage, query: &ClaimsQuery) -> pb::ListClai
         next_page_token: page
             .next_cursor
             .as_ref()
-            .map(|next| page_token::encode(&query.cell_id, query.table_name, next))
+            .map(|next| page_token::encode(&query.cell_id, &query.table_name, next))
             .unwrap_or_default(),
     }
 }
@@ -431,9 +438,9 @@ mod tests {
         ClaimRecord {
             display: None,
             key: ClaimKey::new(ClaimType::Email, value.clone()),
-            owner_type: OwnerType::Project,
+            owner_type: OwnerType::PROJECT,
             owner_value: value,
-            table_name: TableName::Groups,
+            table_name: TableName::GROUPS,
             table_record_id: id,
         }
     }
@@ -486,7 +493,7 @@ mod tests {
     }
 
     fn listing() -> ClaimsQuery {
-        ClaimsQuery::new(cell(true), TableName::Groups, ClaimsCursor::at(0), 10)
+        ClaimsQuery::new(cell(true), TableName::GROUPS, ClaimsCursor::at(0), 10)
     }
 
     fn one_claim_len(claim: &Claim) -> usize {
@@ -555,7 +562,7 @@ mod tests {
             .collect();
         let query = ClaimsQuery {
             cell_id: cell(true),
-            table_name: TableName::Groups,
+            table_name: TableName::GROUPS,
             cursor: ClaimsCursor::at(i64::MAX - 1),
             limit: 10_000,
             max_bytes: budget,
@@ -587,6 +594,7 @@ mod tests {
             }),
             page_token: "token".into(),
             page_tokens: true,
+            source_table: "emails".into(),
         };
         let stream = pb::StreamClaimsRequest::from(request.clone());
         assert_eq!(stream.encode_to_vec(), request.encode_to_vec());
@@ -614,12 +622,13 @@ mod tests {
     fn list_request(cursor: i64, page_token: String) -> pb::ListClaimsRequest {
         pb::ListClaimsRequest {
             cell_id: "cell-a".into(),
-            table_name: TableName::Users.number(),
+            table_name: TableName::USERS.number(),
             cursor,
             limit: 0,
             cursor_key: None,
             page_token,
             page_tokens: true,
+            source_table: String::new(),
         }
     }
 
@@ -649,7 +658,7 @@ mod tests {
         let mut other_cell = list_request(0, token.clone());
         other_cell.cell_id = "cell-b".into();
         let mut other_table = list_request(0, token);
-        other_table.table_name = TableName::Emails.number();
+        other_table.table_name = TableName::EMAILS.number();
         for request in [other_cell, other_table] {
             let refused = claims_query_from_pb(&request, 1 << 20);
             assert!(

@@ -49,10 +49,10 @@ const _: () = assert!(
 );
 
 /// The token of `position` in the listing of `table` by `cell_id`.
-pub fn encode(cell_id: &CellId, table: TableName, position: &ClaimsCursor) -> String {
+pub fn encode(cell_id: &CellId, table: &TableName, position: &ClaimsCursor) -> String {
     let mut bytes = Vec::with_capacity(MAX_BYTES);
     bytes.push(VERSION);
-    bytes.extend_from_slice(&table.number().to_be_bytes());
+    bytes.extend_from_slice(&table.store_number().to_be_bytes());
     bytes.extend_from_slice(&position.record_id.to_be_bytes());
     match &position.after_key {
         Some(key) => {
@@ -63,7 +63,7 @@ pub fn encode(cell_id: &CellId, table: TableName, position: &ClaimsCursor) -> St
         }
         None => bytes.push(0),
     }
-    let checksum = checksum(cell_id, &bytes);
+    let checksum = checksum(cell_id, table, &bytes);
     bytes.extend_from_slice(&checksum);
     base64url::encode(&bytes)
 }
@@ -73,7 +73,7 @@ pub fn encode(cell_id: &CellId, table: TableName, position: &ClaimsCursor) -> St
 pub fn decode(
     token: &str,
     cell_id: &CellId,
-    table: TableName,
+    table: &TableName,
 ) -> Result<ClaimsCursor, ClaimsError> {
     let refuse = |why: String| ClaimsError::invalid(FIELD, why);
     if token.len() > MAX_LEN {
@@ -95,7 +95,7 @@ pub fn decode(
         ));
     }
     let (body, sum) = bytes.split_at(bytes.len() - CHECKSUM_LEN);
-    if checksum(cell_id, body) != sum {
+    if checksum(cell_id, table, body) != sum {
         return Err(refuse(format!(
             "does not check out for cell {cell_id}: it was altered, or issued for another cell's \
              listing; send back next_page_token unchanged, in a request for the same cell and table"
@@ -112,12 +112,12 @@ pub fn decode(
         ));
     }
     let issued_for = i32::from_be_bytes(body[1..5].try_into().expect("4 bytes"));
-    if issued_for != table.number() {
-        let name =
-            TableName::from_number(issued_for.into()).map_or("an unknown table", |t| t.name());
+    if issued_for != table.store_number() {
+        let name = TableName::from_number(issued_for.into())
+            .map_or_else(|| "another table".to_owned(), |t| format!("table {t}"));
         return Err(refuse(format!(
-            "issued for the listing of table {name}, not {table}; a token continues the listing \
-             it came from"
+            "issued for the listing of {name}, not {table}; a token continues the listing it \
+             came from"
         )));
     }
     let record_id = i64::from_be_bytes(body[5..13].try_into().expect("8 bytes"));
@@ -163,12 +163,18 @@ pub fn decode(
     })
 }
 
-fn checksum(cell_id: &CellId, body: &[u8]) -> [u8; CHECKSUM_LEN] {
+fn checksum(cell_id: &CellId, table: &TableName, body: &[u8]) -> [u8; CHECKSUM_LEN] {
     let mut context = digest::Context::new(&digest::SHA256);
     context.update(LABEL);
     context.update(cell_id.as_str().as_bytes());
     // The cell id's end: no cell id and body can be read as another cell id and body.
     context.update(&[0]);
+    // A table outside the five legacy ones is known by a hashed number (two may share it): its
+    // name is checked too. (Not for the legacy ones, whose tokens stay what they were.)
+    if let Some(name) = table.stored_name() {
+        context.update(name.as_bytes());
+        context.update(&[0]);
+    }
     context.update(body);
     let full = context.finish();
     let mut sum = [0; CHECKSUM_LEN];
@@ -283,7 +289,8 @@ mod tests {
 
     #[test]
     fn a_token_decodes_to_the_position_it_was_built_from() {
-        for table in TableName::ALL.iter().copied() {
+        let ssh_keys = TableName::from_name("ssh_keys").unwrap();
+        for table in TableName::ALL.iter().chain([&ssh_keys]) {
             for position in positions() {
                 let token = encode(&cell("cell-a"), table, &position);
                 assert!(token.len() <= MAX_LEN, "{} > {MAX_LEN}", token.len());
@@ -296,7 +303,7 @@ mod tests {
     }
 
     fn refused(token: &str, cell_id: &str, table: TableName) -> String {
-        match decode(token, &cell(cell_id), table) {
+        match decode(token, &cell(cell_id), &table) {
             Err(ClaimsError::InvalidRequest { field, description }) => {
                 assert_eq!(field, FIELD);
                 description
@@ -308,14 +315,14 @@ mod tests {
     #[test]
     fn every_single_bit_flip_of_a_token_is_refused() {
         for position in positions() {
-            let token = encode(&cell("cell-a"), TableName::Users, &position);
+            let token = encode(&cell("cell-a"), &TableName::USERS, &position);
             for i in 0..token.len() {
                 for bit in 0..8 {
                     let mut bytes = token.clone().into_bytes();
                     bytes[i] ^= 1 << bit;
                     // A flip that is not UTF-8 cannot be a protobuf string at all.
                     if let Ok(altered) = String::from_utf8(bytes) {
-                        refused(&altered, "cell-a", TableName::Users);
+                        refused(&altered, "cell-a", TableName::USERS);
                     }
                 }
             }
@@ -326,7 +333,7 @@ mod tests {
                     let mut altered = bytes.clone();
                     altered[i] ^= 1 << bit;
                     let description =
-                        refused(&base64url::encode(&altered), "cell-a", TableName::Users);
+                        refused(&base64url::encode(&altered), "cell-a", TableName::USERS);
                     assert!(description.contains("does not check out"), "{description}");
                 }
             }
@@ -339,19 +346,46 @@ mod tests {
             record_id: 42,
             after_key: Some(ClaimKey::new(ClaimType::Email, "a@example.com")),
         };
-        let token = encode(&cell("cell-a"), TableName::Users, &position);
-        let description = refused(&token, "cell-b", TableName::Users);
+        let token = encode(&cell("cell-a"), &TableName::USERS, &position);
+        let description = refused(&token, "cell-b", TableName::USERS);
         assert!(description.contains("another cell"), "{description}");
-        let description = refused(&token, "cell-a", TableName::Emails);
+        let description = refused(&token, "cell-a", TableName::EMAILS);
         assert!(
             description.contains("table users, not emails"),
+            "{description}"
+        );
+        // A table outside the legacy ones is checked by name too.
+        let description = refused(&token, "cell-a", TableName::from_name("keys").unwrap());
+        assert!(
+            description.contains("for the same cell and table"),
             "{description}"
         );
     }
 
     #[test]
+    fn a_token_of_another_table_with_the_same_store_number_is_refused() {
+        // Two free-form tables whose hashed numbers collide (a few hundred names find one).
+        let mut seen = std::collections::HashMap::new();
+        let (first, second) = (0..)
+            .find_map(|i| {
+                let table = TableName::from_name(&format!("t{i}")).unwrap();
+                seen.insert(table.store_number(), table.clone())
+                    .map(|earlier| (earlier, table))
+            })
+            .unwrap();
+        assert_eq!(first.store_number(), second.store_number());
+        let token = encode(&cell("cell-a"), &first, &ClaimsCursor::at(9));
+        assert_eq!(
+            decode(&token, &cell("cell-a"), &first),
+            Ok(ClaimsCursor::at(9))
+        );
+        let description = refused(&token, "cell-a", second);
+        assert!(description.contains("does not check out"), "{description}");
+    }
+
+    #[test]
     fn strings_that_are_not_tokens_are_refused() {
-        let token = encode(&cell("c"), TableName::Users, &ClaimsCursor::at(3));
+        let token = encode(&cell("c"), &TableName::USERS, &ClaimsCursor::at(3));
         for text in [
             "",
             "not a token",
@@ -360,7 +394,7 @@ mod tests {
             &format!("{token}AA"),
             &"A".repeat(MAX_LEN + 1),
         ] {
-            refused(text, "c", TableName::Users);
+            refused(text, "c", TableName::USERS);
         }
     }
 }

@@ -576,7 +576,7 @@ mod tests {
                 current: 2,
             },
             ClaimsError::RecordExceedsPage {
-                table_name: TableName::Emails,
+                table_name: TableName::EMAILS,
                 record_id: 65,
             },
             ClaimsError::RateLimited {

@@ -56,7 +56,7 @@ pub fn before_namespaces() -> (Vec<Claim>, Lease) {
             ..creates(&cell("cell-a"), std::slice::from_ref(&docs))
         },
     };
-    let email = |value: &str| record_in(TableName::Emails, 2, ClaimType::Email, value);
+    let email = |value: &str| record_in(TableName::EMAILS, 2, ClaimType::Email, value);
     let claims = vec![
         claim("cell-a", username("John"), None),
         claim("cell-b", username("amy"), None),

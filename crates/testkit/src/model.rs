@@ -109,7 +109,7 @@ fn form_of(k: &ClaimKey, record_id: i64) -> String {
 fn record_of(key: usize, record_id: i64) -> ClaimRecord {
     let k = key_of(key);
     record_in(
-        TableName::Users,
+        TableName::USERS,
         record_id,
         k.namespace.clone(),
         &form_of(&k, record_id),
@@ -120,14 +120,14 @@ fn record_of(key: usize, record_id: i64) -> ClaimRecord {
 /// (`moved`) `emails`, so a commit moves the claim within the ListClaims index or across tables.
 fn updated_record_of(key: usize, record_id: i64, moved: bool) -> ClaimRecord {
     let table = if moved {
-        TableName::Emails
+        TableName::EMAILS
     } else {
-        TableName::Users
+        TableName::USERS
     };
     let k = key_of(key);
     ClaimRecord {
         display: None,
-        owner_type: OwnerType::Group,
+        owner_type: OwnerType::GROUP,
         owner_value: format!("moved-{}", k.value),
         ..record_in(
             table,
@@ -563,9 +563,9 @@ async fn check_final_state<S: ClaimStore>(store: &S, model: &Tables) -> Result<(
             "final leases differ:\nadapter {actual:#?}\nmodel {expected:#?}"
         ));
     }
-    for (n, table) in (0..CELLS).flat_map(|n| [(n, TableName::Users), (n, TableName::Emails)]) {
+    for (n, table) in (0..CELLS).flat_map(|n| [(n, TableName::USERS), (n, TableName::EMAILS)]) {
         // Limit 2 splits every record with three or more claims: the key cursor is compared too.
-        let mut cursor_query = ClaimsQuery::new(cell_of(n), table, ClaimsCursor::at(0), 2);
+        let mut cursor_query = ClaimsQuery::new(cell_of(n), table.clone(), ClaimsCursor::at(0), 2);
         loop {
             let actual = store
                 .list_claims(&cursor_query)

@@ -70,7 +70,7 @@ pub async fn racing_clients_get_one_winner_each(
     let records: Vec<ClaimRecord> = (0..claims)
         .map(|i| {
             record_in(
-                TableName::Users,
+                TableName::USERS,
                 i as i64,
                 ClaimType::Username,
                 &format!("race-{i:02}"),

@@ -41,7 +41,7 @@ pub async fn signup(
     let claim = |claim_type, value: &str, table| ClaimRecord {
         display: None,
         key: ClaimKey::new(claim_type, value),
-        owner_type: OwnerType::User,
+        owner_type: OwnerType::USER,
         owner_value: id.to_string(),
         table_name: table,
         table_record_id: id,
@@ -51,8 +51,8 @@ pub async fn signup(
         cell_id: cell.clone(),
         lease_id: None,
         creates: vec![
-            claim(ClaimType::Username, name, TableName::Users),
-            claim(ClaimType::Email, email, TableName::Emails),
+            claim(ClaimType::Username, name, TableName::USERS),
+            claim(ClaimType::Email, email, TableName::EMAILS),
         ],
         destroys: vec![],
         updates: Vec::new(),

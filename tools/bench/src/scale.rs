@@ -162,9 +162,9 @@ pub async fn load_grpc(
                         .map(|i| ClaimRecord {
                             display: None,
                             key: ClaimKey::new(ClaimType::Username, value(i)),
-                            owner_type: OwnerType::User,
+                            owner_type: OwnerType::USER,
                             owner_value: SCALE_OWNER.into(),
-                            table_name: TableName::Users,
+                            table_name: TableName::USERS,
                             table_record_id: i as i64,
                         })
                         .collect(),
@@ -219,13 +219,14 @@ async fn probe(
         let listed = client
             .list_claims(pb::ListClaimsRequest {
                 cell_id: SCALE_CELL.into(),
-                table_name: TableName::Users.number(),
+                table_name: TableName::USERS.number(),
                 cursor,
                 limit: page_size as i32,
                 cursor_key: None,
                 // A probe reads one page at a random record and follows none.
                 page_token: String::new(),
                 page_tokens: true,
+                source_table: String::new(),
             })
             .await;
         let list_time = started.elapsed();

@@ -274,9 +274,9 @@ fn claim(id: u64, owner: String) -> ClaimRecord {
     ClaimRecord {
         display: None,
         key: ClaimKey::new(ClaimType::Username, scale::value(id)),
-        owner_type: OwnerType::User,
+        owner_type: OwnerType::USER,
         owner_value: owner,
-        table_name: TableName::Users,
+        table_name: TableName::USERS,
         table_record_id: id as i64,
     }
 }

@@ -178,27 +178,27 @@ pub fn signup_claims(entity: &str, record_id: i64, k: usize) -> Vec<ClaimRecord>
     (0..k)
         .map(|j| {
             let (claim_type, value, table) = match j {
-                0 => (ClaimType::Username, entity.to_owned(), TableName::Users),
+                0 => (ClaimType::Username, entity.to_owned(), TableName::USERS),
                 1 => (
                     ClaimType::Email,
                     format!("{entity}@bench.example"),
-                    TableName::Emails,
+                    TableName::EMAILS,
                 ),
                 2 => (
                     ClaimType::Routes,
                     format!("org/{entity}"),
-                    TableName::Routes,
+                    TableName::ROUTES,
                 ),
                 _ => (
                     ClaimType::Routes,
                     format!("org/{entity}/r{j}"),
-                    TableName::Routes,
+                    TableName::ROUTES,
                 ),
             };
             ClaimRecord {
                 display: None,
                 key: ClaimKey::new(claim_type, value),
-                owner_type: OwnerType::User,
+                owner_type: OwnerType::USER,
                 owner_value: entity.to_owned(),
                 table_name: table,
                 table_record_id: record_id,

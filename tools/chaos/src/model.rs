@@ -40,9 +40,9 @@ pub fn record(cell: u16, key: u32) -> ClaimRecord {
     ClaimRecord {
         display: None,
         key: claim_key(key),
-        owner_type: OwnerType::User,
+        owner_type: OwnerType::USER,
         owner_value: cell_id(cell).to_string(),
-        table_name: TableName::Users,
+        table_name: TableName::USERS,
         table_record_id: i64::from(key),
     }
 }

@@ -322,7 +322,7 @@ pub fn verifier(
     stats: Arc<VerifyStats>,
     committed: Arc<Mutex<Vec<Committed>>>,
 ) -> Result<Verifier<SqliteQuerySource>, String> {
-    let queries = BTreeMap::from([(TableName::Users, query(cell))]);
+    let queries = BTreeMap::from([(TableName::USERS, query(cell))]);
     let source = SqliteQuerySource::open(path, queries)
         .map_err(|e| format!("verify source of {}: {e}", path.display()))?;
     let records = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
@@ -338,7 +338,7 @@ pub fn verifier(
             holder: format!("chaos-verifier-{cell:02}"),
             ttl: Some(SLOT_TTL),
         }),
-        ..VerifierConfig::new(model::cell_id(cell), vec![TableName::Users])
+        ..VerifierConfig::new(model::cell_id(cell), vec![TableName::USERS])
     };
     let recorder = Recorder {
         cell,

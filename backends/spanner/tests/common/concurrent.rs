@@ -35,7 +35,7 @@ fn random_request(rng: &mut fastrand::Rng, cell: &CellId, keys: &[ClaimRecord]) 
         _ => {
             let moved: Vec<_> = records
                 .iter()
-                .map(|r| moved(r, "p", TableName::Routes, rng.i64(1..9)))
+                .map(|r| moved(r, "p", TableName::ROUTES, rng.i64(1..9)))
                 .collect();
             updates(cell, &moved)
         }

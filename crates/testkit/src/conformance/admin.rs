@@ -19,7 +19,7 @@ async fn committed_usernames(
     let records: Vec<ClaimRecord> = (0..n)
         .map(|i| {
             record_in(
-                TableName::Users,
+                TableName::USERS,
                 i as i64 + 1,
                 ClaimType::Username,
                 &format!("{prefix}-{i}"),

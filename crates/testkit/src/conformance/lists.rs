@@ -43,7 +43,7 @@ async fn all_claim_pages(
     let mut listed = Vec::new();
     let mut pages = Vec::new();
     loop {
-        let query = ClaimsQuery::new(cell_id.clone(), table, cursor.clone(), limit);
+        let query = ClaimsQuery::new(cell_id.clone(), table.clone(), cursor.clone(), limit);
         let page = store.list_claims(&query).await.unwrap();
         assert_eq!(page.start_range, cursor.record_id, "pages are contiguous");
         assert!(
@@ -172,7 +172,7 @@ pub async fn list_outstanding_leases_pages_stop_before_the_byte_budget(store: &i
     let mut expected = Vec::new();
     for n in 0..4 {
         let records: Vec<ClaimRecord> = (0..700)
-            .map(|i| large_record(TableName::Emails, n, n as usize * 1000 + i))
+            .map(|i| large_record(TableName::EMAILS, n, n as usize * 1000 + i))
             .collect();
         let lease = store.begin_update(creates(&a, &records)).await.unwrap();
         expected.push(lease.lease_id);
@@ -215,7 +215,7 @@ pub async fn list_claims_pages_tile_the_id_space(store: &impl ClaimStore) {
         for n in 0..(1 + id % 3) {
             let claim_type = [ClaimType::Username, ClaimType::Email, ClaimType::Routes][n as usize];
             all.push(record_in(
-                TableName::Users,
+                TableName::USERS,
                 id * 10,
                 claim_type,
                 &format!("u{id}"),
@@ -225,7 +225,7 @@ pub async fn list_claims_pages_tile_the_id_space(store: &impl ClaimStore) {
     for n in 0..7 {
         let claim_type = [ClaimType::Username, ClaimType::Email][n % 2];
         all.push(record_in(
-            TableName::Users,
+            TableName::USERS,
             65,
             claim_type,
             &format!("big-{n}"),
@@ -236,7 +236,7 @@ pub async fn list_claims_pages_tile_the_id_space(store: &impl ClaimStore) {
         store,
         creates(
             &a,
-            &[record_in(TableName::Groups, 5, ClaimType::Routes, "g")],
+            &[record_in(TableName::GROUPS, 5, ClaimType::Routes, "g")],
         ),
     )
     .await;
@@ -244,13 +244,13 @@ pub async fn list_claims_pages_tile_the_id_space(store: &impl ClaimStore) {
         store,
         creates(
             &cell("cell-b"),
-            &[record_in(TableName::Users, 15, ClaimType::Username, "b")],
+            &[record_in(TableName::USERS, 15, ClaimType::Username, "b")],
         ),
     )
     .await;
     let expected = in_page_order(&all);
     for limit in [1usize, 2, 3, 5, 1000] {
-        let (listed, pages) = all_claim_pages(store, &a, TableName::Users, limit).await;
+        let (listed, pages) = all_claim_pages(store, &a, TableName::USERS, limit).await;
         let listed: Vec<ClaimRecord> = listed.into_iter().map(|c| c.record).collect();
         assert_eq!(
             listed, expected,
@@ -269,7 +269,7 @@ pub async fn list_claims_pages_tile_the_id_space(store: &impl ClaimStore) {
     let page = store
         .list_claims(&ClaimsQuery::new(
             a.clone(),
-            TableName::Users,
+            TableName::USERS,
             ClaimsCursor::at(115),
             10,
         ))
@@ -287,7 +287,7 @@ pub async fn list_claims_split_a_record_larger_than_the_byte_budget(store: &impl
     // Record 7 of `emails` has 2000 claims with 255-byte values and owners: about 1.1 MB, more
     // than the default 1 MiB budget, so even the largest limit splits it.
     let records: Vec<ClaimRecord> = (0..2000)
-        .map(|n| large_record(TableName::Emails, 7, n))
+        .map(|n| large_record(TableName::EMAILS, 7, n))
         .collect();
     for chunk in records.chunks(1000) {
         committed(store, creates(&a, chunk)).await;
@@ -297,7 +297,7 @@ pub async fn list_claims_split_a_record_larger_than_the_byte_budget(store: &impl
         creates(
             &a,
             &[record_in(
-                TableName::Emails,
+                TableName::EMAILS,
                 9,
                 ClaimType::Username,
                 "after",
@@ -308,13 +308,13 @@ pub async fn list_claims_split_a_record_larger_than_the_byte_budget(store: &impl
     let (listed, pages) = all_claim_pages(
         store,
         &a,
-        TableName::Emails,
+        TableName::EMAILS,
         topology_claims::domain::CLAIMS_MAX_LIMIT,
     )
     .await;
     let mut expected = records.clone();
     expected.push(record_in(
-        TableName::Emails,
+        TableName::EMAILS,
         9,
         ClaimType::Username,
         "after",
@@ -345,7 +345,7 @@ pub async fn list_claims_includes_leased_claims_with_state(store: &impl ClaimSto
         store,
         creates(
             &a,
-            &[record_in(TableName::Users, 1, ClaimType::Username, "kept")],
+            &[record_in(TableName::USERS, 1, ClaimType::Username, "kept")],
         ),
     )
     .await;
@@ -353,7 +353,7 @@ pub async fn list_claims_includes_leased_claims_with_state(store: &impl ClaimSto
         store,
         creates(
             &a,
-            &[record_in(TableName::Users, 2, ClaimType::Username, "going")],
+            &[record_in(TableName::USERS, 2, ClaimType::Username, "going")],
         ),
     )
     .await;
@@ -361,7 +361,7 @@ pub async fn list_claims_includes_leased_claims_with_state(store: &impl ClaimSto
         .begin_update(creates(
             &a,
             &[record_in(
-                TableName::Users,
+                TableName::USERS,
                 3,
                 ClaimType::Username,
                 "coming",
@@ -372,14 +372,14 @@ pub async fn list_claims_includes_leased_claims_with_state(store: &impl ClaimSto
     store
         .begin_update(destroys(
             &a,
-            &[record_in(TableName::Users, 2, ClaimType::Username, "going")],
+            &[record_in(TableName::USERS, 2, ClaimType::Username, "going")],
         ))
         .await
         .unwrap();
     let page = store
         .list_claims(&ClaimsQuery::new(
             a,
-            TableName::Users,
+            TableName::USERS,
             ClaimsCursor::at(0),
             100,
         ))

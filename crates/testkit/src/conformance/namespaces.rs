@@ -128,7 +128,7 @@ pub async fn listed_claims_carry_their_key_and_display_form(store: &impl ClaimSt
     let page = store
         .list_claims(&ClaimsQuery::new(
             a.clone(),
-            TableName::Users,
+            TableName::USERS,
             ClaimsCursor::at(0),
             10,
         ))
@@ -385,7 +385,7 @@ pub async fn a_created_namespace_takes_claims_under_its_rules_and_is_deleted_onl
             namespace: pages.clone()
         }
     );
-    let domain = |value: &str| record_in(TableName::Projects, 7, pages.clone(), value);
+    let domain = |value: &str| record_in(TableName::PROJECTS, 7, pages.clone(), value);
     committed(store, creates(&a, &[domain("Example.COM")])).await;
     assert!(matches!(
         store
@@ -419,7 +419,7 @@ pub async fn a_created_namespace_takes_claims_under_its_rules_and_is_deleted_onl
     let page = store
         .list_claims(&ClaimsQuery::new(
             a.clone(),
-            TableName::Projects,
+            TableName::PROJECTS,
             ClaimsCursor::at(0),
             10,
         ))
