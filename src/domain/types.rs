@@ -7,8 +7,8 @@ use uuid::Uuid;
 
 use crate::error::ClaimsError;
 
-use super::namespaces::NamespaceId;
 pub use super::names::{OwnerType, TableName, MAX_OPEN_NAME_LEN};
+use super::namespaces::NamespaceId;
 
 /// Longest cell id, in bytes.
 pub const MAX_CELL_ID_LEN: usize = 100;

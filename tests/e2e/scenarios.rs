@@ -43,7 +43,10 @@ async fn happy_path_user_email_and_route_are_routable_while_creating_and_active_
         .iter()
         .map(|c| pb::ClaimRecord {
             namespace: ["routes", "usernames", "emails"][c.claim_type as usize - 1].to_owned(),
-            owner_type: OwnerType::from_number(c.owner.into()).unwrap().name().to_owned(),
+            owner_type: OwnerType::from_number(c.owner.into())
+                .unwrap()
+                .name()
+                .to_owned(),
             source_table: TableName::from_number(c.table_name.into())
                 .unwrap()
                 .name()

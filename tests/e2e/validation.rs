@@ -385,7 +385,11 @@ async fn list_limits_and_cursors_are_validated_not_clamped(store: Arc<dyn ClaimS
             cursor_key: None,
             ..Default::default()
         };
-        let field = if bad == 0 { "source_table" } else { "table_name" };
+        let field = if bad == 0 {
+            "source_table"
+        } else {
+            "table_name"
+        };
         expect_invalid(c.list_claims(req).await, field);
     }
     for (claim_type, value, field) in [

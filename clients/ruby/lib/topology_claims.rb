@@ -11,6 +11,7 @@ require "google/protobuf/well_known_types"
 require "google/rpc/error_details_pb"
 require "google/rpc/status_pb"
 require "topology/claims/v1/claims_pb"
+require "topology/claims/admin/v1/admin_pb"
 
 require "topology_claims/version"
 require "topology_claims/errors"
@@ -26,6 +27,9 @@ require "topology_claims/verify_toml"
 module TopologyClaims
   # The generated protocol classes (Topology::Claims::V1).
   V1 = ::Topology::Claims::V1
+  # The administrative protocol's classes (Topology::Claims::Admin::V1): cells may call its
+  # ListNamespaces and GetNamespace.
+  AdminV1 = ::Topology::Claims::Admin::V1
 
   autoload :Claimable, "topology_claims/claimable"
 
@@ -76,6 +80,13 @@ module TopologyClaims
       @metrics ||= Metrics.new
     end
 
+    # The namespaces the server holds (ListNamespaces): AdminV1::Namespace messages with `id`,
+    # `normalization` (:NORMALIZATION_PRECIS_USERNAME, …), `max_chars`, `pattern`, `reserved`,
+    # `description`, `deprecated` and `version`. A cell's certificate may call it.
+    def namespaces(config = configuration)
+      client(config).list_namespaces
+    end
+
     def logger
       configuration.logger || (defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.logger) || default_logger
     end
@@ -93,6 +104,7 @@ module TopologyClaims
     def load_grpc
       require "grpc"
       require "topology/claims/v1/claims_services_pb"
+      require "topology/claims/admin/v1/admin_services_pb"
     end
 
     # Called when this process starts using grpc (its first channel).

@@ -251,6 +251,49 @@ RSpec.describe TopologyClaims::Claimable do
       expect(bad.errors[:username].join).to match(/pattern/)
     end
 
+    it "lists the server's namespaces, the built-ins and those an administrator created" do
+      namespaces = TopologyClaims.namespaces(cell.config)
+      builtins = namespaces.select { |n| %w[routes usernames emails].include?(n.id) }
+      expect(builtins.map(&:normalization).uniq).to eq([:NORMALIZATION_PRECIS_USERNAME])
+      expect(builtins.map(&:id)).to contain_exactly("routes", "usernames", "emails")
+      expect(namespaces.map(&:id)).to eq(namespaces.map(&:id).sort)
+    end
+
+    it "files claims under any owner type and source table, listed and verified by that table" do
+      keys = Class.new(cell.base) do
+        self.table_name = "users"
+        include TopologyClaims::Claimable
+        claims_owner :organization, value: :email
+        claims_table :ssh_keys
+        claim :username, namespace: "routes"
+      end
+      keys.claims_configuration(cell.config)
+      Cells.const_set(:"SshKey#{SecureRandom.hex(4)}", keys)
+      fingerprint = "sha256-#{SecureRandom.hex(6)}"
+      key = keys.create!(username: fingerprint, email: "org-#{fingerprint}@example.com")
+
+      found = cell.client.lookup_claim("routes", fingerprint).claim
+      expect([found.owner_type_name, found.owner_value]).to eq(["organization", key.email])
+      expect([found.source_table, found.table_name, found.table_record_id]).to eq(["ssh_keys", :TABLE_NAME_UNSPECIFIED, key.id])
+      listed = cell.client.claims_of(:ssh_keys)
+      expect(listed.map(&:claim_value)).to include(fingerprint)
+      expect(listed.map(&:source_table).uniq).to eq(["ssh_keys"])
+      expect(cell.client.claims_of(:users).map(&:claim_value)).not_to include(fingerprint)
+      toml = TopologyClaims.verify_toml(cell.base.connection, models: [keys])
+      expect(toml).to start_with("[tables.ssh_keys]")
+      expect(toml).to include("'organization'")
+
+      key.update!(username: "#{fingerprint}-2")
+      expect(cell.client.lookup_claim("routes", "#{fingerprint}-2").claim.source_table).to eq("ssh_keys")
+    end
+
+    it "refuses an owner type or source table that is not [a-z0-9_]{1,63} when the model declares it" do
+      expect { Class.new(cell.base) { include TopologyClaims::Claimable; claims_table "SSH Keys" } }
+        .to raise_error(ArgumentError, /"SSH Keys" is not a claims_table name/)
+      expect { Class.new(cell.base) { include TopologyClaims::Claimable; claims_owner :"org-unit" } }
+        .to raise_error(ArgumentError, /claims_owner type: it must match/)
+    end
+
     it "refuses a declaration with both namespace: and type:, or neither" do
       expect { Class.new(cell.base) { include TopologyClaims::Claimable; claim :x, namespace: "emails", type: :email } }
         .to raise_error(ArgumentError, /namespace: .*not both/)

@@ -56,13 +56,14 @@ RSpec.describe TopologyClaims::Client do
     other.client.commit_update(other.client.begin_update(creates: [claim]).lease_payload.lease_id)
     destroy = other.client.begin_update(destroys: [claim]).lease_payload.lease_id
     client = cell.client
-    real = client.send(:stub_for_this_process)
+    real = client.send(:stub_for_this_process, :claims)
     losing = LosingStub.new(real, 1.0)
-    client.instance_variable_set(:@stub, losing)
+    stubs = client.instance_variable_get(:@stubs)
+    stubs[:claims] = losing
     begin
       expect { client.begin_update(creates: [claim]) }.to raise_error(TopologyClaims::ClaimLeased)
     ensure
-      client.instance_variable_set(:@stub, real)
+      stubs[:claims] = real
     end
     other.client.commit_update(destroy) # the claim is free before the lost attempt lands
     late = Timeout.timeout(10) { losing.late.pop }

@@ -6,10 +6,10 @@ RSpec.describe "the committed stubs" do
   it "are what bin/generate-stubs makes from proto/ today" do
     out = File.join(SpecSupport::TMP, "stubs")
     system(RbConfig.ruby, File.join(SpecSupport::ROOT, "bin/generate-stubs"), out, exception: true)
-    %w[claims_pb.rb claims_services_pb.rb].each do |file|
-      committed = File.read(File.join(SpecSupport::ROOT, "lib/topology/claims/v1", file))
-      fresh = File.read(File.join(out, "topology/claims/v1", file))
-      expect(fresh).to eq(committed), "lib/topology/claims/v1/#{file} is stale: run clients/ruby/bin/generate-stubs"
+    %w[v1/claims_pb.rb v1/claims_services_pb.rb admin/v1/admin_pb.rb admin/v1/admin_services_pb.rb].each do |file|
+      committed = File.read(File.join(SpecSupport::ROOT, "lib/topology/claims", file))
+      fresh = File.read(File.join(out, "topology/claims", file))
+      expect(fresh).to eq(committed), "lib/topology/claims/#{file} is stale: run clients/ruby/bin/generate-stubs"
     end
   end
 

@@ -39,7 +39,7 @@ module TopologyClaims
   #   class User < ApplicationRecord
   #     include TopologyClaims::Claimable
   #     claims_owner :user                  # owner type; owner_value is the record id (value: :attr)
-  #     claims_table :users                 # table_name; table_record_id is the record id
+  #     claims_table :users                 # source table; table_record_id is the record id
   #     claim :username, type: :username
   #     claim :email, type: :email, if: -> { email.present? }
   #   end
@@ -77,17 +77,17 @@ module TopologyClaims
     end
 
     class_methods do
-      # The owner type (:user, :group, :project); owner_value is `value` (default: the id).
+      # The owner type: :user, :group, :project or any name matching [a-z0-9_]{1,63}
+      # (:organization); owner_value is `value` (default: the id).
       def claims_owner(type, value: :id)
-        Names.owner(type)
-        self.topology_claims_owner = [type.to_sym, value.to_sym]
+        self.topology_claims_owner = [Names.open_name(type, "claims_owner type"), value.to_sym]
       end
 
-      # The service's table_name of this model's claims (:users, :emails, :routes, :projects,
-      # :groups); table_record_id is the record id.
+      # The source table the service files this model's claims under: any name matching
+      # [a-z0-9_]{1,63} (:users, :ssh_keys); table_record_id is the record id. The cell's
+      # verifier lists claims by it (TopologyClaims.verify_toml groups by it).
       def claims_table(name)
-        Names.table_name(name)
-        self.topology_claims_table = name.to_sym
+        self.topology_claims_table = Names.open_name(name, "claims_table name")
       end
 
       # Claims `attribute`'s value in the service's namespace `namespace` ("usernames",
@@ -159,8 +159,8 @@ module TopologyClaims
 
         [d.attribute, {
           namespace: d.namespace, claim_value: value.to_s,
-          owner: Names.owner(owner_type), owner_value: view.public_send(owner_attr).to_s,
-          table_name: Names.table_name(table), table_record_id: record_id.to_i
+          **Names.owner_fields(owner_type), owner_value: view.public_send(owner_attr).to_s,
+          **Names.table_fields(table), table_record_id: record_id.to_i
         }]
       end
     end

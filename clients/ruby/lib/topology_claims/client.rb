@@ -22,7 +22,7 @@ module TopologyClaims
       @config = config
       @breaker = Breaker.new(config)
       @mutex = Mutex.new
-      @stub = nil
+      @stubs = {}
       @stub_pid = nil
     end
 
@@ -70,6 +70,11 @@ module TopologyClaims
       call(:lookup_claim, V1::LookupClaimRequest.new(namespace: namespace.to_s, claim_value: value.to_s))
     end
 
+    # The namespaces the server holds (AdminV1::Namespace messages), in id order.
+    def list_namespaces
+      call(:list_namespaces, AdminV1::ListNamespacesRequest.new).namespaces.to_a
+    end
+
     # Every outstanding lease of this cell (follows next_cursor to the last page).
     def outstanding_leases
       leases = []
@@ -83,13 +88,15 @@ module TopologyClaims
       end
     end
 
-    # Every claim of this cell in `table` (:users, …), following next_page_token.
+    # Every claim of this cell in source table `table` (:users, :ssh_keys, …), following
+    # next_page_token.
     def claims_of(table)
       claims = []
       token = ""
+      fields = Names.table_fields(Names.open_name(table, "source table"))
       loop do
         page = call(:list_claims, V1::ListClaimsRequest.new(
-          cell_id: config.cell_id, table_name: Names.table_name(table), page_token: token, page_tokens: true
+          cell_id: config.cell_id, **fields, page_token: token, page_tokens: true
         ))
         claims.concat(page.claims.to_a)
         token = page.next_page_token
@@ -106,15 +113,19 @@ module TopologyClaims
     RPC_NAMES = {
       begin_update: "BeginUpdate", commit_update: "CommitUpdate", rollback_update: "RollbackUpdate",
       renew_lease: "RenewLease", lookup_claim: "LookupClaim",
-      list_outstanding_leases: "ListOutstandingLeases", list_claims: "ListClaims"
+      list_outstanding_leases: "ListOutstandingLeases", list_claims: "ListClaims",
+      list_namespaces: "ListNamespaces"
     }.freeze
+
+    # The RPCs of topology.claims.admin.v1 a cell may call (the rest are topology.claims.v1).
+    ADMIN_RPCS = %i[list_namespaces].freeze
 
     # `attempts_seen`: a hash whose :lost is set when an attempt's fate is unknown (no answer, a
     # broken connection, an unavailable store): that attempt may still be applied later.
     def call(method, request, deadline: nil, claims: 0, attempts: nil, attempts_seen: {})
       rpc = RPC_NAMES.fetch(method)
       what = "#{rpc} to the claims server at #{config.address}"
-      stub = stub_for_this_process
+      stub = stub_for_this_process(ADMIN_RPCS.include?(method) ? :admin : :claims)
       started = monotonic
       attempt = 0
       max_attempts = attempts || config.max_attempts
@@ -182,20 +193,23 @@ module TopologyClaims
 
     def monotonic = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-    def stub_for_this_process
+    # The stub of `service` (:claims, :admin) made in this process.
+    def stub_for_this_process(service)
       pid = Process.pid
-      return @stub if @stub && @stub_pid == pid
+      stub = @stubs[service]
+      return stub if stub && @stub_pid == pid
 
       TopologyClaims.check_fork!
       @mutex.synchronize do
-        return @stub if @stub && @stub_pid == pid
-
-        config.validate!
-        TopologyClaims.load_grpc
-        TopologyClaims.note_grpc_use
-        @stub = V1::ClaimsService::Stub.new(config.target, credentials, channel_args: channel_args)
+        @stubs = {} unless @stub_pid == pid
         @stub_pid = pid
-        @stub
+        @stubs[service] ||= begin
+          config.validate!
+          TopologyClaims.load_grpc
+          TopologyClaims.note_grpc_use
+          klass = service == :admin ? AdminV1::AdminService::Stub : V1::ClaimsService::Stub
+          klass.new(config.target, credentials, channel_args: channel_args)
+        end
       end
     end
 

@@ -1,9 +1,8 @@
 # frozen_string_literal: true
 
 module TopologyClaims
-  # The gem's lowercase names (:username, :user, :users) for the proto's enum values
-  # (CLAIM_TYPE_USERNAME, OWNER_USER, TABLE_NAME_USERS), read from the generated enums so a
-  # value added to the proto is accepted without a change here.
+  # The gem's lowercase names (:username) for the proto's enum values (CLAIM_TYPE_USERNAME),
+  # read from the generated enums, and the open names of owner types and source tables.
   module Names
     module_function
 
@@ -19,8 +18,32 @@ module TopologyClaims
       claim_type(type) # refuses an unknown type, listing the known ones
       BUILTIN_NAMESPACES.fetch(type.to_s.downcase)
     end
-    def owner(name) = value(V1::ClaimRecord::Owner, "OWNER_", name, "owner type")
-    def table_name(name) = value(V1::ClaimRecord::TableName, "TABLE_NAME_", name, "table name")
+    # An owner type or source table as the service takes it: any name matching [a-z0-9_]{1,63}
+    # (:user, :organization, "ssh_keys"), as a String (decision 111).
+    OPEN_NAME = /\A[a-z0-9_]{1,63}\z/
+
+    def open_name(name, what)
+      text = name.to_s
+      return text if OPEN_NAME.match?(text)
+
+      raise ArgumentError, "#{name.inspect} is not a #{what}: it must match [a-z0-9_]{1,63}"
+    end
+
+    # The fields of an owner type and a source table in a ClaimRecord (or a ListClaimsRequest's
+    # table): the name, and the legacy enum beside it where there is one, so that a server from
+    # before open names reads the legacy ones as it always did.
+    def owner_fields(name)
+      { owner_type: name, owner: legacy(V1::ClaimRecord::Owner, "OWNER_", name) }
+    end
+
+    def table_fields(name)
+      { source_table: name, table_name: legacy(V1::ClaimRecord::TableName, "TABLE_NAME_", name) }
+    end
+
+    def legacy(enum, prefix, name)
+      symbol = :"#{prefix}#{name.upcase}"
+      enum.resolve(symbol) ? symbol : 0
+    end
 
     # The lowercase name of a proto enum symbol (:CLAIM_TYPE_EMAIL => "email").
     def short(symbol)
