@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use crate::domain::{
     group, BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep,
     GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, MarkRestored,
-    NamespaceSpec, NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
+    NamespaceId, NamespaceSpec, NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
     StoredNamespace, Tables, Timestamp,
 };
 use crate::error::ClaimsError;
@@ -125,6 +125,10 @@ impl ClaimStore for MemoryClaimStore {
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         let now = self.clock.now();
         Ok(self.lock().collect_outcomes(now, retention))
+    }
+
+    async fn count_claims(&self) -> Result<Vec<(NamespaceId, u64)>, ClaimsError> {
+        Ok(self.lock().count_claims())
     }
 
     async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {

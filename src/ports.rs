@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, GroupAnswer,
     GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, LocalTransaction,
-    LocalTxStatus, MarkRestored, NamespaceSpec, NamespaceUpdate, RestoreEpoch, SlotGrant,
-    SlotHolder, SlotLimit, StoredNamespace, Timestamp,
+    LocalTxStatus, MarkRestored, NamespaceId, NamespaceSpec, NamespaceUpdate, RestoreEpoch,
+    SlotGrant, SlotHolder, SlotLimit, StoredNamespace, Timestamp,
 };
 use crate::error::ClaimsError;
 
@@ -91,6 +91,11 @@ pub trait ClaimStore: Send + Sync + 'static {
 
     /// Forgets lease outcomes decided longer than `retention` ago; returns how many.
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError>;
+
+    /// How many claims (leased ones included) each namespace holding any has, in one read of
+    /// every claim: the `topology_claims_claims` gauge (`serve --claims-gauge-interval`) and
+    /// `admin namespaces list --count` read it, never a request path.
+    async fn count_claims(&self) -> Result<Vec<(NamespaceId, u64)>, ClaimsError>;
 
     /// Every cell that has outstanding leases, with their count and the oldest `created_at`,
     /// and the store's clock, in one query (the lease gauges and the admin service read it).

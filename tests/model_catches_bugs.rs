@@ -75,6 +75,11 @@ impl ClaimStore for ForgivingCommits {
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
         self.0.collect_outcomes(retention).await
     }
+    async fn count_claims(
+        &self,
+    ) -> Result<Vec<(topology_claims::domain::NamespaceId, u64)>, ClaimsError> {
+        self.0.count_claims().await
+    }
     async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
         self.0.lease_summary().await
     }

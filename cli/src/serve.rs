@@ -197,6 +197,13 @@ pub struct ServeArgs {
     #[arg(long, env = "TOPOLOGY_CLAIMS_METRICS_REFRESH_INTERVAL", default_value = "15s",
           value_parser = parse_nonzero_duration)]
     metrics_refresh_interval: Duration,
+
+    /// How often the claims gauge (topology_claims_claims{namespace}) counts every claim by
+    /// namespace: one read of every claim, so keep it rare on a large store. 0: never (the
+    /// series stay absent). Units: ms, s, m, h, d.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_CLAIMS_GAUGE_INTERVAL", default_value = "5m",
+          value_parser = parse_duration)]
+    claims_gauge_interval: Duration,
 }
 
 /// Mutual TLS and caller identity (docs/security.md).
@@ -673,6 +680,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         audit: audit.clone(),
         metrics: metrics.clone(),
         metrics_refresh: args.metrics_refresh_interval,
+        claims_gauge_interval: args.claims_gauge_interval,
         cell_limits,
         max_concurrent_verifications: args.max_concurrent_verifications,
         max_verifications_per_cell: args.max_verifications_per_cell,

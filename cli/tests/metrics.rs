@@ -82,6 +82,10 @@ async fn server_metrics_move_with_traffic_and_pass_promtool() {
                 "127.0.0.1:0",
                 "--metrics-refresh-interval",
                 "100ms",
+                "--claims-gauge-interval",
+                "100ms",
+                "--drain-timeout",
+                "1s",
             ],
         )
     })
@@ -89,7 +93,10 @@ async fn server_metrics_move_with_traffic_and_pass_promtool() {
     .unwrap();
     let metrics = server.child.metrics_addr(PATIENCE).unwrap();
     assert_eq!(get(metrics, "/").0, 404);
-    let idle = scrape(metrics);
+    // The claims gauge has a series for each namespace from its first count, 0 when empty.
+    let idle = scrape_until(metrics, "the first claims count", |t| {
+        value(t, "topology_claims_claims", &[("namespace", "usernames")]) == Some(0.0)
+    });
     assert_eq!(
         value(
             &idle,
@@ -231,6 +238,17 @@ async fn server_metrics_move_with_traffic_and_pass_promtool() {
             &[("cell_id", "cell-a")],
         ) == Some(0.0)
     });
+    let counted = scrape_until(metrics, "two usernames counted", |t| {
+        value(t, "topology_claims_claims", &[("namespace", "usernames")]) == Some(2.0)
+    });
+    for namespace in ["emails", "routes"] {
+        let count = value(
+            &counted,
+            "topology_claims_claims",
+            &[("namespace", namespace)],
+        );
+        assert_eq!(count, Some(0.0), "{namespace}");
+    }
     assert_eq!(age(&ended), 0.0);
     drop(client);
     server.stop_with("TERM");

@@ -108,6 +108,8 @@ async fn round_trip(dir: &Path, store: &str) {
     .await;
     assert_eq!(json(&exact)["normalization"], "exact");
     commit(&server, "cell-b", "ann@example.com").await;
+    let counted = namespaces(dir, &server, &["count", "--json"]).await;
+    assert_eq!(json(&counted), serde_json::json!({"emails": 2}));
     let refused = namespaces(
         dir,
         &server,
@@ -270,6 +272,10 @@ async fn a_cell_reads_the_namespaces_but_only_an_admin_changes_them() {
     };
     let read = as_role("cell", "cell-a", &["list", "--json"]);
     assert!(read.status.success(), "{}", text(&read.stderr));
+    // Counting reads every claim: the admin role's alone.
+    let count = as_role("cell", "cell-a", &["count"]);
+    assert_eq!(count.status.code(), Some(2), "{}", text(&count.stderr));
+    assert!(as_role("admin", "ops", &["count"]).status.success());
     let change = [
         "update",
         "usernames",

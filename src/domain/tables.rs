@@ -230,6 +230,15 @@ impl Tables {
         }
     }
 
+    /// How many claims each namespace holding any has (`ClaimStore::count_claims`), in id order.
+    pub fn count_claims(&self) -> Vec<(NamespaceId, u64)> {
+        let mut counts: BTreeMap<&NamespaceId, u64> = BTreeMap::new();
+        for key in self.claims.keys() {
+            *counts.entry(&key.namespace).or_default() += 1;
+        }
+        counts.into_iter().map(|(id, n)| (id.clone(), n)).collect()
+    }
+
     /// Every cell with outstanding leases, at `now`.
     pub fn lease_summary(&self, now: Timestamp) -> LeaseSummary {
         LeaseSummary::from_leases(

@@ -205,6 +205,11 @@ impl ClaimStore for MeddlingStore {
     async fn collect_outcomes(&self, r: Duration) -> Result<u64, ClaimsError> {
         self.inner.collect_outcomes(r).await
     }
+    async fn count_claims(
+        &self,
+    ) -> Result<Vec<(topology_claims::domain::NamespaceId, u64)>, ClaimsError> {
+        self.inner.count_claims().await
+    }
     async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
         self.inner.lease_summary().await
     }

@@ -362,3 +362,25 @@ pub(crate) async fn adopt_builtins(
     }
     Ok(())
 }
+
+/// One attempt of `ClaimStore::count_claims`: one scan of the claims.
+pub(crate) async fn count_attempt(
+    shared: &crate::session::Shared,
+) -> Result<Vec<(NamespaceId, u64)>, Failure> {
+    let session = shared.session().await?;
+    let rows = session
+        .client()?
+        .query(sql::COUNT_CLAIMS_BY_NAMESPACE, &[])
+        .await?;
+    session.round_trip();
+    let mut counts = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let (number, namespace, count): (i16, Option<&str>, i64) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        let id = NamespaceId::of_row(number.into(), namespace)
+            .ok_or_else(|| corrupt(format!("claim_type {number}, namespace {namespace:?}")))?;
+        counts.push((id, u64::try_from(count).unwrap_or(0)));
+    }
+    counts.sort();
+    Ok(counts)
+}

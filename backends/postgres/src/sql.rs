@@ -328,6 +328,9 @@ pub const INSERT_NAMESPACE: &str = concat!(
     ") VALUES ($1::smallint, $2::text, $3::smallint, $4::smallint, $5::text, $6::text, $7::text, \
      $8::boolean, $9::bigint)"
 );
+/// How many claims each namespace holding any has (`ClaimStore::count_claims`).
+pub const COUNT_CLAIMS_BY_NAMESPACE: &str =
+    "SELECT claim_type, namespace, count(*) FROM claims GROUP BY claim_type, namespace";
 /// How many claims namespace `$1` holds, leased ones included.
 pub const COUNT_CLAIMS_OF_NAMESPACE: &str =
     "SELECT count(*) FROM claims WHERE claim_type = $1::smallint";

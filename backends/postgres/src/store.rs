@@ -723,6 +723,14 @@ impl ClaimStore for PostgresClaimStore {
             .await
     }
 
+    async fn count_claims(
+        &self,
+    ) -> Result<Vec<(topology_claims::domain::NamespaceId, u64)>, ClaimsError> {
+        self.shared
+            .run("CountClaims", || namespaces::count_attempt(&self.shared))
+            .await
+    }
+
     async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
         let all = self
             .shared

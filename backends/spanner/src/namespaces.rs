@@ -147,6 +147,32 @@ impl SpannerClaimStore {
         Ok(set.iter().cloned().collect())
     }
 
+    /// `ClaimStore::count_claims` in a read-only transaction: one scan of the claims.
+    pub(crate) async fn count_claims_in(&self) -> Result<Vec<(NamespaceId, u64)>, ClaimsError> {
+        let context = "CountClaims";
+        let (mut tx, _) = self.snapshot(context).await?;
+        let stmt = Statement::new(format!(
+            "SELECT claim_type, namespace, COUNT(*) AS n FROM {CLAIMS} GROUP BY claim_type, namespace"
+        ));
+        let mut counts = self
+            .query_in(&mut tx, stmt, |row| {
+                let number: i64 = column(row, "claim_type")?;
+                let namespace: Option<String> = column(row, "namespace")?;
+                let count: i64 = column(row, "n")?;
+                let id = NamespaceId::of_row(number, namespace.as_deref()).ok_or_else(|| {
+                    corrupt(
+                        "claim",
+                        format!("claim_type {number}, namespace {namespace:?}"),
+                    )
+                })?;
+                Ok((id, u64::try_from(count).unwrap_or(0)))
+            })
+            .await
+            .map_err(|e| crate::error::tx_error(context, e))?;
+        counts.sort();
+        Ok(counts)
+    }
+
     /// Every claim of namespace `number`, read (and so locked) in `tx`.
     async fn claims_of(&self, tx: &mut Transaction, number: i32) -> Result<Vec<Claim>, TxError> {
         let mut stmt = Statement::new(format!(

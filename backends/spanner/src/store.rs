@@ -729,6 +729,12 @@ impl ClaimStore for SpannerClaimStore {
         self.lookup_in(sent).await
     }
 
+    async fn count_claims(
+        &self,
+    ) -> Result<Vec<(topology_claims::domain::NamespaceId, u64)>, ClaimsError> {
+        self.count_claims_in().await
+    }
+
     async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
         self.namespaces_in().await
     }

@@ -207,3 +207,30 @@ fn write_namespace(
     )?;
     Ok(())
 }
+
+/// How many claims each namespace holding any has (`ClaimStore::count_claims`): one scan.
+pub(crate) fn count_claims(conn: &Connection) -> Result<Vec<(NamespaceId, u64)>, StoreError> {
+    let mut statement = conn.prepare_cached(
+        "SELECT claim_type, namespace, count(*) FROM claims GROUP BY claim_type, namespace",
+    )?;
+    let rows = statement.query_map([], |row| {
+        Ok((
+            row.get::<_, i64>(0)?,
+            row.get::<_, Option<String>>(1)?,
+            row.get::<_, i64>(2)?,
+        ))
+    })?;
+    let mut counts = Vec::new();
+    for row in rows {
+        let (number, namespace, count) = row?;
+        let id = NamespaceId::of_row(number, namespace.as_deref()).ok_or_else(|| {
+            corrupt(
+                "claims",
+                format!("claim_type = {number}, namespace = {namespace:?}"),
+            )
+        })?;
+        counts.push((id, u64::try_from(count).unwrap_or(0)));
+    }
+    counts.sort();
+    Ok(counts)
+}

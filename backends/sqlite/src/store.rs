@@ -778,6 +778,13 @@ impl ClaimStore for SqliteClaimStore {
         .await
     }
 
+    async fn count_claims(
+        &self,
+    ) -> Result<Vec<(topology_claims::domain::NamespaceId, u64)>, ClaimsError> {
+        self.read(|conn, _| crate::namespaces::count_claims(conn))
+            .await
+    }
+
     async fn namespaces(&self) -> Result<Vec<StoredNamespace>, ClaimsError> {
         self.read(|conn, _| Ok(read_namespaces(conn)?.iter().cloned().collect()))
             .await

@@ -11,7 +11,7 @@
 //! |---|---|
 //! | cell | every ClaimsService RPC for its own `cell_id` (an empty one means its own; another is PERMISSION_DENIED `CELL_ID_MISMATCH`), the verification slots and pass reports included; LookupClaim of any claim |
 //! | router | LookupClaim only |
-//! | admin | ListOutstandingLeases, ListClaims, StreamClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell, MarkRestored, LiftQuarantine, GetRestoreStatus, CreateNamespace, UpdateNamespace, DeleteNamespace) |
+//! | admin | ListOutstandingLeases, ListClaims, StreamClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell, MarkRestored, LiftQuarantine, GetRestoreStatus, CreateNamespace, UpdateNamespace, DeleteNamespace, CountClaims) |
 //! | any of the three | ListNamespaces and GetNamespace (the rules every key is computed under) |
 //!
 //! Anything else is PERMISSION_DENIED `ROLE_NOT_ALLOWED`. A plaintext server's anonymous callers
@@ -184,6 +184,7 @@ pub enum Method {
     UpdateNamespace,
     CreateNamespace,
     DeleteNamespace,
+    CountClaims,
     /// `grpc.health.v1`.
     Health,
     /// Server reflection.
@@ -194,7 +195,7 @@ pub enum Method {
 
 impl Method {
     /// The RPCs of `ClaimsService` and `AdminService`, in the proto's order.
-    pub const RPCS: [Method; 22] = [
+    pub const RPCS: [Method; 23] = [
         Self::BeginUpdate,
         Self::CommitUpdate,
         Self::RollbackUpdate,
@@ -217,6 +218,7 @@ impl Method {
         Self::UpdateNamespace,
         Self::CreateNamespace,
         Self::DeleteNamespace,
+        Self::CountClaims,
     ];
 
     /// The method of an HTTP/2 `:path` such as `/topology.claims.v1.ClaimsService/BeginUpdate`.
@@ -254,6 +256,7 @@ impl Method {
             ("topology.claims.admin.v1.AdminService", "UpdateNamespace") => Method::UpdateNamespace,
             ("topology.claims.admin.v1.AdminService", "CreateNamespace") => Method::CreateNamespace,
             ("topology.claims.admin.v1.AdminService", "DeleteNamespace") => Method::DeleteNamespace,
+            ("topology.claims.admin.v1.AdminService", "CountClaims") => Method::CountClaims,
             ("topology.claims.admin.v1.AdminService", "ListLeases") => Method::ListLeases,
             ("topology.claims.admin.v1.AdminService", "ForceRollback") => Method::ForceRollback,
             ("topology.claims.admin.v1.AdminService", "DecommissionCell") => {
@@ -307,6 +310,7 @@ impl Method {
                 | Self::UpdateNamespace
                 | Self::CreateNamespace
                 | Self::DeleteNamespace
+                | Self::CountClaims
         )
     }
 
@@ -332,6 +336,7 @@ impl Method {
             Self::UpdateNamespace => "UpdateNamespace",
             Self::CreateNamespace => "CreateNamespace",
             Self::DeleteNamespace => "DeleteNamespace",
+            Self::CountClaims => "CountClaims",
             Self::ListLeases => "ListLeases",
             Self::ForceRollback => "ForceRollback",
             Self::DecommissionCell => "DecommissionCell",
@@ -477,7 +482,7 @@ mod tests {
         Method::ReportVerificationPass,
     ];
 
-    const ADMIN_METHODS: [Method; 9] = [
+    const ADMIN_METHODS: [Method; 10] = [
         Method::ListLeases,
         Method::ForceRollback,
         Method::DecommissionCell,
@@ -487,6 +492,7 @@ mod tests {
         Method::UpdateNamespace,
         Method::CreateNamespace,
         Method::DeleteNamespace,
+        Method::CountClaims,
     ];
 
     fn allowed(d: &Decision) -> bool {

@@ -475,6 +475,10 @@ impl ClaimStore for GroupCommit {
         self.shared.store.collect_outcomes(retention).await
     }
 
+    async fn count_claims(&self) -> Result<Vec<(domain::NamespaceId, u64)>, ClaimsError> {
+        self.shared.store.count_claims().await
+    }
+
     async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
         self.shared.store.lease_summary().await
     }

@@ -30,6 +30,10 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `--metrics-refresh-interval`: how often the server reads the lease summary.
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(15);
 
+/// Default `--claims-gauge-interval`: how often the server counts every claim by namespace (one
+/// scan of the claims, so much rarer than the lease summary).
+pub const DEFAULT_CLAIMS_GAUGE_INTERVAL: Duration = Duration::from_secs(5 * 60);
+
 /// The ErrorInfo reasons counted as claim conflicts.
 pub const CONFLICT_REASONS: [&str; 7] = [
     "CLAIM_TAKEN",
@@ -134,6 +138,10 @@ pub struct ServerMetrics {
     pub audit_lines_dropped: IntCounter,
     pub store_up: IntGauge,
     pub lease_summary_time: prometheus::Gauge,
+    /// Claims (leased ones included) of each namespace the store holds: one series per
+    /// namespace, so at most `--max-namespaces` (`ClaimStore::count_claims`).
+    pub claims: IntGaugeVec,
+    pub claims_gauge_time: prometheus::Gauge,
     /// Calls per group-commit store transaction (`--group-commit on`).
     pub group_batch_size: prometheus::Histogram,
     /// The store's latest restore epoch (0: never restored), whether its quarantine is enforced,
@@ -244,6 +252,26 @@ impl ServerMetrics {
                 prometheus::Gauge::with_opts(Opts::new(
                     "topology_claims_lease_gauges_refreshed_timestamp_seconds",
                     "Unix time the lease gauges were last refreshed from the store.",
+                ))
+                .expect("valid metric"),
+            ),
+            claims: register(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "topology_claims_claims",
+                        "Claims of each namespace, leased ones included (one count of every claim \
+                         every --claims-gauge-interval).",
+                    ),
+                    &["namespace"],
+                )
+                .expect("valid metric"),
+            ),
+            claims_gauge_time: register(
+                &registry,
+                prometheus::Gauge::with_opts(Opts::new(
+                    "topology_claims_claims_counted_timestamp_seconds",
+                    "Unix time the claims gauge was last refreshed from the store (0: never).",
                 ))
                 .expect("valid metric"),
             ),

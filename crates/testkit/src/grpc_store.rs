@@ -37,7 +37,7 @@ use topology_claims::domain::{
     MarkRestored, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, Timestamp,
     DEFAULT_MAX_RESPONSE_BYTES, LEASES_MAX_LIMIT,
 };
-use topology_claims::domain::{NamespaceSpec, NamespaceUpdate, StoredNamespace};
+use topology_claims::domain::{NamespaceId, NamespaceSpec, NamespaceUpdate, StoredNamespace};
 use topology_claims::error::ClaimsError;
 use topology_claims::ports::ClaimStore;
 use topology_claims_client::decode;
@@ -397,6 +397,27 @@ impl ClaimStore for GrpcClaimStore {
             .map_err(|s| status::from_status(&s))?
             .into_inner();
         namespace_from_pb(&response)
+    }
+
+    /// Through the admin CountClaims.
+    async fn count_claims(&self) -> Result<Vec<(NamespaceId, u64)>, ClaimsError> {
+        let response = self
+            .admin
+            .clone()
+            .count_claims(apb::CountClaimsRequest {})
+            .await
+            .map_err(|s| status::from_status(&s))?
+            .into_inner();
+        response
+            .namespaces
+            .into_iter()
+            .map(|n| {
+                Ok((
+                    NamespaceId::parse_field(&n.namespace, "namespace")?,
+                    n.claims,
+                ))
+            })
+            .collect()
     }
 
     /// Through the admin DeleteNamespace.

@@ -150,6 +150,7 @@ macro_rules! claim_store_conformance {
                 a_cell_at_its_verification_slot_cap_is_refused_while_other_cells_get_slots,
                 update_commit_replaces_owner_and_record_in_place,
                 free_form_owner_types_and_tables_are_kept_listed_and_updated,
+                claims_are_counted_by_namespace_leased_ones_included,
                 update_rollback_leaves_the_claim_as_it_was,
                 update_refusals_come_in_the_order_of_destroys,
                 a_key_in_two_of_creates_destroys_updates_is_a_batch_conflict,

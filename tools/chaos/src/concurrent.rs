@@ -367,6 +367,12 @@ impl ClaimStore for Broken {
         Ok(self.lock().collect_outcomes(now, retention))
     }
 
+    async fn count_claims(
+        &self,
+    ) -> Result<Vec<(topology_claims::domain::NamespaceId, u64)>, ClaimsError> {
+        Ok(self.lock().count_claims())
+    }
+
     async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
         let now = self.now();
         Ok(self.lock().lease_summary(now))

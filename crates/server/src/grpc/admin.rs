@@ -344,6 +344,27 @@ impl AdminService for AdminServiceImpl {
         )
     }
 
+    async fn count_claims(
+        &self,
+        _request: Request<apb::CountClaimsRequest>,
+    ) -> Result<Response<apb::CountClaimsResponse>, Status> {
+        respond(
+            async {
+                let counts = self.store.count_claims().await?;
+                Ok(apb::CountClaimsResponse {
+                    namespaces: counts
+                        .into_iter()
+                        .map(|(id, claims)| apb::count_claims_response::NamespaceClaims {
+                            namespace: id.to_string(),
+                            claims,
+                        })
+                        .collect(),
+                })
+            }
+            .await,
+        )
+    }
+
     async fn get_namespace(
         &self,
         request: Request<apb::GetNamespaceRequest>,

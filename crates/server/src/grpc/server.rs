@@ -88,6 +88,8 @@ pub struct ServerConfig {
     pub metrics: Option<Arc<ServerMetrics>>,
     /// How often the lease gauges are refreshed from the store (`--metrics-refresh-interval`).
     pub metrics_refresh: Duration,
+    /// How often the claims gauge counts every claim (`--claims-gauge-interval`); zero: never.
+    pub claims_gauge_interval: Duration,
     /// Per-cell rate and concurrency limits (`--cell-rate`, `--cell-max-in-flight`); off by
     /// default.
     pub cell_limits: CellLimits,
@@ -141,6 +143,7 @@ impl Default for ServerConfig {
             audit: None,
             metrics: None,
             metrics_refresh: crate::metrics::DEFAULT_REFRESH_INTERVAL,
+            claims_gauge_interval: crate::metrics::DEFAULT_CLAIMS_GAUGE_INTERVAL,
             cell_limits: CellLimits::default(),
             max_concurrent_verifications:
                 topology_claims::domain::DEFAULT_MAX_CONCURRENT_VERIFICATIONS,
@@ -261,6 +264,18 @@ pub async fn serve(
             stop_rx.clone(),
         ))
     });
+    let claims_refresher = config
+        .metrics
+        .clone()
+        .filter(|_| !config.claims_gauge_interval.is_zero())
+        .map(|metrics| {
+            tokio::spawn(refresh_claims_gauge(
+                Arc::clone(&store),
+                metrics,
+                config.claims_gauge_interval,
+                stop_rx.clone(),
+            ))
+        });
     let restore_refresher = tokio::spawn(
         Arc::clone(&restore).refresh_periodically(config.restore_refresh, stop_rx.clone()),
     );
@@ -351,7 +366,7 @@ pub async fn serve(
     }
     let _ = gc.await;
     let _ = watcher.await;
-    if let Some(refresher) = refresher {
+    for refresher in [refresher, claims_refresher].into_iter().flatten() {
         refresher.abort();
         let _ = refresher.await;
     }
@@ -433,6 +448,50 @@ async fn refresh_lease_gauges(
                 metrics.store_up.set(0);
                 tracing::debug!(%error, "reading the lease summary for the metrics failed");
             }
+        }
+    }
+}
+
+/// Counts the claims of every namespace each `interval` (first right away) into the claims gauge
+/// until `stop` closes: a series for each namespace the store holds (0 when it has no claim), a
+/// deleted namespace's series removed, so the series are at most the namespaces.
+async fn refresh_claims_gauge(
+    store: Arc<dyn ClaimStore>,
+    metrics: Arc<ServerMetrics>,
+    interval: Duration,
+    mut stop: watch::Receiver<()>,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut known = std::collections::BTreeSet::new();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let read = async {
+            Ok::<_, ClaimsError>((store.namespaces().await?, store.count_claims().await?))
+        };
+        match read.await {
+            Ok((namespaces, counts)) => {
+                let counts: std::collections::HashMap<_, _> = counts.into_iter().collect();
+                let mut seen = std::collections::BTreeSet::new();
+                for namespace in &namespaces {
+                    let id = &namespace.namespace.id;
+                    let count = counts.get(id).copied().unwrap_or(0);
+                    metrics
+                        .claims
+                        .with_label_values(&[id.as_str()])
+                        .set(i64::try_from(count).unwrap_or(i64::MAX));
+                    seen.insert(id.to_string());
+                }
+                for gone in known.difference(&seen) {
+                    let _ = metrics.claims.remove_label_values(&[gone.as_str()]);
+                }
+                known = seen;
+                metrics.claims_gauge_time.set(crate::metrics::unix_now());
+            }
+            Err(error) => tracing::warn!(%error, "counting the claims for the claims gauge failed"),
         }
     }
 }

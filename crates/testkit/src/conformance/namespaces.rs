@@ -454,3 +454,23 @@ pub async fn a_created_namespace_takes_claims_under_its_rules_and_is_deleted_onl
     ));
     assert_eq!(store.namespaces().await.unwrap().len(), 3);
 }
+
+pub async fn claims_are_counted_by_namespace_leased_ones_included(store: &impl ClaimStore) {
+    assert_eq!(store.count_claims().await.unwrap(), vec![]);
+    let a = cell("cell-a");
+    committed(store, creates(&a, &[username("john"), username("mary")])).await;
+    committed(store, creates(&a, &[route("acme")])).await;
+    store
+        .begin_update(creates(&a, &[email("leased@example.com")]))
+        .await
+        .unwrap();
+    store
+        .begin_update(destroys(&a, &[route("acme")]))
+        .await
+        .unwrap();
+    let id = |text: &str| NamespaceId::parse(text).unwrap();
+    assert_eq!(
+        store.count_claims().await.unwrap(),
+        vec![(id("emails"), 1), (id("routes"), 1), (id("usernames"), 2)]
+    );
+}
