@@ -184,6 +184,15 @@ pub struct BenchArgs {
     )]
     serve_variants: Vec<ServeVariant>,
 
+    /// `NAME=NORMALIZATION`: right after the server of variant NAME starts (its store empty),
+    /// set the built-in namespaces (routes, usernames, emails) to NORMALIZATION (`exact`,
+    /// `ascii-case-insensitive`, `precis-username`) through the admin UpdateNamespace, e.g.
+    /// `--serve-variant exact= --variant-normalization exact=exact`: what computing keys costs,
+    /// A/B in one run (docs/benchmarks.md, "Normalization"). Plaintext servers only.
+    #[arg(long = "variant-normalization", env = "TOPOLOGY_CLAIMS_BENCH_VARIANT_NORMALIZATION",
+          value_delimiter = ';')]
+    variant_normalization: Vec<String>,
+
     /// Mutual TLS for the servers the bench starts (--store): `on` (also plain `--tls`): every
     /// one serves TLS with a development PKI the bench makes (`topology-claims certs`, in a
     /// temporary directory) and each client connects over https:// with the certificate of its
@@ -552,6 +561,15 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
                     Some(_) => child.endpoint().replacen("http://", "https://", 1),
                     None => child.endpoint(),
                 };
+                if let Some(variant) = variant {
+                    let named = args.variant_normalization.iter().find_map(|v| {
+                        v.split_once('=').filter(|(name, _)| *name == variant.name)
+                    });
+                    if let Some((_, normalization)) = named {
+                        set_builtins(&endpoint, normalization).await?;
+                        eprintln!("bench: {label}: the built-ins are {normalization}");
+                    }
+                }
                 cleanup.systems.push(System::Service {
                     label,
                     endpoint,
@@ -862,3 +880,38 @@ async fn run_verify(
         Err(problems.join("\n"))
     }
 }
+
+/// Sets the built-in namespaces of the (empty) store behind `endpoint` to `normalization`, for
+/// `--variant-normalization`.
+async fn set_builtins(endpoint: &str, normalization: &str) -> Result<(), String> {
+    use topology_claims_proto::pb::admin::{
+        admin_service_client::AdminServiceClient, Normalization, UpdateNamespaceRequest,
+    };
+    let to = match normalization {
+        "exact" => Normalization::Exact,
+        "ascii-case-insensitive" => Normalization::AsciiCaseInsensitive,
+        "precis-username" => Normalization::PrecisUsername,
+        other => {
+            return Err(format!(
+                "--variant-normalization: unknown normalization {other:?}; one of exact, \
+                 ascii-case-insensitive, precis-username"
+            ))
+        }
+    };
+    let mut admin = AdminServiceClient::connect(endpoint.to_owned())
+        .await
+        .map_err(|e| format!("--variant-normalization: connecting to {endpoint}: {e}"))?;
+    for id in ["routes", "usernames", "emails"] {
+        admin
+            .update_namespace(UpdateNamespaceRequest {
+                id: id.to_owned(),
+                normalization: to as i32,
+                reason: "bench --variant-normalization".to_owned(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| format!("--variant-normalization: {id}: {}", s.message()))?;
+    }
+    Ok(())
+}
+
