@@ -6,6 +6,18 @@ use std::fmt;
 
 use crate::error::ClaimsError;
 
+/// The refusal of a legacy enum's wire number that names nothing: 0 (unset) or unknown.
+pub(crate) fn bad_number(number: i32, field: &str) -> ClaimsError {
+    ClaimsError::invalid(
+        field,
+        if number == 0 {
+            "must be specified".to_owned()
+        } else {
+            format!("unknown value {number}")
+        },
+    )
+}
+
 /// Longest owner type or source table name, in bytes.
 pub const MAX_OPEN_NAME_LEN: usize = 63;
 
@@ -25,6 +37,9 @@ fn open_name_problem(text: &str) -> Option<String> {
         .map(|c| format!("{c:?} is not allowed: the name must match [a-z0-9_]{{1,63}}"))
 }
 
+/// The lowest hashed store number (below it: the built-ins' numbers, and room for more).
+pub(crate) const FIRST_HASHED_NUMBER: i32 = 16;
+
 /// The number a store keys a name outside the built-ins by: a fixed function of the name in
 /// 16..=32767 (FNV-1a; PostgreSQL's `smallint`), so every server computes it without reading
 /// the store. Two names may share a number: stores keep the name beside it and compare both.
@@ -34,7 +49,7 @@ pub(crate) fn hashed_store_number(text: &str) -> i32 {
         hash ^= u32::from(byte);
         hash = hash.wrapping_mul(0x0100_0193);
     }
-    let first = super::namespaces::FIRST_NAMESPACE_NUMBER;
+    let first = FIRST_HASHED_NUMBER;
     let span = (i16::MAX as u32) - (first as u32) + 1;
     first + (hash % span) as i32
 }
@@ -99,16 +114,7 @@ macro_rules! open_name {
 
             /// Parses a legacy wire number, refusing unspecified and unknown values.
             pub fn parse_field(number: i32, field: &str) -> Result<Self, ClaimsError> {
-                Self::from_number(number.into()).ok_or_else(|| {
-                    ClaimsError::invalid(
-                        field,
-                        if number == 0 {
-                            "must be specified".to_owned()
-                        } else {
-                            format!("unknown value {number}")
-                        },
-                    )
-                })
+                Self::from_number(number.into()).ok_or_else(|| bad_number(number, field))
             }
 
             /// The name a request gives as the legacy enum (`number`, 0 when unset) and as a

@@ -39,7 +39,7 @@ pub const MAX_DESCRIPTION_LEN: usize = 1_024;
 pub const MAX_LISTED_PROBLEMS: usize = 10;
 /// The lowest store number of a namespace that is not built in (1–3 are the built-ins'; the
 /// rest below is kept for built-ins to come).
-pub const FIRST_NAMESPACE_NUMBER: i32 = 16;
+pub const FIRST_NAMESPACE_NUMBER: i32 = super::names::FIRST_HASHED_NUMBER;
 
 /// `max_chars` of the built-in namespaces and the default of a new one.
 pub const DEFAULT_MAX_CHARS: u16 = 255;

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use crate::error::ClaimsError;
 
+use super::names::bad_number;
 pub use super::names::{OwnerType, TableName, MAX_OPEN_NAME_LEN};
 use super::namespaces::NamespaceId;
 
@@ -262,16 +263,7 @@ macro_rules! protocol_enum {
 
             /// Parses a wire number from a request field, refusing unspecified and unknown values.
             pub fn parse_field(number: i32, field: &str) -> Result<Self, ClaimsError> {
-                Self::from_number(number.into()).ok_or_else(|| {
-                    ClaimsError::invalid(
-                        field,
-                        if number == 0 {
-                            "must be specified".to_owned()
-                        } else {
-                            format!("unknown value {number}")
-                        },
-                    )
-                })
+                Self::from_number(number.into()).ok_or_else(|| bad_number(number, field))
             }
         }
 

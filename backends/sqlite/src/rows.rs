@@ -264,9 +264,15 @@ pub(crate) fn claims_page(
             &record_id,
             &claim_type,
             &claim_value,
-            &crate::store::sql_limit(query.fetch_limit()),
+            &sql_limit(query.fetch_limit()),
             &query.table_name.stored_name(),
         ],
     )?;
     Ok(topology_claims::domain::claims_page(query, rows))
+}
+
+/// An SQL bound for a count of rows (`LIMIT`), saturating: a larger limit than SQLite can hold
+/// means "all rows" anyway.
+pub(crate) fn sql_limit(rows: usize) -> i64 {
+    i64::try_from(rows).unwrap_or(i64::MAX)
 }

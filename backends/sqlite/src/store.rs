@@ -37,7 +37,7 @@ use crate::namespaces::{
     update_namespace,
 };
 use crate::restore;
-use crate::rows::{self, lease_id_text, select_claims, LeaseRow, LEASE_COLUMNS};
+use crate::rows::{self, lease_id_text, select_claims, sql_limit, LeaseRow, LEASE_COLUMNS};
 
 /// The service's store on a SQLite file (see the crate docs for the schema and durability).
 ///
@@ -211,12 +211,6 @@ fn read_transaction<T>(
         tx.commit()?;
         Ok(value)
     })
-}
-
-/// An SQL bound for a count of rows (`LIMIT`), saturating: a larger limit than SQLite can hold
-/// means "all rows" anyway.
-pub(crate) fn sql_limit(rows: usize) -> i64 {
-    i64::try_from(rows).unwrap_or(i64::MAX)
 }
 
 fn begin(

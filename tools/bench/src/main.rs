@@ -189,8 +189,11 @@ pub struct BenchArgs {
     /// `ascii-case-insensitive`, `precis-username`) through the admin UpdateNamespace, e.g.
     /// `--serve-variant exact= --variant-normalization exact=exact`: what computing keys costs,
     /// A/B in one run (docs/benchmarks.md, "Normalization"). Plaintext servers only.
-    #[arg(long = "variant-normalization", env = "TOPOLOGY_CLAIMS_BENCH_VARIANT_NORMALIZATION",
-          value_delimiter = ';')]
+    #[arg(
+        long = "variant-normalization",
+        env = "TOPOLOGY_CLAIMS_BENCH_VARIANT_NORMALIZATION",
+        value_delimiter = ';'
+    )]
     variant_normalization: Vec<String>,
 
     /// Mutual TLS for the servers the bench starts (--store): `on` (also plain `--tls`): every
@@ -562,11 +565,12 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
                     None => child.endpoint(),
                 };
                 if let Some(variant) = variant {
-                    let named = args.variant_normalization.iter().find_map(|v| {
-                        v.split_once('=').filter(|(name, _)| *name == variant.name)
-                    });
+                    let named = args
+                        .variant_normalization
+                        .iter()
+                        .find_map(|v| v.split_once('=').filter(|(name, _)| *name == variant.name));
                     if let Some((_, normalization)) = named {
-                        set_builtins(&endpoint, normalization).await?;
+                        systems::set_builtins(&endpoint, normalization).await?;
                         eprintln!("bench: {label}: the built-ins are {normalization}");
                     }
                 }
@@ -880,38 +884,3 @@ async fn run_verify(
         Err(problems.join("\n"))
     }
 }
-
-/// Sets the built-in namespaces of the (empty) store behind `endpoint` to `normalization`, for
-/// `--variant-normalization`.
-async fn set_builtins(endpoint: &str, normalization: &str) -> Result<(), String> {
-    use topology_claims_proto::pb::admin::{
-        admin_service_client::AdminServiceClient, Normalization, UpdateNamespaceRequest,
-    };
-    let to = match normalization {
-        "exact" => Normalization::Exact,
-        "ascii-case-insensitive" => Normalization::AsciiCaseInsensitive,
-        "precis-username" => Normalization::PrecisUsername,
-        other => {
-            return Err(format!(
-                "--variant-normalization: unknown normalization {other:?}; one of exact, \
-                 ascii-case-insensitive, precis-username"
-            ))
-        }
-    };
-    let mut admin = AdminServiceClient::connect(endpoint.to_owned())
-        .await
-        .map_err(|e| format!("--variant-normalization: connecting to {endpoint}: {e}"))?;
-    for id in ["routes", "usernames", "emails"] {
-        admin
-            .update_namespace(UpdateNamespaceRequest {
-                id: id.to_owned(),
-                normalization: to as i32,
-                reason: "bench --variant-normalization".to_owned(),
-                ..Default::default()
-            })
-            .await
-            .map_err(|s| format!("--variant-normalization: {id}: {}", s.message()))?;
-    }
-    Ok(())
-}
-

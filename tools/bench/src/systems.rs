@@ -303,3 +303,37 @@ impl Baseline {
         }
     }
 }
+
+/// Sets the built-in namespaces of the (empty) store behind `endpoint` to `normalization`, for
+/// `--variant-normalization`.
+pub async fn set_builtins(endpoint: &str, normalization: &str) -> Result<(), String> {
+    use topology_claims_proto::pb::admin::{
+        admin_service_client::AdminServiceClient, Normalization, UpdateNamespaceRequest,
+    };
+    let to = match normalization {
+        "exact" => Normalization::Exact,
+        "ascii-case-insensitive" => Normalization::AsciiCaseInsensitive,
+        "precis-username" => Normalization::PrecisUsername,
+        other => {
+            return Err(format!(
+                "--variant-normalization: unknown normalization {other:?}; one of exact, \
+                 ascii-case-insensitive, precis-username"
+            ))
+        }
+    };
+    let mut admin = AdminServiceClient::connect(endpoint.to_owned())
+        .await
+        .map_err(|e| format!("--variant-normalization: connecting to {endpoint}: {e}"))?;
+    for id in ["routes", "usernames", "emails"] {
+        admin
+            .update_namespace(UpdateNamespaceRequest {
+                id: id.to_owned(),
+                normalization: to as i32,
+                reason: "bench --variant-normalization".to_owned(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| format!("--variant-normalization: {id}: {}", s.message()))?;
+    }
+    Ok(())
+}

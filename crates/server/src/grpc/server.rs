@@ -403,6 +403,29 @@ async fn serve_health_only<H: Health>(
     }
 }
 
+/// Ticks every `interval` (the first at once) until `stop` closes: the loop of the periodic
+/// tasks below (`while ticks.next().await { … }`).
+struct Ticks {
+    ticker: tokio::time::Interval,
+    stop: watch::Receiver<()>,
+}
+
+impl Ticks {
+    fn new(interval: Duration, stop: watch::Receiver<()>) -> Self {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { ticker, stop }
+    }
+
+    /// Waits for the next tick: false once `stop` closed.
+    async fn next(&mut self) -> bool {
+        tokio::select! {
+            _ = self.ticker.tick() => true,
+            _ = self.stop.changed() => false,
+        }
+    }
+}
+
 /// Reads the store's lease summary every `interval` (first right away) into the lease gauges
 /// until `stop` closes: one query per interval, whatever the number of scrapes. A cell whose
 /// leases all ended shows 0 rather than vanishing; `store_up` says whether the read worked.
@@ -410,16 +433,11 @@ async fn refresh_lease_gauges(
     store: Arc<dyn ClaimStore>,
     metrics: Arc<ServerMetrics>,
     interval: Duration,
-    mut stop: watch::Receiver<()>,
+    stop: watch::Receiver<()>,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = Ticks::new(interval, stop);
     let mut known = std::collections::BTreeSet::new();
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = stop.changed() => return,
-        }
+    while ticks.next().await {
         match store.lease_summary().await {
             Ok(summary) => {
                 let mut seen = std::collections::BTreeSet::new();
@@ -459,16 +477,11 @@ async fn refresh_claims_gauge(
     store: Arc<dyn ClaimStore>,
     metrics: Arc<ServerMetrics>,
     interval: Duration,
-    mut stop: watch::Receiver<()>,
+    stop: watch::Receiver<()>,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = Ticks::new(interval, stop);
     let mut known = std::collections::BTreeSet::new();
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = stop.changed() => return,
-        }
+    while ticks.next().await {
         let read = async {
             Ok::<_, ClaimsError>((store.namespaces().await?, store.count_claims().await?))
         };
@@ -501,15 +514,10 @@ async fn collect_outcomes_periodically(
     store: Arc<dyn ClaimStore>,
     retention: Duration,
     interval: Duration,
-    mut stop: watch::Receiver<()>,
+    stop: watch::Receiver<()>,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = stop.changed() => return,
-        }
+    let mut ticks = Ticks::new(interval, stop);
+    while ticks.next().await {
         match store.collect_outcomes(retention).await {
             Ok(0) => tracing::debug!("no lease outcomes past retention"),
             Ok(n) => tracing::info!(collected = n, "collected lease outcomes past retention"),
