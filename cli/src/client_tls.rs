@@ -54,6 +54,82 @@ pub struct TlsArgs {
 }
 
 impl TlsArgs {
+    /// The server certificate `url` presents (leaf first), read with one TLS handshake under
+    /// these settings (`status`); `Ok(None)` for a plaintext `http://` URL.
+    pub async fn peer_certificates(
+        &self,
+        url: &str,
+    ) -> Result<Option<Vec<rustls::pki_types::CertificateDer<'static>>>, String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        let Some(rest) = url.strip_prefix("https://") else {
+            return Ok(None);
+        };
+        let authority = rest.split('/').next().unwrap_or(rest);
+        let host = match authority.rsplit_once(':') {
+            Some((host, _)) => host.trim_start_matches('[').trim_end_matches(']'),
+            None => authority,
+        };
+        let ca = self
+            .tls_ca
+            .as_ref()
+            .ok_or("an https:// --server needs --tls-ca")?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in
+            CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))?
+        {
+            let cert = cert.map_err(|e| format!("{}: {e}", ca.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("{}: {e}", ca.display()))?;
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots);
+        let mut config = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let chain = CertificateDer::pem_file_iter(cert)
+                    .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                    .map_err(|e| format!("{}: {e}", cert.display()))?;
+                let key = PrivateKeyDer::from_pem_file(key)
+                    .map_err(|e| format!("{}: {e}", key.display()))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| e.to_string())?
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let name = self.tls_server_name.as_deref().unwrap_or(host).to_owned();
+        let name = ServerName::try_from(name).map_err(|e| format!("server name: {e}"))?;
+        let tcp = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            tokio::net::TcpStream::connect(authority),
+        )
+        .await
+        .map_err(|_| format!("connecting to {authority}: timed out"))?
+        .map_err(|e| format!("connecting to {authority}: {e}"))?;
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        let tls = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            connector.connect(name, tcp),
+        )
+        .await
+        .map_err(|_| format!("TLS handshake with {authority}: timed out"))?
+        .map_err(|e| format!("TLS handshake with {authority}: {e}"))?;
+        let (_, session) = tls.get_ref();
+        Ok(Some(
+            session
+                .peer_certificates()
+                .unwrap_or_default()
+                .iter()
+                .map(|c| c.clone().into_owned())
+                .collect(),
+        ))
+    }
+
     /// The TLS settings, read from their files; `None` if no TLS flag is set.
     pub fn load(&self) -> Result<Option<ClientTls>, ClaimsError> {
         TlsFiles {

@@ -20,6 +20,7 @@ mod metrics_args;
 mod ops;
 mod serve;
 mod sidecar;
+mod status;
 mod store;
 
 use std::io::IsTerminal;
@@ -77,6 +78,10 @@ enum Command {
     /// default, liveness with --service "". Works over mutual TLS and against --health-listen.
     /// Exit status: 0 SERVING, 1 not serving (says why), 2 could not ask.
     Health(ops::HealthArgs),
+    /// What a server is and how it does: its version, whether it and its store serve, the
+    /// store's restore epoch (admin role) and when its TLS certificate expires. Exit status: 0
+    /// the server and its store serve, 1 one of them does not, 2 could not ask.
+    Status(status::StatusArgs),
     /// List a cell's outstanding leases with their age by the server's clock.
     Leases(ops::LeasesArgs),
     /// Sidecar: heal a cell's leases left between the three phases (commit those recorded
@@ -152,6 +157,7 @@ fn main() -> ExitCode {
             Command::Claim(args) => claim_cmd::run(args, false).await,
             Command::Release(args) => claim_cmd::run(args, true).await,
             Command::Health(args) => ops::health(args).await,
+            Command::Status(args) => status::run(args).await,
             Command::Leases(args) => ops::leases(args).await,
             Command::Reconcile(args) => sidecar::reconcile(args).await,
             Command::Verify(args) => sidecar::verify(args).await,

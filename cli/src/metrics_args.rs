@@ -31,23 +31,37 @@ impl MetricsArgs {
 
     /// [`start`](Self::start) without the line: `serve` prints it after `listening on`.
     pub async fn bind(&self, render: Render) -> Result<Option<SocketAddr>, String> {
+        match self.listen().await? {
+            Some(listener) => serve(listener, render).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Binds the endpoint if asked for, serving nothing yet: `serve` binds every listener
+    /// before it opens the store, so a taken port fails before any migration.
+    pub async fn listen(&self) -> Result<Option<tokio::net::TcpListener>, String> {
         let Some(addr) = &self.metrics_listen else {
             return Ok(None);
         };
         let listener = topology_claims_server::metrics::bind(addr)
             .await
             .map_err(|e| e.to_string())?;
-        let bound = listener
-            .local_addr()
-            .map_err(|e| format!("--metrics-listen {addr}: cannot read the bound address: {e}"))?;
-        tokio::spawn(topology_claims_server::metrics::serve_metrics(
-            listener,
-            render,
-            std::future::pending(),
-        ));
-        tracing::info!(%bound, "serving metrics at /metrics");
-        Ok(Some(bound))
+        Ok(Some(listener))
     }
+}
+
+/// Serves `render()` on `listener` on a task of its own for the life of the process.
+pub fn serve(listener: tokio::net::TcpListener, render: Render) -> Result<SocketAddr, String> {
+    let bound = listener
+        .local_addr()
+        .map_err(|e| format!("--metrics-listen: cannot read the bound address: {e}"))?;
+    tokio::spawn(topology_claims_server::metrics::serve_metrics(
+        listener,
+        render,
+        std::future::pending(),
+    ));
+    tracing::info!(%bound, "serving metrics at /metrics");
+    Ok(bound)
 }
 
 /// Prints `metrics on HOST:PORT` (the endpoint accepts connections from here on).

@@ -544,6 +544,27 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     let tls = args.tls.server_tls(&args.listen)?;
     let audit = args.tls.audit()?;
     raise_open_file_limit(limits.max_connections);
+    // Every listener is bound before the store opens: a taken or malformed address fails before
+    // any migration. Connections queue until the server accepts them, once the store is open.
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the bound address: {e}"))?;
+    let health_listener = match &args.health_listen {
+        Some(health) => {
+            let bound = tokio::net::TcpListener::bind(health)
+                .await
+                .map_err(|e| format!("--health-listen {health}: cannot listen: {e}"))?;
+            let addr = bound.local_addr().map_err(|e| {
+                format!("--health-listen {health}: cannot read the bound address: {e}")
+            })?;
+            Some((HealthListener::new(bound), addr))
+        }
+        None => None,
+    };
+    let metrics_listener = args.metrics.listen().await?;
 
     // Applying at open (rather than a separate `migrate` first) keeps it one step for the
     // adapter, which logs each migration it applies.
@@ -590,24 +611,6 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         store
     };
 
-    let listener = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| format!("cannot read the bound address: {e}"))?;
-    let health_listener = match &args.health_listen {
-        Some(health) => {
-            let bound = tokio::net::TcpListener::bind(health)
-                .await
-                .map_err(|e| format!("--health-listen {health}: cannot listen: {e}"))?;
-            let addr = bound.local_addr().map_err(|e| {
-                format!("--health-listen {health}: cannot read the bound address: {e}")
-            })?;
-            Some((HealthListener::new(bound), addr))
-        }
-        None => None,
-    };
     let mut metrics_addr = None;
     let metrics = match metrics {
         Some(metrics) => {
@@ -660,7 +663,9 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
                     metrics.render()
                 })
             };
-            metrics_addr = args.metrics.bind(render).await?;
+            if let Some(listener) = metrics_listener {
+                metrics_addr = Some(crate::metrics_args::serve(listener, render)?);
+            }
             Some(metrics)
         }
         None => None,

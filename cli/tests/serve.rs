@@ -362,6 +362,29 @@ fn the_store_url_and_durations_can_come_from_the_environment() {
     );
 }
 
+#[test]
+fn a_taken_port_fails_before_the_store_is_opened_or_migrated() {
+    let (dir, db) = temp();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let store = sqlite_url(&db);
+    for flag in ["--listen", "--health-listen", "--metrics-listen"] {
+        let mut args = vec!["serve", "--store", &store];
+        if flag != "--listen" {
+            args.extend(["--listen", "127.0.0.1:0"]);
+        }
+        args.extend([flag, &taken]);
+        let out = run(dir.path(), &args);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("cannot listen"),
+            "{flag}: {}",
+            text(&out.stderr)
+        );
+        assert!(!db.exists(), "{flag}: the store was opened (and migrated)");
+    }
+}
+
 /// `serve` on the memory store with `name=value` in its environment fails, and its stderr
 /// says `expected`.
 fn serve_refuses_env(dir: &Path, name: &str, value: &str, expected: &str) {

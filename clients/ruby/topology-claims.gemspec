@@ -2,6 +2,11 @@
 
 require_relative "lib/topology_claims/version"
 
+# The files below are relative to this directory, and `gem build` reads them from the current
+# one: a build from anywhere else would list nothing (Debian's rubygems does not change
+# directory itself).
+Dir.chdir(__dir__)
+
 Gem::Specification.new do |spec|
   spec.name = "topology-claims"
   spec.version = TopologyClaims::VERSION

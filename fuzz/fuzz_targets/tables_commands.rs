@@ -144,7 +144,7 @@ fn check_pages(tables: &Tables, cell_id: &CellId, table_name: TableName, limit: 
     for _ in 0..=KEYS as usize + 1 {
         let page = tables.list_claims(&ClaimsQuery::new(
             cell_id.clone(),
-            table_name,
+            table_name.clone(),
             cursor.clone(),
             limit,
         ));

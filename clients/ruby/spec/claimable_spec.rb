@@ -147,6 +147,19 @@ RSpec.shared_examples "a claimable cell" do |adapter|
     expect(cell.leases_outstanding).to eq(0)
   end
 
+  it "opens the breaker after breaker_failures failed saves: a save's clean-up rollback is no extra strike" do
+    closed_port = TCPServer.open("127.0.0.1", 0).then { |s| s.addr[1].tap { s.close } }
+    config = cell.config.dup_with(address: "http://127.0.0.1:#{closed_port}", breaker_failures: 2,
+                                  breaker_cooldown: 60, max_attempts: 1)
+    model = Class.new(cell.user) { claims_configuration config }
+    SpecSupport.const_set("BreakerUser#{adapter.capitalize}", model) unless SpecSupport.const_defined?("BreakerUser#{adapter.capitalize}")
+    2.times do # Unavailable itself: CircuitOpen is one too
+      expect { model.create!(username: unique("strike")) }
+        .to raise_error { |e| expect(e.class).to eq(TopologyClaims::Unavailable) }
+    end
+    expect { model.create!(username: unique("open")) }.to raise_error(TopologyClaims::CircuitOpen, /2 consecutive/)
+  end
+
   it "logs and counts a CommitUpdate that fails after COMMIT, never raises it, and leaves the lease to reconcile" do
     name = unique("uncommitted")
     allow(cell.client).to receive(:commit_update).and_raise(TopologyClaims::Unavailable.new("CommitUpdate: down"))
@@ -292,6 +305,29 @@ RSpec.describe TopologyClaims::Claimable do
         .to raise_error(ArgumentError, /"SSH Keys" is not a claims_table name/)
       expect { Class.new(cell.base) { include TopologyClaims::Claimable; claims_owner :"org-unit" } }
         .to raise_error(ArgumentError, /claims_owner type: it must match/)
+    end
+
+    it "answers update like save: false and the error on the form; update! raises RecordInvalid" do
+      other = SpecSupport.cell(:sqlite, "b")
+      taken = "#{unique('held')}@a.example"
+      cell.user.create!(username: unique("carol"), email: taken)
+      bob = other.user.create!(username: unique("bob"), email: "#{unique('bob')}@b.example")
+      expect(bob.update(email: taken)).to be(false)
+      expect(bob.errors[:email]).to include("has already been taken")
+      expect(bob.reload.email).not_to eq(taken)
+      expect { bob.update!(email: taken) }.to raise_error(ActiveRecord::RecordInvalid, /Email has already been taken/)
+      expect(bob.update_attribute(:email, taken)).to be(false)
+      expect(bob.errors[:email]).to include("has already been taken")
+      expect(other.leases_outstanding).to eq(0)
+      free = "#{unique('free')}@b.example"
+      expect(bob.update(email: free)).to be(true)
+      expect(lookup(other, :email, free)).to eq([other.cell_id, "active"])
+    end
+
+    it "raises instead of writing an empty verify.toml when no claimable model is loaded" do
+      plain = Class.new(cell.base) { self.table_name = "users" }
+      expect { TopologyClaims.verify_toml(cell.base.connection, models: [plain]) }
+        .to raise_error(TopologyClaims::ConfigurationError, /no claimable model is loaded.*eager_load!/)
     end
 
     it "refuses a declaration with both namespace: and type:, or neither" do

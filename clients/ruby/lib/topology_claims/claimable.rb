@@ -127,6 +127,19 @@ module TopologyClaims
       false
     end
 
+    # update(attrs) is save inside a transaction of its own: the service's refusal comes at that
+    # transaction's commit, outside save, so it is answered here the same way (false, errors on
+    # the form). update! raises ClaimsInvalid, an ActiveRecord::RecordInvalid, as save! does.
+    # update_attribute and toggle! go through save. update_column(s), increment! and
+    # update_counters write past every callback, so past the claims too: the verifier repairs
+    # what they change.
+    def update(attributes)
+      super
+    rescue ClaimsInvalid => e
+      errors.add(:base, e.record.errors.full_messages.join(", ")) unless e.record.equal?(self)
+      false
+    end
+
     def destroy
       super
     rescue ClaimsInvalid => e
@@ -426,7 +439,7 @@ module TopologyClaims
     end
 
     def rollback(client, lease_id, attempts:)
-      client.rollback_update(lease_id, attempts: attempts)
+      client.rollback_update(lease_id, attempts: attempts, counted: false)
     rescue Error => e
       TopologyClaims.metrics.increment(:rollback_failures)
       TopologyClaims.logger.warn("topology_claims: #{e.message}; the reconciler will roll back lease #{lease_id}")

@@ -49,14 +49,16 @@ module TopologyClaims
     end
 
     # Unconditional unless `unrenewed_for` (seconds) is given (a reconciler's rollback).
-    def rollback_update(lease_id, unrenewed_for: nil, attempts: nil)
+    # `counted: false` for a clean-up after a failed call: its own failure is not another
+    # strike for the breaker (one per save).
+    def rollback_update(lease_id, unrenewed_for: nil, attempts: nil, counted: true)
       request = V1::RollbackUpdateRequest.new(cell_id: config.cell_id, lease_id: lease_id)
       if unrenewed_for
         request.unrenewed_for = Google::Protobuf::Duration.new(
           seconds: unrenewed_for.to_i, nanos: ((unrenewed_for % 1) * 1e9).to_i
         )
       end
-      call(:rollback_update, request, attempts: attempts)
+      call(:rollback_update, request, attempts: attempts, counted: counted)
     end
 
     def renew_lease(lease_id)
@@ -122,7 +124,7 @@ module TopologyClaims
 
     # `attempts_seen`: a hash whose :lost is set when an attempt's fate is unknown (no answer, a
     # broken connection, an unavailable store): that attempt may still be applied later.
-    def call(method, request, deadline: nil, claims: 0, attempts: nil, attempts_seen: {})
+    def call(method, request, deadline: nil, claims: 0, attempts: nil, attempts_seen: {}, counted: true)
       rpc = RPC_NAMES.fetch(method)
       what = "#{rpc} to the claims server at #{config.address}"
       stub = stub_for_this_process(ADMIN_RPCS.include?(method) ? :admin : :claims)
@@ -140,7 +142,7 @@ module TopologyClaims
           begin
             response = stub.public_send(method, request, deadline: Time.now + per_attempt)
             finished(rpc, "OK", attempt, started)
-            @breaker.success
+            @breaker.success if counted
             return response
           rescue GRPC::BadStatus => e
             error = Status.to_error(e, what)
@@ -155,7 +157,7 @@ module TopologyClaims
           delay = [delay, error.retry_after].max if error.retry_after
           out_of_time = deadline && (monotonic - started + delay) >= deadline
           if attempt >= max_attempts || out_of_time
-            @breaker.failure
+            @breaker.failure if counted
             spent = (monotonic - started).round(3)
             raise error.class.new(
               "#{what}: no answer after #{attempt} attempt(s) in #{spent}s" \
@@ -174,7 +176,7 @@ module TopologyClaims
     # lease is remembered as rolled back, so that attempt is refused if it lands, and rolled back
     # if it already has (decision 106). If the rollback fails too, the reconciler rolls it back.
     def fence(lease_id, refusal)
-      rollback_update(lease_id, attempts: 1)
+      rollback_update(lease_id, attempts: 1, counted: false)
     rescue Error => e
       TopologyClaims.logger.warn("topology_claims: could not fence lease #{lease_id} after #{refusal.class}: " \
                                  "#{e.message}; if its lost attempt lands, the reconciler rolls it back")

@@ -11,12 +11,17 @@ module TopologyClaims
       dialect = LocalTables.dialect(connection)
       by_table = Hash.new { |h, k| h[k] = [] }
       models.reject(&:abstract_class?).each do |model|
-        next if model.topology_claims_declarations.empty?
+        next if !model.respond_to?(:topology_claims_declarations) || model.topology_claims_declarations.empty?
 
         table = model.topology_claims_table or raise ConfigurationError, "#{model.name}: claims_table is not declared"
         model.topology_claims_declarations.each do |declaration|
           by_table[table] << select(connection, dialect, model, declaration)
         end
+      end
+      if by_table.empty?
+        raise ConfigurationError,
+              "verify.toml: no claimable model is loaded (a model includes TopologyClaims::Claimable and " \
+              "declares a claim): load the models first (in Rails, Rails.application.eager_load!), or pass models:"
       end
       by_table.sort_by { |table, _| table.to_s }.map do |table, selects|
         "[tables.#{table}]\nquery = \"\"\"\n#{selects.join("\nUNION ALL\n")}\n\"\"\"\n"
@@ -48,8 +53,13 @@ module TopologyClaims
     end
   end
 
-  # The verify.toml for every claimable model (or `models`) on `connection`'s database.
-  def self.verify_toml(connection = ::ActiveRecord::Base.connection, models: Claimable.models)
-    VerifyToml.render(connection, models)
+  # The verify.toml for every claimable model (or `models`) on `connection`'s database. In a
+  # Rails app the application is eager-loaded first, so every model is seen. Raises
+  # ConfigurationError when no claimable model is loaded.
+  def self.verify_toml(connection = ::ActiveRecord::Base.connection, models: nil)
+    if models.nil? && defined?(::Rails) && ::Rails.respond_to?(:application) && ::Rails.application
+      ::Rails.application.eager_load!
+    end
+    VerifyToml.render(connection, models || Claimable.models)
   end
 end

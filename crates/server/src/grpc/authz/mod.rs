@@ -116,6 +116,7 @@ where
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let started = Instant::now();
         let method = Method::from_path(request.uri().path());
+        let announce_version = method == Method::Health;
         let info = request.extensions().get::<ConnInfo>().cloned();
         let caller = info
             .as_ref()
@@ -272,6 +273,11 @@ where
                         value.set_sensitive(true);
                         response.headers_mut().insert(REQUEST_ID_HEADER, value);
                     }
+                    if announce_version {
+                        // What `topology-claims status` shows as the server's build.
+                        let version = http::HeaderValue::from_static(env!("CARGO_PKG_VERSION"));
+                        response.headers_mut().insert(VERSION_HEADER, version);
+                    }
                 }
                 response
             }
@@ -345,6 +351,8 @@ where
 
 /// The header a request id comes in and goes back in.
 const REQUEST_ID_HEADER: &str = "x-request-id";
+/// The server's version, on health answers (`topology-claims status` reads it).
+pub const VERSION_HEADER: &str = "x-topology-claims-version";
 
 /// The client's `x-request-id` when it is sane (1–64 printable ASCII characters, no spaces: it
 /// goes into log lines as it is), else a fresh random one (32 hex digits).
