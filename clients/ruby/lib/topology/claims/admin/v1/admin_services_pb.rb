@@ -72,6 +72,9 @@ module Topology
             # reason NAMESPACE_RULES_CONFLICT, listing the first ten problems. A new normalization also
             # waits for the namespace's outstanding leases to end.
             rpc :UpdateNamespace, ::Topology::Claims::Admin::V1::UpdateNamespaceRequest, ::Topology::Claims::Admin::V1::Namespace
+            # How many claims (leased ones included) each namespace holding any has: one read of every
+            # claim, so admin only. The same counts are the topology_claims_claims gauge.
+            rpc :CountClaims, ::Topology::Claims::Admin::V1::CountClaimsRequest, ::Topology::Claims::Admin::V1::CountClaimsResponse
           end
 
           Stub = Service.rpc_stub_class
