@@ -3,10 +3,18 @@
 # loopback port), runs signup.rb (two cells, each with its own SQLite database, ActiveRecord
 # models with TopologyClaims::Claimable), then the two sidecars against the first cell's
 # database with the gem's verify.toml. Needs Debian's ruby packages (scripts/ensure-services.sh)
-# and the binary: $TOPOLOGY_CLAIMS_BIN, default target/debug/topology-claims (cargo build).
+# and the binary: $TOPOLOGY_CLAIMS_BIN, else target/debug or target/release, else the PATH's.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-bin="${TOPOLOGY_CLAIMS_BIN:-${repo}/target/debug/topology-claims}"
+# The binary: $TOPOLOGY_CLAIMS_BIN, else a debug build, else a release build, else the PATH's.
+bin="${TOPOLOGY_CLAIMS_BIN:-}"
+if [ -z "${bin}" ]; then
+  for candidate in "${repo}/target/debug/topology-claims" "${repo}/target/release/topology-claims" \
+                   "$(command -v topology-claims || true)"; do
+    if [ -n "${candidate}" ] && [ -x "${candidate}" ]; then bin="${candidate}"; break; fi
+  done
+fi
+[ -n "${bin}" ] || { echo "run.sh: no topology-claims binary: cargo build (or set TOPOLOGY_CLAIMS_BIN)" >&2; exit 1; }
 work="$(mktemp -d)"
 trap 'kill "${server_pid}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "${work}"' EXIT
 

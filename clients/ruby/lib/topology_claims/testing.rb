@@ -14,6 +14,9 @@ module TopologyClaims
       path = ENV[BIN_ENV] || "topology-claims"
       return path if path.include?("/") ? File.executable?(path) : system("command -v #{path} >/dev/null 2>&1")
 
+      raise Error, "#{path} is not an executable topology-claims binary: put topology-claims on the PATH, or set " \
+                   "#{BIN_ENV} to the binary (cargo build --release puts it in target/release)" unless ENV[BIN_ENV]
+
       raise Error, "#{BIN_ENV}=#{path} is not an executable topology-claims binary (build it with cargo build)"
     end
 
