@@ -27,6 +27,7 @@ pub mod memory;
 pub mod migrations;
 pub mod pb;
 pub mod ports;
+pub mod transfer;
 
 pub use domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimState, ClaimType,

@@ -102,11 +102,11 @@ enum Command {
     /// Administrative actions (admin role): list leases, force-rollback a downed cell's leases,
     /// decommission a cell. Exit status: 0 done, 1 not confirmed, 2 error.
     Admin(admin::AdminArgs),
-    /// Write a consistent backup of a SQLite store, also while `serve` runs on it. Exit status:
-    /// 0 written, 1 error (nothing is overwritten).
+    /// Write a consistent backup of a SQLite or PostgreSQL store (a SQLite store file), also
+    /// while `serve` runs on it. Exit status: 0 written, 1 error (nothing is overwritten).
     Backup(backup::BackupArgs),
-    /// Replace a SQLite store with a backup (stop `serve` first). Exit status: 0 restored, 1
-    /// error. Then follow docs/operations.md, "After a restore".
+    /// Fill a SQLite or PostgreSQL store from a backup (stop `serve` first). Exit status: 0
+    /// restored, 1 error. Then follow docs/operations.md, "After a restore".
     Restore(backup::RestoreArgs),
     /// Create a development PKI: a CA, server certificates and client certificates whose
     /// identity is spiffe://TRUST_DOMAIN/ROLE/NAME (see docs/security.md). Exit status: 0

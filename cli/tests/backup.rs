@@ -154,13 +154,13 @@ async fn an_online_backup_restores_every_claim_committed_before_it_and_nothing_i
         &[
             "backup",
             "--store",
-            "postgres://postgres@127.0.0.1:5432/test",
+            "spanner://projects/p/instances/i/databases/d",
             "--to",
             "x.db",
         ],
     );
     assert!(!output.status.success());
-    assert!(text(&output.stderr).contains("pg_basebackup"));
+    assert!(text(&output.stderr).contains("Spanner's backups"));
 }
 
 /// `restore --replace` refuses a store that a live `serve` uses (it deleted the live server's

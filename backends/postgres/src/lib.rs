@@ -33,6 +33,7 @@ mod session;
 mod sql;
 mod store;
 pub mod tls;
+pub mod transfer;
 
 /// The statements of a BeginUpdate + CommitUpdate pair, exactly as the adapter runs them, for
 /// the raw-SQL baseline of the benchmark (`tools/bench`): the ratio service / raw SQL is then the

@@ -85,6 +85,26 @@ pub const SLOT_LOCK_CLASS: i32 = 0x7C1A_0003;
 /// restore lock").
 pub const RESTORE_LOCK_CLASS: i32 = 0x7C1A_0007;
 
+/// Advisory lock class of serving, second key `hashtext(current_schema())`: every `serve` holds
+/// it shared on a connection of its own for its life, and a restore takes it exclusively
+/// (`transfer.rs`), so a restore is refused while a server uses the store.
+pub const SERVING_LOCK_CLASS: i32 = 0x7C1A_0008;
+/// Waits for any restore of the schema to end, then holds the serving lock (class `$1`) shared.
+pub const LOCK_SERVING_SHARED: &str =
+    "SELECT pg_advisory_lock_shared($1::int4, hashtext(current_schema()))";
+/// The serving lock (class `$1`), exclusively, if no server holds it: true when taken.
+pub const TRY_LOCK_SERVING: &str =
+    "SELECT pg_try_advisory_lock($1::int4, hashtext(current_schema()))";
+pub const UNLOCK_SERVING: &str = "SELECT pg_advisory_unlock($1::int4, hashtext(current_schema()))";
+/// Rows a restore would replace: claims, leases, outcomes, restore epochs, decommissions.
+pub const COUNT_RESTORABLE_ROWS: &str = "SELECT (SELECT count(*) FROM claims) \
+     + (SELECT count(*) FROM leases) + (SELECT count(*) FROM lease_outcomes) \
+     + (SELECT count(*) FROM restore_epochs) + (SELECT count(*) FROM decommissioned_cells)";
+/// Empties every table a restore fills (the namespaces too: the backup brings its own), and the
+/// verification slots, which a restored store starts without.
+pub const CLEAR_FOR_RESTORE: &str = "TRUNCATE claims, leases, lease_outcomes, \
+     decommissioned_cells, restore_reports, restore_epochs, verification_slots, namespaces";
+
 /// The bookkeeping table of applied migrations (named so it cannot clash with an application's
 /// own `schema_migrations`).
 pub const CREATE_MIGRATIONS_TABLE: &str = "\

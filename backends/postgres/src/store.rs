@@ -159,6 +159,9 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 pub struct PostgresClaimStore {
     pub(crate) shared: Arc<Shared>,
     pub(crate) namespaces: Arc<NamespaceCache>,
+    /// The connection that holds the serving lock shared while any clone lives (`transfer.rs`:
+    /// a restore is refused meanwhile).
+    _serving: Arc<deadpool_postgres::Object>,
 }
 
 impl std::fmt::Debug for PostgresClaimStore {
@@ -192,6 +195,7 @@ impl PostgresClaimStore {
             .map_err(|e| final_error(&e, &settings.target, "reading the namespaces"))?;
         let namespaces = Arc::new(NamespaceCache::new(namespaces::from_rows(&rows)?));
         drop(client);
+        let serving = crate::transfer::hold_serving_lock(&settings, &options).await?;
         let shared = Shared::new(
             pool,
             settings.target,
@@ -201,6 +205,7 @@ impl PostgresClaimStore {
         Ok(Self {
             shared: Arc::new(shared),
             namespaces,
+            _serving: Arc::new(serving),
         })
     }
 

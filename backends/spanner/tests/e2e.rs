@@ -30,8 +30,11 @@ fn claim(claim_type: ClaimType, value: &str, table: TableName, record_id: i64) -
         owner_value: format!("owner-of-{value}"),
         table_name: table.number(),
         table_record_id: record_id,
-        // Both, agreeing: the server returns records with both set.
+        // Both, agreeing: the server returns records with both set (the owner type and table
+        // as names too).
         namespace: topology_claims::domain::NamespaceId::of_claim_type(claim_type).to_string(),
+        owner_type: OwnerType::USER.name().to_owned(),
+        source_table: table.name().to_owned(),
         ..Default::default()
     }
 }

@@ -166,7 +166,7 @@ fn restore_blocking(from: &Path, store: &Path, replace: bool) -> Result<BackupSu
 }
 
 /// `path` with `.SUFFIX` added, in the same directory (so a rename is atomic).
-fn sibling(path: &Path, suffix: &str) -> Result<PathBuf, String> {
+pub(crate) fn sibling(path: &Path, suffix: &str) -> Result<PathBuf, String> {
     let name = path
         .file_name()
         .ok_or_else(|| format!("{} names no file", path.display()))?;
@@ -188,7 +188,7 @@ fn sync_and_rename(from: &Path, to: &Path) -> Result<(), String> {
 /// fsyncs `from`, links it as `to` (which fails if anything, a symlink included, is at `to`:
 /// never an overwrite, even of a file created while the backup ran), removes `from` and fsyncs
 /// the directory.
-fn sync_and_link(from: &Path, to: &Path) -> Result<(), String> {
+pub(crate) fn sync_and_link(from: &Path, to: &Path) -> Result<(), String> {
     File::open(from)
         .and_then(|f| f.sync_all())
         .map_err(|e| format!("syncing {}: {e}", from.display()))?;
@@ -218,7 +218,7 @@ fn sync_dir(path: &Path) -> Result<(), String> {
 }
 
 /// Checks that `path` is a sound topology-claims store and says what it holds.
-fn summarize(path: &Path) -> Result<BackupSummary, String> {
+pub(crate) fn summarize(path: &Path) -> Result<BackupSummary, String> {
     let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
         .map_err(|e| format!("cannot open: {e}"))?;
     conn.busy_timeout(std::time::Duration::from_secs(30))

@@ -91,6 +91,7 @@ mod namespaces;
 mod restore;
 mod rows;
 mod store;
+pub mod transfer;
 
 use std::path::Path;
 use std::sync::Arc;

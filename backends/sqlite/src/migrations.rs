@@ -101,6 +101,11 @@ fn plan(
     Ok(plan)
 }
 
+/// The name of the newest migration (what a store at this binary's schema has last applied).
+pub(crate) fn latest_name() -> &'static str {
+    MIGRATIONS.last().map_or("", |m| m.name)
+}
+
 fn migration(version: i64) -> &'static Migration {
     MIGRATIONS
         .iter()
