@@ -13,6 +13,7 @@ require "tmpdir"
 require "logger"
 require "topology_claims"
 require "topology_claims/testing"
+require "topology_claims/testing/rspec"
 require_relative "support/cells"
 
 ActiveRecord::Base.logger = Logger.new(ENV["TC_RUBY_AR_LOG"] ? $stderr : File::NULL)

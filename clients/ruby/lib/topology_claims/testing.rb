@@ -31,6 +31,48 @@ module TopologyClaims
       Timeout.timeout(timeout) { Open3.capture3(clean_env, binary, *args.map(&:to_s)) }
     end
 
+    # Pre-claims `value` in `namespace` as cell `cell_id`, committed, through the server of
+    # `config` (default: the process-wide configuration): for a spec whose name must already be
+    # taken by another cell. The claim's owner and source record are `owner_type` /
+    # `owner_value` and `source_table` / `record_id`.
+    def self.claim_as(cell_id, namespace:, value:, config: TopologyClaims.configuration,
+                      owner_type: "user", owner_value: value, source_table: "users", record_id: 0)
+      client = TopologyClaims::Client.new(config.dup_with(cell_id: cell_id))
+      record = { namespace: namespace.to_s, claim_value: value.to_s,
+                 **Names.owner_fields(Names.open_name(owner_type, "owner type")),
+                 owner_value: owner_value.to_s,
+                 **Names.table_fields(Names.open_name(source_table, "source table")),
+                 table_record_id: record_id.to_i }
+      client.commit_update(client.begin_update(creates: [record]).lease_payload.lease_id)
+      nil
+    end
+
+    # The cell that holds `value` in `namespace` (any form of it) and the claim's state
+    # (:active, :creating, …), or nil when nobody does.
+    def self.holder(namespace, value, config: TopologyClaims.configuration)
+      answer = TopologyClaims.client(config).lookup_claim(namespace, value)
+      [answer.cell_id, Names.short(answer.state).to_sym]
+    rescue ClaimNotFound
+      nil
+    end
+
+    # `assert_claimed` / `refute_claimed` for Minitest (include in a test case):
+    #   assert_claimed "usernames", "alice"                   # by this process's cell
+    #   assert_claimed "usernames", "bob", cell_id: "cell-b"
+    module Assertions
+      def assert_claimed(namespace, value, cell_id: nil, config: TopologyClaims.configuration)
+        holder = Testing.holder(namespace, value, config: config)
+        expected = cell_id || config.cell_id
+        assert(holder == [expected, :active],
+               "expected #{namespace} #{value.inspect} claimed by #{expected}, found #{holder.inspect}")
+      end
+
+      def refute_claimed(namespace, value, config: TopologyClaims.configuration)
+        holder = Testing.holder(namespace, value, config: config)
+        assert(holder.nil?, "expected #{namespace} #{value.inspect} unclaimed, held by #{holder.inspect}")
+      end
+    end
+
     # A running `topology-claims serve` (memory store, a free loopback port by default).
     class Server
       attr_reader :address, :pid
