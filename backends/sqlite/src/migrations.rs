@@ -122,6 +122,17 @@ pub(crate) fn run(
     policy: MigrationPolicy,
     clock: &dyn Clock,
 ) -> Result<Vec<String>, StoreError> {
+    run_logged(conn, policy, clock, true)
+}
+
+/// [`run`], logging each migration applied when `log` (not for a backup file being built,
+/// whose schema is new by definition).
+pub(crate) fn run_logged(
+    conn: &mut Connection,
+    policy: MigrationPolicy,
+    clock: &dyn Clock,
+    log: bool,
+) -> Result<Vec<String>, StoreError> {
     if policy == MigrationPolicy::Refuse {
         // Only reads: refusing leaves the schema exactly as it was, not even schema_migrations.
         plan(&applied(conn)?, policy)?;
@@ -138,10 +149,12 @@ pub(crate) fn run(
             "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
             (migration.version, migration.name, now),
         )?;
-        tracing::info!(
-            migration = migration.name,
-            "applied SQLite schema migration"
-        );
+        if log {
+            tracing::info!(
+                migration = migration.name,
+                "applied SQLite schema migration"
+            );
+        }
         names.push(migration.name.to_owned());
     }
     tx.commit()?;

@@ -56,7 +56,7 @@ impl BackupWriter {
         };
         let opened = (|| {
             let mut conn = Connection::open(&writer.partial).map_err(|e| e.to_string())?;
-            crate::migrations::run(&mut conn, MigrationPolicy::Apply, &SystemClock)
+            crate::migrations::run_logged(&mut conn, MigrationPolicy::Apply, &SystemClock, false)
                 .map_err(|e| e.into_claims().to_string())?;
             // The rows bring their own namespaces (the built-ins included, as the store had them).
             conn.execute_batch("BEGIN; DELETE FROM namespaces;")
