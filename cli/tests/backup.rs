@@ -4,26 +4,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
+use common::traffic::{claim, Traffic};
 use common::{run, text, Server};
 use topology_claims::ClaimState;
 use topology_claims_client::{ClaimsClient, ClientConfig};
-use topology_claims_testkit::fixtures::{cell, creates, username};
-
-/// Begin + commit of username `name` for cell-a.
-async fn claim(client: &ClaimsClient, name: &str) {
-    let lease = client
-        .begin_update(creates(&cell("cell-a"), &[username(name)]))
-        .await
-        .unwrap_or_else(|e| panic!("BeginUpdate {name}: {e}"))
-        .lease_id;
-    client
-        .commit_update(&cell("cell-a"), lease)
-        .await
-        .unwrap_or_else(|e| panic!("CommitUpdate {name}: {e}"));
-}
+use topology_claims_testkit::fixtures::{cell, username};
 
 /// `serve` on `store`, from async code.
 async fn serve(dir: &std::path::Path, store: &str) -> Server {
@@ -47,18 +32,7 @@ async fn an_online_backup_restores_every_claim_committed_before_it_and_nothing_i
     }
 
     // Traffic goes on while the backup is taken.
-    let stop = Arc::new(AtomicBool::new(false));
-    let traffic = tokio::spawn({
-        let (client, stop) = (client.clone(), Arc::clone(&stop));
-        async move {
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                claim(&client, &format!("during-{n}")).await;
-                n += 1;
-            }
-            n
-        }
-    });
+    let traffic = Traffic::start(&client);
     let backup = d.join("backup-1.db");
     let args = [
         "backup",
@@ -73,8 +47,7 @@ async fn an_online_backup_restores_every_claim_committed_before_it_and_nothing_i
     })
     .await
     .unwrap();
-    stop.store(true, Ordering::Relaxed);
-    let during = traffic.await.unwrap();
+    let during = traffic.stop().await;
     assert!(output.status.success(), "{}", text(&output.stderr));
     let said = text(&output.stdout);
     assert!(said.starts_with("backup written: "), "{said}");

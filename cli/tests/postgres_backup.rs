@@ -9,26 +9,12 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
 use common::pg::FreshDb;
+use common::traffic::{claim, Traffic};
 use common::{run, text, Server};
 use topology_claims::ClaimState;
 use topology_claims_client::{ClaimsClient, ClientConfig};
 use topology_claims_testkit::fixtures::{cell, creates, username};
-
-async fn claim(client: &ClaimsClient, name: &str) {
-    let lease = client
-        .begin_update(creates(&cell("cell-a"), &[username(name)]))
-        .await
-        .unwrap_or_else(|e| panic!("BeginUpdate {name}: {e}"))
-        .lease_id;
-    client
-        .commit_update(&cell("cell-a"), lease)
-        .await
-        .unwrap_or_else(|e| panic!("CommitUpdate {name}: {e}"));
-}
 
 async fn serve(dir: &std::path::Path, store: &str) -> Server {
     let (dir, store) = (dir.to_owned(), store.to_owned());
@@ -93,18 +79,7 @@ async fn a_postgres_backup_under_traffic_restores_into_an_empty_database_and_ser
     .await;
     assert!(made.status.success(), "{}", text(&made.stderr));
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let traffic = tokio::spawn({
-        let (client, stop) = (client.clone(), Arc::clone(&stop));
-        async move {
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                claim(&client, &format!("during-{n}")).await;
-                n += 1;
-            }
-            n
-        }
-    });
+    let traffic = Traffic::start(&client);
     let file = d.join("pg-backup.db");
     let backup = [
         "backup",
@@ -114,8 +89,7 @@ async fn a_postgres_backup_under_traffic_restores_into_an_empty_database_and_ser
         file.to_str().unwrap(),
     ];
     let output = cli(&d, &backup).await;
-    stop.store(true, Ordering::Relaxed);
-    let during = traffic.await.unwrap();
+    let during = traffic.stop().await;
     assert!(output.status.success(), "{}", text(&output.stderr));
     let said = text(&output.stdout);
     assert!(said.starts_with("backup written: "), "{said}");

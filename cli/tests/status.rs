@@ -27,25 +27,14 @@ async fn status_shows_version_serving_store_restore_and_certificate_expiry() {
     args.extend(pki.serve_args());
     let server = Server::start_async(dir.path(), args).await;
     let endpoint = format!("https://localhost:{}", server.child.addr.port());
-    let ca = pki.ca().to_str().unwrap().to_owned();
     let as_role = |role: &str, name: &str| {
-        let pair = pki.issue_client(role, name).unwrap();
-        let (cert, key) = (
-            pair.cert.to_str().unwrap().to_owned(),
-            pair.key.to_str().unwrap().to_owned(),
-        );
-        let flags = [
-            "--server",
-            &endpoint,
-            "--tls-ca",
-            &ca,
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-        ];
+        let mut flags = vec!["--server".to_owned(), endpoint.clone()];
+        flags.extend(common::client_tls_flags(&pki, (role, name)));
         // The server is a process of its own: blocking this test's thread stalls nothing.
-        status(dir.path(), &flags)
+        status(
+            dir.path(),
+            &flags.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
     };
 
     let (code, said) = as_role("admin", "ops");

@@ -12,6 +12,7 @@ use topology_claims_harness::serve::{clean_command, ServeChild};
 
 pub mod attack;
 pub mod pg;
+pub mod traffic;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_topology-claims");
 /// Guards against a hung child; never a speed assertion.
@@ -28,32 +29,36 @@ pub fn run(dir: &Path, args: &[&str]) -> Output {
     command(dir, args).output().expect("run topology-claims")
 }
 
+/// `--tls-ca CA --tls-cert CERT --tls-key KEY` of a client certificate that `pki` issues for
+/// `role`/`name`.
+pub fn client_tls_flags(
+    pki: &topology_claims_harness::pki::DevPki,
+    (role, name): (&str, &str),
+) -> Vec<String> {
+    let pair = pki.issue_client(role, name).unwrap();
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    vec![
+        "--tls-ca".into(),
+        path(&pki.ca()),
+        "--tls-cert".into(),
+        path(&pair.cert),
+        "--tls-key".into(),
+        path(&pair.key),
+    ]
+}
+
 /// Runs `topology-claims admin --server ENDPOINT` with the TLS flags of a client certificate
 /// that `pki` issues for `role`/`name`, then `args`.
 pub fn admin_as(
     dir: &Path,
     pki: &topology_claims_harness::pki::DevPki,
     endpoint: &str,
-    (role, name): (&str, &str),
+    identity: (&str, &str),
     args: &[&str],
 ) -> Output {
-    let pair = pki.issue_client(role, name).unwrap();
-    let (ca, cert, key) = (
-        pki.ca().to_str().unwrap().to_owned(),
-        pair.cert.to_str().unwrap().to_owned(),
-        pair.key.to_str().unwrap().to_owned(),
-    );
-    let mut full = vec![
-        "admin",
-        "--server",
-        endpoint,
-        "--tls-ca",
-        &ca,
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-    ];
+    let flags = client_tls_flags(pki, identity);
+    let mut full = vec!["admin", "--server", endpoint];
+    full.extend(flags.iter().map(String::as_str));
     full.extend_from_slice(args);
     command(dir, &full).output().unwrap()
 }
