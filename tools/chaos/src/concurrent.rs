@@ -501,10 +501,11 @@ pub(crate) mod support {
         report.shared_batches > 0
     }
 
-    /// Runs against a broken decider until the checks catch it (at most a few runs: whether two
-    /// conflicting calls share a group depends on scheduling).
+    /// Runs against a broken decider until the checks catch it (at most 20 runs of well under
+    /// a second: whether two conflicting calls share a group depends on scheduling, and 5 runs
+    /// once missed it in a CI run).
     pub async fn caught(breakage: Breakage) -> Vec<String> {
-        for _ in 0..5 {
+        for _ in 0..20 {
             let report = run(
                 Arc::new(Broken::new(breakage)),
                 GroupConfig::default(),
@@ -529,14 +530,14 @@ mod tests {
     async fn memory_through_the_combiner_is_linearizable() {
         // The memory store answers at once: whether calls queue into shared groups depends on
         // scheduling, and a loaded machine can run every call alone. Every run must be clean;
-        // one of at most five, each on a fresh store, must have shared a group.
-        for _ in 0..5 {
+        // one of at most 20, each on a fresh store, must have shared a group.
+        for _ in 0..20 {
             let store = Arc::new(MemoryClaimStore::new());
             if clean_run(store, GroupConfig::default(), WORKLOAD).await {
                 return;
             }
         }
-        panic!("no group carried more than one call in 5 runs: group commit was not exercised");
+        panic!("no group carried more than one call in 20 runs: group commit was not exercised");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
