@@ -300,11 +300,21 @@ RSpec.describe TopologyClaims::Claimable do
       expect(cell.client.lookup_claim("routes", "#{fingerprint}-2").claim.source_table).to eq("ssh_keys")
     end
 
-    it "refuses an owner type or source table that is not [a-z0-9_]{1,63} when the model declares it" do
-      expect { Class.new(cell.base) { include TopologyClaims::Claimable; claims_table "SSH Keys" } }
-        .to raise_error(ArgumentError, /"SSH Keys" is not a claims_table name/)
-      expect { Class.new(cell.base) { include TopologyClaims::Claimable; claims_owner :"org-unit" } }
-        .to raise_error(ArgumentError, /claims_owner type: it must match/)
+    it "leaves the owner type's and table's shape to the server: a bad one fails the first save, naming the field" do
+      bad = Class.new(cell.base) do
+        self.table_name = "users"
+        include TopologyClaims::Claimable
+        claims_owner :user
+        claims_table "SSH Keys"
+        claim :username, namespace: "usernames"
+      end
+      bad.claims_configuration(cell.config)
+      Cells.const_set(:"BadTable#{SecureRandom.hex(4)}", bad)
+      name = unique("badtable")
+      expect { bad.create!(username: name) }
+        .to raise_error(TopologyClaims::InvalidRequest, /source_table/)
+      expect(cell.user.where(username: name)).to be_empty
+      expect(cell.leases_outstanding).to eq(0)
     end
 
     it "answers update like save: false and the error on the form; update! raises RecordInvalid" do

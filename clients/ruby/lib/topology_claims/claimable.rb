@@ -78,16 +78,17 @@ module TopologyClaims
 
     class_methods do
       # The owner type: :user, :group, :project or any name matching [a-z0-9_]{1,63}
-      # (:organization); owner_value is `value` (default: the id).
+      # (:organization; the server refuses another at the first save, naming the field);
+      # owner_value is `value` (default: the id).
       def claims_owner(type, value: :id)
-        self.topology_claims_owner = [Names.open_name(type, "claims_owner type"), value.to_sym]
+        self.topology_claims_owner = [type.to_s, value.to_sym]
       end
 
       # The source table the service files this model's claims under: any name matching
       # [a-z0-9_]{1,63} (:users, :ssh_keys); table_record_id is the record id. The cell's
       # verifier lists claims by it (TopologyClaims.verify_toml groups by it).
       def claims_table(name)
-        self.topology_claims_table = Names.open_name(name, "claims_table name")
+        self.topology_claims_table = name.to_s
       end
 
       # Claims `attribute`'s value in the service's namespace `namespace` ("usernames",

@@ -95,7 +95,7 @@ module TopologyClaims
     def claims_of(table)
       claims = []
       token = ""
-      fields = Names.table_fields(Names.open_name(table, "source table"))
+      fields = Names.table_fields(table)
       loop do
         page = call(:list_claims, V1::ListClaimsRequest.new(
           cell_id: config.cell_id, **fields, page_token: token, page_tokens: true

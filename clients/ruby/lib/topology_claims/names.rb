@@ -18,29 +18,23 @@ module TopologyClaims
       claim_type(type) # refuses an unknown type, listing the known ones
       BUILTIN_NAMESPACES.fetch(type.to_s.downcase)
     end
-    # An owner type or source table as the service takes it: any name matching [a-z0-9_]{1,63}
-    # (:user, :organization, "ssh_keys"), as a String (decision 111).
-    OPEN_NAME = /\A[a-z0-9_]{1,63}\z/
-
-    def open_name(name, what)
-      text = name.to_s
-      return text if OPEN_NAME.match?(text)
-
-      raise ArgumentError, "#{name.inspect} is not a #{what}: it must match [a-z0-9_]{1,63}"
-    end
-
     # The fields of an owner type and a source table in a ClaimRecord (or a ListClaimsRequest's
-    # table): the name, and the legacy enum beside it where there is one, so that a server from
-    # before open names reads the legacy ones as it always did.
+    # table): the name (any; the server decides what it takes, decision 111), and the legacy
+    # enum beside it where there is one, so that a server from before open names reads the
+    # legacy ones as it always did.
     def owner_fields(name)
+      name = name.to_s
       { owner_type: name, owner: legacy(V1::ClaimRecord::Owner, "OWNER_", name) }
     end
 
     def table_fields(name)
+      name = name.to_s
       { source_table: name, table_name: legacy(V1::ClaimRecord::TableName, "TABLE_NAME_", name) }
     end
 
     def legacy(enum, prefix, name)
+      return 0 unless /\A[a-z0-9_]+\z/.match?(name)
+
       symbol = :"#{prefix}#{name.upcase}"
       enum.resolve(symbol) ? symbol : 0
     end

@@ -39,9 +39,9 @@ module TopologyClaims
                       owner_type: "user", owner_value: value, source_table: "users", record_id: 0)
       client = TopologyClaims::Client.new(config.dup_with(cell_id: cell_id))
       record = { namespace: namespace.to_s, claim_value: value.to_s,
-                 **Names.owner_fields(Names.open_name(owner_type, "owner type")),
+                 **Names.owner_fields(owner_type),
                  owner_value: owner_value.to_s,
-                 **Names.table_fields(Names.open_name(source_table, "source table")),
+                 **Names.table_fields(source_table),
                  table_record_id: record_id.to_i }
       client.commit_update(client.begin_update(creates: [record]).lease_payload.lease_id)
       nil

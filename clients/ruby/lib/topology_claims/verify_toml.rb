@@ -24,7 +24,9 @@ module TopologyClaims
               "declares a claim): load the models first (in Rails, Rails.application.eager_load!), or pass models:"
       end
       by_table.sort_by { |table, _| table.to_s }.map do |table, selects|
-        "[tables.#{table}]\nquery = \"\"\"\n#{selects.join("\nUNION ALL\n")}\n\"\"\"\n"
+        # A bare TOML key when it can be one; else quoted (the verifier then says what it refuses).
+        key = /\A[A-Za-z0-9_-]+\z/.match?(table) ? table : table.inspect
+        "[tables.#{key}]\nquery = \"\"\"\n#{selects.join("\nUNION ALL\n")}\n\"\"\"\n"
       end.join("\n")
     end
 
@@ -47,7 +49,7 @@ module TopologyClaims
       start, stop = dialect == :postgresql ? %w[$1 $2] : %w[?1 ?2]
       where = ["#{id} >= #{start}", "#{id} < #{stop}", "#{column} IS NOT NULL", "#{column} <> ''"]
       where << "(#{declaration.verify_where})" if declaration.verify_where
-      "SELECT #{id}, #{connection.quote(declaration.namespace)}, CAST(#{column} AS #{text}), '#{owner_type}', " \
+      "SELECT #{id}, #{connection.quote(declaration.namespace)}, CAST(#{column} AS #{text}), #{connection.quote(owner_type)}, " \
         "CAST(#{q.call(owner_attr)} AS #{text}), #{created_at}\n" \
         "FROM #{model.quoted_table_name} WHERE #{where.join(' AND ')}"
     end
