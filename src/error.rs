@@ -28,6 +28,12 @@ pub enum ClaimsError {
     /// The claim is under another lease; temporary: retry later.
     #[error("claim {claim} is leased by an update in progress; retry later")]
     ClaimLeased { claim: ClaimKey },
+    /// Several claims of one BeginUpdate were refused (each a `ClaimTaken`, `ClaimLeased`,
+    /// `ClaimNotFound` or `NotClaimOwner`): the status is the first one's, with every refused
+    /// claim listed in a `topology.claims.v1.ClaimConflicts` detail. [`Self::refusal`] is the
+    /// first, for code that acts on one refusal.
+    #[error("{0}")]
+    ClaimConflicts(Box<crate::domain::ClaimConflicts>),
     /// A destroy (or lookup) of a claim that does not exist.
     #[error("claim {claim} does not exist")]
     ClaimNotFound { claim: ClaimKey },
@@ -181,9 +187,31 @@ pub enum ClaimsError {
 }
 
 impl ClaimsError {
+    /// The refusal to act on: the first refused claim's for [`Self::ClaimConflicts`], else the
+    /// error itself.
+    pub fn refusal(&self) -> &ClaimsError {
+        match self {
+            Self::ClaimConflicts(conflicts) => conflicts.first(),
+            _ => self,
+        }
+    }
+
+    /// Every refused claim's refusal: the list of [`Self::ClaimConflicts`], else the error
+    /// itself when it is about one claim, else none.
+    pub fn claim_refusals(&self) -> Vec<&ClaimsError> {
+        match self {
+            Self::ClaimConflicts(conflicts) => {
+                conflicts.conflicts.iter().map(|c| &c.refusal).collect()
+            }
+            _ if self.claim().is_some() => vec![self],
+            _ => Vec::new(),
+        }
+    }
+
     /// The machine-readable reason (google.rpc.ErrorInfo `reason`).
     pub fn reason(&self) -> &'static str {
         match self {
+            Self::ClaimConflicts(conflicts) => conflicts.first().reason(),
             Self::InvalidRequest { .. } => "INVALID_REQUEST",
             Self::BatchConflict { .. } => "BATCH_CONFLICT",
             Self::ClaimTaken { .. } => "CLAIM_TAKEN",
@@ -235,6 +263,7 @@ impl ClaimsError {
             | Self::ClaimNotFound { claim }
             | Self::NotClaimOwner { claim }
             | Self::RestoreQuarantine { claim, .. } => Some(claim),
+            Self::ClaimConflicts(conflicts) => conflicts.first().claim(),
             _ => None,
         }
     }

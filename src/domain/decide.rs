@@ -122,6 +122,82 @@ pub fn check_claim(
     }
 }
 
+/// Most refused claims one refusal lists ([`ClaimConflicts`]); the rest are counted. The wire
+/// caps the list again by bytes (the status trailer must stay small).
+pub const MAX_LISTED_CONFLICTS: usize = 100;
+
+/// One refused claim of a BeginUpdate: the record as the caller sent it, and its refusal
+/// (`ClaimTaken`, `ClaimLeased`, `ClaimNotFound`, `NotClaimOwner`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimConflict {
+    pub record: ClaimRecord,
+    pub refusal: ClaimsError,
+}
+
+/// Every refused claim of a BeginUpdate that refused more than one, in the request's order
+/// (creates, destroys, updates): the first is the refusal a client that reads one error sees.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimConflicts {
+    /// At least two; at most [`MAX_LISTED_CONFLICTS`].
+    pub conflicts: Vec<ClaimConflict>,
+    /// Refused claims past [`MAX_LISTED_CONFLICTS`], not listed.
+    pub omitted: usize,
+}
+
+impl ClaimConflicts {
+    /// The first refused claim's refusal.
+    pub fn first(&self) -> &ClaimsError {
+        &self.conflicts[0].refusal
+    }
+}
+
+impl std::fmt::Display for ClaimConflicts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let more = self.conflicts.len() - 1 + self.omitted;
+        write!(
+            f,
+            "{}; and {more} more claim(s) of the batch refused",
+            self.first()
+        )
+    }
+}
+
+/// Checks every claim of a batch against its current row ([`check_claim`]). One refused claim
+/// is its own refusal; several are [`ClaimsError::ClaimConflicts`], listing each (the first
+/// one's refusal first), so a form can show every taken name at once.
+pub fn check_claims(
+    request: &BeginUpdate,
+    current: &BTreeMap<ClaimKey, Claim>,
+) -> Result<(), ClaimsError> {
+    let mut refused = request.operations().filter_map(|(op, record)| {
+        check_claim(op, record, &request.cell_id, current.get(&record.key))
+            .err()
+            .map(|refusal| ClaimConflict {
+                record: record.clone(),
+                refusal,
+            })
+    });
+    let Some(first) = refused.next() else {
+        return Ok(());
+    };
+    let mut conflicts = vec![first];
+    let mut omitted = 0;
+    for conflict in refused {
+        if conflicts.len() < MAX_LISTED_CONFLICTS {
+            conflicts.push(conflict);
+        } else {
+            omitted += 1;
+        }
+    }
+    if conflicts.len() == 1 {
+        return Err(conflicts.pop().expect("one conflict").refusal);
+    }
+    Err(ClaimsError::ClaimConflicts(Box::new(ClaimConflicts {
+        conflicts,
+        omitted,
+    })))
+}
+
 /// What BeginUpdate must do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BeginPlan {
@@ -180,9 +256,7 @@ pub fn decide_begin(
         None => {}
     }
     check_creates(request, namespaces)?;
-    for (op, record) in request.operations() {
-        check_claim(op, record, &request.cell_id, current.get(&record.key))?;
-    }
+    check_claims(request, current)?;
     Ok(BeginPlan::Apply(BeginWrites {
         lease_id,
         inserts: request.creates.clone(),

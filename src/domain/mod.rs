@@ -23,9 +23,10 @@ pub use admin::{
     DECOMMISSION_DEFAULT_BATCH, DECOMMISSION_MAX_BATCH,
 };
 pub use decide::{
-    check_batch, check_batch_size, check_claim, decide_begin, decide_commit, decide_renew,
-    decide_rollback, lease_is_stale, lease_unrenewed_for, outcome_expired, BeginPlan, BeginWrites,
-    EndPlan, EndWrites, CLAIM_LEASED_RETRY_AFTER, DEFAULT_MAX_BATCH,
+    check_batch, check_batch_size, check_claim, check_claims, decide_begin, decide_commit,
+    decide_renew, decide_rollback, lease_is_stale, lease_unrenewed_for, outcome_expired, BeginPlan,
+    BeginWrites, ClaimConflict, ClaimConflicts, EndPlan, EndWrites, CLAIM_LEASED_RETRY_AFTER,
+    DEFAULT_MAX_BATCH, MAX_LISTED_CONFLICTS,
 };
 pub use group::{
     decide_group, namespaces_named, GroupAnswer, GroupDecision, GroupOp, GroupReads, GroupResults,

@@ -9,7 +9,11 @@
 //! each after the delay its RetryInfo asks for: a user-facing save hears it at once.
 //!
 //! Errors are the domain's [`ClaimsError`] decoded from the status details, so an app can say
-//! "email has already been taken" from `ClaimsError::ClaimTaken { claim }`.
+//! "email has already been taken" from `ClaimsError::ClaimTaken { claim }`. A BeginUpdate that
+//! refused several claims is `ClaimsError::ClaimConflicts` (decision 114): every refused record
+//! with its own refusal, for a form that shows them all at once; `error.refusal()` is the first
+//! (what a single-refusal match needs) and `error.claim_refusals()` every one. CLAIM_LEASED is
+//! retried only when every refused claim is leased.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -244,7 +248,13 @@ impl ClaimsClient {
             }
             // Nothing was written (the refusal is decided before any write), so the same
             // request, BeginUpdate's client-chosen lease id included, is simply sent again.
-            if let ClaimsError::ClaimLeased { .. } = outcome {
+            // Only when every refused claim is leased: a taken one stays taken.
+            let refusals = outcome.claim_refusals();
+            if !refusals.is_empty()
+                && refusals
+                    .iter()
+                    .all(|r| matches!(r, ClaimsError::ClaimLeased { .. }))
+            {
                 let policy = self.config.retry_claim_leased.as_ref();
                 let Some(delay) = leased_retry_delay(policy, leased_retries, hint) else {
                     return Err(outcome);

@@ -15,8 +15,11 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::log::RateLimitedLog;
+use crate::pb;
+use prost::Message;
 use topology_claims::domain::{
-    CellId, ClaimKey, ClaimType, LeaseId, NamespaceId, SlotCap, TableName, Timestamp, ValueRule,
+    CellId, ClaimConflict, ClaimConflicts, ClaimKey, ClaimType, LeaseId, NamespaceId, SlotCap,
+    TableName, Timestamp, ValueRule,
 };
 use topology_claims::error::ClaimsError;
 
@@ -55,6 +58,7 @@ pub const META_MORE: &str = "more";
 /// The status code of each error (the status table of the API, docs/api.md).
 pub fn code_of(error: &ClaimsError) -> Code {
     match error {
+        ClaimsError::ClaimConflicts(conflicts) => code_of(conflicts.first()),
         ClaimsError::InvalidRequest { .. } | ClaimsError::BatchConflict { .. } => {
             Code::InvalidArgument
         }
@@ -140,6 +144,86 @@ pub fn claim_leased_status(error: &ClaimsError, leased_since: Option<Timestamp>)
 }
 
 fn to_status_with(error: &ClaimsError, leased_since: Option<Timestamp>) -> Status {
+    let status = one_status(error.refusal(), leased_since);
+    let conflicts = match error {
+        ClaimsError::ClaimConflicts(conflicts) => conflicts_to_pb(conflicts),
+        _ => match error.claim() {
+            // One refused claim: the same detail, listing it alone, so a client reads the
+            // list whatever the batch.
+            Some(claim) if CLAIM_REFUSALS.contains(&error.reason()) => pb::ClaimConflicts {
+                conflicts: vec![pb::ClaimConflict {
+                    claim: Some(pb::ClaimRecord {
+                        claim_type: claim.namespace.claim_type_number(),
+                        namespace: claim.namespace.to_string(),
+                        claim_value: claim.value.clone(),
+                        ..Default::default()
+                    }),
+                    reason: error.reason().to_owned(),
+                }],
+                omitted: 0,
+            },
+            _ => return status,
+        },
+    };
+    with_detail(status, CLAIM_CONFLICTS_TYPE_URL, conflicts.encode_to_vec())
+}
+
+/// The refusals a [`pb::ClaimConflicts`] lists: those about one claim's row.
+const CLAIM_REFUSALS: [&str; 4] = [
+    "CLAIM_TAKEN",
+    "CLAIM_LEASED",
+    "CLAIM_NOT_FOUND",
+    "NOT_CLAIM_OWNER",
+];
+
+/// The type URL of the [`pb::ClaimConflicts`] status detail.
+pub const CLAIM_CONFLICTS_TYPE_URL: &str = "type.googleapis.com/topology.claims.v1.ClaimConflicts";
+
+/// Bytes of listed claims a [`pb::ClaimConflicts`] detail holds at most, beside the first (it
+/// rides in the `grpc-status-details-bin` trailer, base64, which clients cap at 8 KiB in
+/// all: gRPC's C core, so Ruby's, refuses larger metadata).
+pub const MAX_CONFLICTS_DETAIL_BYTES: usize = 3 * 1024;
+
+fn conflicts_to_pb(conflicts: &topology_claims::domain::ClaimConflicts) -> pb::ClaimConflicts {
+    let mut listed = pb::ClaimConflicts::default();
+    let mut bytes = 0;
+    for (i, conflict) in conflicts.conflicts.iter().enumerate() {
+        let item = pb::ClaimConflict {
+            claim: Some(topology_claims::codec::claim_record_to_pb(&conflict.record)),
+            reason: conflict.refusal.reason().to_owned(),
+        };
+        bytes += item.encoded_len() + 3;
+        if i > 0 && bytes > MAX_CONFLICTS_DETAIL_BYTES {
+            listed.omitted = u32::try_from(conflicts.conflicts.len() - i + conflicts.omitted)
+                .unwrap_or(u32::MAX);
+            return listed;
+        }
+        listed.conflicts.push(item);
+    }
+    listed.omitted = u32::try_from(conflicts.omitted).unwrap_or(u32::MAX);
+    listed
+}
+
+/// `status` with one more google.rpc.Status detail.
+fn with_detail(status: Status, type_url: &str, value: Vec<u8>) -> Status {
+    let mut rpc = tonic_types::pb::Status::decode(status.details()).unwrap_or_default();
+    rpc.details.push(prost_types::Any {
+        type_url: type_url.to_owned(),
+        value,
+    });
+    Status::with_details(status.code(), status.message(), rpc.encode_to_vec().into())
+}
+
+/// The [`pb::ClaimConflicts`] detail of a status, if it has one.
+pub fn claim_conflicts(status: &Status) -> Option<pb::ClaimConflicts> {
+    let rpc = tonic_types::pb::Status::decode(status.details()).ok()?;
+    rpc.details
+        .iter()
+        .find(|any| any.type_url == CLAIM_CONFLICTS_TYPE_URL)
+        .and_then(|any| pb::ClaimConflicts::decode(any.value.as_slice()).ok())
+}
+
+fn one_status(error: &ClaimsError, leased_since: Option<Timestamp>) -> Status {
     let mut metadata = HashMap::new();
     if let Some(claim) = error.claim() {
         if let Some(claim_type) = claim.namespace.claim_type() {
@@ -293,6 +377,52 @@ fn rfc3339_micros(time: Timestamp) -> String {
 /// `Unavailable` when the call may be retried (UNAVAILABLE, DEADLINE_EXCEEDED: the request may
 /// or may not have been applied) and `Internal` otherwise.
 pub fn from_status(status: &Status) -> ClaimsError {
+    let first = one_from_status(status);
+    let Some(listed) =
+        claim_conflicts(status).filter(|c| c.conflicts.len() + c.omitted as usize > 1)
+    else {
+        return first;
+    };
+    if first.claim().is_none() {
+        return first;
+    }
+    let mut conflicts = Vec::with_capacity(listed.conflicts.len());
+    for (i, conflict) in listed.conflicts.into_iter().enumerate() {
+        let Some(record) = conflict.claim.and_then(|r| {
+            topology_claims::codec::claim_record_from_server_pb(r, format_args!("conflicts[{i}]"))
+                .ok()
+        }) else {
+            continue;
+        };
+        let claim = ClaimKey {
+            namespace: record.key.namespace.clone(),
+            value: record.display_value().to_owned(),
+        };
+        let refusal = match conflict.reason.as_str() {
+            "CLAIM_TAKEN" => ClaimsError::ClaimTaken { claim },
+            "CLAIM_LEASED" => ClaimsError::ClaimLeased { claim },
+            "CLAIM_NOT_FOUND" => ClaimsError::ClaimNotFound { claim },
+            "NOT_CLAIM_OWNER" => ClaimsError::NotClaimOwner { claim },
+            _ => continue,
+        };
+        // The status's own first refusal stands for the first listed (it carries RetryInfo).
+        let refusal = if conflicts.is_empty() {
+            first.clone()
+        } else {
+            refusal
+        };
+        conflicts.push(ClaimConflict { record, refusal });
+    }
+    if conflicts.len() + (listed.omitted as usize) < 2 {
+        return first;
+    }
+    ClaimsError::ClaimConflicts(Box::new(ClaimConflicts {
+        conflicts,
+        omitted: listed.omitted as usize,
+    }))
+}
+
+fn one_from_status(status: &Status) -> ClaimsError {
     let details = status.get_error_details();
     let Some(info) = details
         .error_info()

@@ -101,6 +101,7 @@ macro_rules! claim_store_conformance {
                 begin_returns_the_lease_payload_with_the_original_request,
                 created_claims_are_routable_while_creating,
                 create_of_committed_claim_is_taken,
+                every_refused_claim_of_a_batch_is_listed,
                 create_of_leased_claim_is_temporarily_refused,
                 destroy_of_leased_claim_is_temporarily_refused,
                 destroy_of_absent_claim_is_not_found,

@@ -53,7 +53,7 @@ async fn try_claim(client: &mut Client, cell_name: &str, records: &[ClaimRecord]
                 .expect("commit of a won lease");
             true
         }
-        Err(status) => match from_status(&status) {
+        Err(status) => match from_status(&status).refusal() {
             ClaimsError::ClaimTaken { .. } | ClaimsError::ClaimLeased { .. } => false,
             other => panic!("a racing BeginUpdate failed unexpectedly: {other} ({status:?})"),
         },

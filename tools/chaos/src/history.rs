@@ -150,7 +150,7 @@ impl ErrorKind {
     /// nothing about the request (`Internal`: e.g. a connection cut mid-call surfaces as a
     /// status without the service's error details).
     pub fn of(error: &ClaimsError) -> Option<ErrorKind> {
-        Some(match error {
+        Some(match error.refusal() {
             ClaimsError::Unavailable { .. }
             | ClaimsError::ServerUnavailable { .. }
             | ClaimsError::Internal { .. } => return None,

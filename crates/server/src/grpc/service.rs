@@ -147,7 +147,7 @@ impl ClaimsService for ClaimsServiceImpl {
         &self,
         request: Request<pb::BeginUpdateRequest>,
     ) -> Result<Response<pb::BeginUpdateResponse>, Status> {
-        let result = async {
+        let result: Result<pb::BeginUpdateResponse, ClaimsError> = async {
             let request = request.into_inner();
             let correction = request.restore_correction;
             let request = convert::begin_update_from_pb(request)?;
@@ -160,10 +160,9 @@ impl ClaimsService for ClaimsServiceImpl {
         }
         .await;
         match result {
-            Err(error @ ClaimsError::ClaimLeased { .. }) => Err(status::claim_leased_status(
-                &error,
-                self.leased_since(&error).await,
-            )),
+            Err(error) if matches!(error.refusal(), ClaimsError::ClaimLeased { .. }) => Err(
+                status::claim_leased_status(&error, self.leased_since(error.refusal()).await),
+            ),
             result => respond(result),
         }
     }

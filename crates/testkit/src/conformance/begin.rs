@@ -3,7 +3,7 @@
 //! refused batch changes nothing, whatever its size.
 
 use crate::fixtures::{cell, creates, destroys, email, lease_id, route, username};
-use topology_claims::domain::{BeginUpdate, ClaimState};
+use topology_claims::domain::{BeginUpdate, ClaimKey, ClaimState};
 use topology_claims::error::ClaimsError;
 use topology_claims::ports::ClaimStore;
 
@@ -56,6 +56,76 @@ pub async fn create_of_committed_claim_is_taken(store: &impl ClaimStore) {
             "taken for any cell, the owner's too"
         );
     }
+}
+
+/// A batch that meets several refusals is refused as its first claim's (in request order),
+/// and lists every refused claim with its own refusal, so a form shows them all at once.
+pub async fn every_refused_claim_of_a_batch_is_listed(store: &impl ClaimStore) {
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+    committed(
+        store,
+        creates(&a, &[username("hal"), email("hal@example.com")]),
+    )
+    .await;
+    store
+        .begin_update(creates(&a, &[route("hal")]))
+        .await
+        .unwrap();
+    // Sent in other forms than the holders': refusals name the claim as the caller sent it.
+    let request = BeginUpdate {
+        destroys: vec![username("ida")],
+        ..creates(
+            &b,
+            &[
+                username("HAL"),
+                username("ivy"),
+                route("hal"),
+                email("Hal@Example.com"),
+            ],
+        )
+    };
+    let err = store.begin_update(request).await.unwrap_err();
+    let ClaimsError::ClaimConflicts(listed) = &err else {
+        panic!("expected every refusal listed, got {err:?}");
+    };
+    assert_eq!(
+        err.refusal(),
+        &ClaimsError::ClaimTaken {
+            claim: ClaimKey::new(username("hal").key.namespace, "HAL")
+        },
+        "the first refused claim's refusal stands for the batch"
+    );
+    assert_eq!(err.reason(), "CLAIM_TAKEN");
+    let refusals: Vec<(&str, &str, &str)> = listed
+        .conflicts
+        .iter()
+        .map(|c| {
+            (
+                c.refusal.reason(),
+                c.record.key.namespace.as_str(),
+                c.record.display_value(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refusals,
+        [
+            ("CLAIM_TAKEN", "usernames", "HAL"),
+            ("CLAIM_LEASED", "routes", "hal"),
+            ("CLAIM_TAKEN", "emails", "Hal@Example.com"),
+            ("CLAIM_NOT_FOUND", "usernames", "ida"),
+        ]
+    );
+    for conflict in &listed.conflicts {
+        assert_eq!(
+            conflict.refusal.claim().map(|k| k.value.as_str()),
+            Some(conflict.record.display_value())
+        );
+    }
+    assert_eq!(listed.omitted, 0);
+    assert!(err.to_string().contains("and 3 more claim(s)"), "{err}");
+    // Nothing was written: ivy is free.
+    assert_eq!(state_of(store, &username("ivy").key).await, None);
 }
 
 pub async fn create_of_leased_claim_is_temporarily_refused(store: &impl ClaimStore) {
@@ -290,8 +360,8 @@ pub async fn first_failing_claim_in_request_order_decides(store: &impl ClaimStor
     };
     let err = store.begin_update(request).await.unwrap_err();
     assert_eq!(
-        err,
-        ClaimsError::ClaimLeased {
+        err.refusal(),
+        &ClaimsError::ClaimLeased {
             claim: username("k3").key
         }
     );
@@ -305,8 +375,8 @@ pub async fn first_failing_claim_in_request_order_decides(store: &impl ClaimStor
     };
     let err = store.begin_update(request).await.unwrap_err();
     assert_eq!(
-        err,
-        ClaimsError::ClaimNotFound {
+        err.refusal(),
+        &ClaimsError::ClaimNotFound {
             claim: username("missing").key
         }
     );
@@ -323,11 +393,23 @@ pub async fn many_claims_in_one_batch_are_all_or_nothing(store: &impl ClaimStore
         .await
         .unwrap_err();
     assert_eq!(
-        err,
-        ClaimsError::ClaimTaken {
+        err.refusal(),
+        &ClaimsError::ClaimTaken {
             claim: batch[0].key.clone()
         }
     );
+    // 150 refused: the list is capped (at most MAX_LISTED_CONFLICTS, fewer through gRPC,
+    // whose trailer is capped by bytes), the rest counted, none lost.
+    let ClaimsError::ClaimConflicts(listed) = &err else {
+        panic!("expected the refusals listed, got {err:?}");
+    };
+    assert!(listed.conflicts.len() <= topology_claims::domain::MAX_LISTED_CONFLICTS);
+    assert!(listed.conflicts.len() >= 10, "{}", listed.conflicts.len());
+    assert_eq!(listed.conflicts.len() + listed.omitted, 150);
+    for (conflict, record) in listed.conflicts.iter().zip(&batch) {
+        assert_eq!(conflict.record.key, record.key);
+        assert_eq!(conflict.refusal.reason(), "CLAIM_TAKEN");
+    }
     assert_eq!(state_of(store, &batch[299].key).await, None);
     let lease = store.begin_update(BeginUpdate {
         local_transaction: None,
