@@ -6,13 +6,13 @@
 //! The protocol itself (phases, staleness guard, reconciliation) is `topology_claims_client`'s;
 //! this module only opens, commits and rolls back PostgreSQL transactions around it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use futures::future::BoxFuture;
 use tokio_postgres::{Row, Transaction};
 use topology_claims::{
-    domain::NamespaceId, BeginUpdate, ClaimKey, ClaimRecord, ClaimsError, LocalTransaction,
-    OwnerType, TableName, Timestamp,
+    domain::NamespaceId, BeginUpdate, ClaimKey, ClaimRecord, ClaimsError, LeaseId,
+    LocalTransaction, OwnerType, TableName, Timestamp,
 };
 use topology_claims_client::{
     check_verify_query_columns, ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd,
@@ -330,5 +330,40 @@ impl ClaimSource for PostgresQuerySource {
             .await
             .map_err(|e| final_error(&e, &self.target, "running a verify query"))?;
         rows.iter().map(|row| read_claim(row, &table)).collect()
+    }
+
+    async fn leases_recorded(
+        &self,
+        lease_ids: &[LeaseId],
+    ) -> Result<HashSet<LeaseId>, ClaimsError> {
+        let client = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| pool_error(e, &self.target))?;
+        let ids: Vec<uuid::Uuid> = lease_ids.iter().map(|id| *id.as_uuid()).collect();
+        // A database without the cell's lease table records no lease.
+        let present: bool = client
+            .query_one("SELECT to_regclass('leases_outstanding') IS NOT NULL", &[])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| final_error(&e, &self.target, "looking up leases_outstanding"))?;
+        if !present {
+            return Ok(HashSet::new());
+        }
+        let rows = client
+            .query(
+                "SELECT lease_id FROM leases_outstanding WHERE lease_id = ANY($1::uuid[])",
+                &[&ids],
+            )
+            .await
+            .map_err(|e| final_error(&e, &self.target, "reading leases_outstanding"))?;
+        rows.iter()
+            .map(|row| {
+                row.try_get::<_, uuid::Uuid>(0)
+                    .map(LeaseId::from_uuid)
+                    .map_err(|e| final_error(&e, &self.target, "reading leases_outstanding"))
+            })
+            .collect()
     }
 }

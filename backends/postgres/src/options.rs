@@ -82,6 +82,14 @@ impl Settings {
         ));
         // A transaction left open by a bug or a stuck client must not hold claim locks forever.
         session.push_str(" -c idle_in_transaction_session_timeout=60000");
+        // Every time is UTC in the session: the store's columns are timestamptz, but a cell's
+        // local tables recreated from Rails' schema.rb are `timestamp without time zone`, whose
+        // values (UTC wall times: the Ruby gem writes them so) compare right, and whose lock
+        // expiries are written right, only in a UTC session, whatever the database's own
+        // TimeZone (decision 113).
+        if !session.contains("TimeZone") {
+            session.push_str(" -c TimeZone=UTC");
+        }
         // NOTICEs ("relation … already exists, skipping" at every start) are not news: the
         // driver would log each at INFO. Warnings and errors still come through.
         if !session.contains("client_min_messages") {

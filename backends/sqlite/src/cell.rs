@@ -6,15 +6,15 @@
 //! The protocol itself (phases, staleness guard, reconciliation) is `topology_claims_client`'s;
 //! this module only opens, commits and rolls back SQLite transactions around it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, DropBehavior, TransactionBehavior};
 use topology_claims::{
-    domain::NamespaceId, BeginUpdate, ClaimKey, ClaimRecord, ClaimsError, OwnerType, TableName,
-    Timestamp,
+    domain::NamespaceId, BeginUpdate, ClaimKey, ClaimRecord, ClaimsError, LeaseId, OwnerType,
+    TableName, Timestamp,
 };
 use topology_claims_client::{
     check_verify_query_columns, ClaimSource, ClaimsClient, CommitOutcome, LocalClaim, LocalEnd,
@@ -332,5 +332,35 @@ impl ClaimSource for SqliteQuerySource {
         })
         .await
         .map_err(|e| ClaimsError::internal(format!("verify query thread failed: {e}")))?
+    }
+
+    async fn leases_recorded(
+        &self,
+        lease_ids: &[LeaseId],
+    ) -> Result<HashSet<LeaseId>, ClaimsError> {
+        let conn = Arc::clone(&self.conn);
+        let lease_ids = lease_ids.to_vec();
+        tokio::task::spawn_blocking(move || {
+            let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+            let mut select =
+                match conn.prepare_cached("SELECT 1 FROM leases_outstanding WHERE lease_id = ?1") {
+                    Ok(select) => select,
+                    // A database without the cell's lease table records no lease.
+                    Err(e) if e.to_string().contains("no such table") => return Ok(HashSet::new()),
+                    Err(e) => return Err(sqlite_to_claims(&e)),
+                };
+            let mut recorded = HashSet::new();
+            for id in lease_ids {
+                if select
+                    .exists([crate::rows::lease_id_text(id)])
+                    .map_err(|e| sqlite_to_claims(&e))?
+                {
+                    recorded.insert(id);
+                }
+            }
+            Ok(recorded)
+        })
+        .await
+        .map_err(|e| ClaimsError::internal(format!("lease lookup thread failed: {e}")))?
     }
 }

@@ -52,11 +52,25 @@ pub(crate) async fn resolve_restored_leases<S: ClaimSource>(
         let page = client
             .list_outstanding_leases(&LeasesQuery::new(cell.clone(), after, PAGE))
             .await?;
-        for lease in page
+        let predating: Vec<_> = page
             .leases
             .iter()
             .filter(|l| lease_predates_restore(l, Some(view)))
-        {
+            .collect();
+        let ids: Vec<LeaseId> = predating.iter().map(|l| l.lease_id).collect();
+        // A lease whose local row is there committed locally: the reconciler commits it, and the
+        // comparison corrects what the records no longer imply. Deciding it here too would race
+        // the reconciler with another answer (decision 100, addendum).
+        let recorded = if ids.is_empty() {
+            Default::default()
+        } else {
+            source.leases_recorded(&ids).await?
+        };
+        for lease in predating {
+            if recorded.contains(&lease.lease_id) {
+                tracing::debug!(lease_id = %lease.lease_id, "a lease that predates the restore is recorded locally: left to the reconciler");
+                continue;
+            }
             // The keys each touched record holds now, read once per record.
             let mut held: BTreeMap<(TableName, i64), Vec<ClaimKey>> = BTreeMap::new();
             for (_, record) in lease.request.operations() {

@@ -2,9 +2,10 @@
 //! over its own database (the backends' query sources do), the claims it yields, and the shape
 //! of a verify query.
 
+use std::collections::HashSet;
 use std::future::Future;
 
-use topology_claims::domain::{ClaimRecord, TableName, Timestamp};
+use topology_claims::domain::{ClaimRecord, LeaseId, TableName, Timestamp};
 use topology_claims::error::ClaimsError;
 
 /// A claim implied by a local record, with the record's creation time (local clock).
@@ -50,6 +51,17 @@ pub trait ClaimSource: Send + Sync {
         start: i64,
         end: i64,
     ) -> impl Future<Output = Result<Vec<LocalClaim>, ClaimsError>> + Send;
+
+    /// Which of `lease_ids` the cell's `leases_outstanding` table holds: their local transactions
+    /// committed, so the reconciler commits them, and the verifier's restore pass leaves them to
+    /// it (decision 100, addendum). A source without the table holds none.
+    fn leases_recorded(
+        &self,
+        lease_ids: &[LeaseId],
+    ) -> impl Future<Output = Result<HashSet<LeaseId>, ClaimsError>> + Send {
+        let _ = lease_ids;
+        async { Ok(HashSet::new()) }
+    }
 }
 
 impl<T: ClaimSource> ClaimSource for &T {
@@ -60,5 +72,12 @@ impl<T: ClaimSource> ClaimSource for &T {
         end: i64,
     ) -> impl Future<Output = Result<Vec<LocalClaim>, ClaimsError>> + Send {
         (**self).claims_in_range(table, start, end)
+    }
+
+    fn leases_recorded(
+        &self,
+        lease_ids: &[LeaseId],
+    ) -> impl Future<Output = Result<HashSet<LeaseId>, ClaimsError>> + Send {
+        (**self).leases_recorded(lease_ids)
     }
 }

@@ -55,8 +55,20 @@ impl RestoreGate {
         Ok(())
     }
 
-    /// Keeps `state` (what the store answered to this server's own admin call).
+    /// Keeps `state` (what the store answered to this server's own admin call), unless it is
+    /// older than the epoch already kept: epochs only grow, and a periodic read that began
+    /// before an admin call marked a new restore must not put the old epoch back (the
+    /// quarantine would be lifted, and the cells told no restore, until the next read).
     pub fn set(&self, state: Option<RestoreEpoch>) {
+        let mut kept = self.state.write().unwrap_or_else(|p| p.into_inner());
+        let older = match (kept.as_ref(), state.as_ref()) {
+            (Some(kept), Some(new)) => new.epoch < kept.epoch,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if older {
+            return;
+        }
         if let Some(metrics) = &self.metrics {
             let epoch = state.as_ref().map_or(0, |s| s.epoch);
             let pending = state
@@ -76,7 +88,7 @@ impl RestoreGate {
                 .restore_cells_pending
                 .set(i64::try_from(pending).unwrap_or(i64::MAX));
         }
-        *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+        *kept = state;
     }
 
     pub fn current(&self) -> Option<RestoreEpoch> {
@@ -169,5 +181,42 @@ impl RestoreGate {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use topology_claims::domain::{RestoreEpoch, Timestamp};
+    use topology_claims::memory::MemoryClaimStore;
+
+    fn epoch(n: u64) -> RestoreEpoch {
+        RestoreEpoch {
+            epoch: n,
+            backup_time: Timestamp::from_unix_micros(1),
+            marked_at: Timestamp::from_unix_micros(2),
+            reason: "drill".into(),
+            expected_cells: Default::default(),
+            reported: Default::default(),
+            lifted: None,
+        }
+    }
+
+    #[test]
+    fn a_read_older_than_the_kept_epoch_never_puts_it_back() {
+        let gate = RestoreGate::new(Arc::new(MemoryClaimStore::new()), true);
+        gate.set(Some(epoch(2)));
+        // A periodic read that began before the admin call marked epoch 2.
+        gate.set(Some(epoch(1)));
+        assert_eq!(gate.current().map(|s| s.epoch), Some(2));
+        gate.set(None);
+        assert_eq!(gate.current().map(|s| s.epoch), Some(2));
+        // The same epoch, read again (a report, a lift), and a newer one are kept.
+        let mut lifted = epoch(2);
+        lifted.reason = "read again".into();
+        gate.set(Some(lifted));
+        assert_eq!(gate.current().unwrap().reason, "read again");
+        gate.set(Some(epoch(3)));
+        assert_eq!(gate.current().map(|s| s.epoch), Some(3));
     }
 }
