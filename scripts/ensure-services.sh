@@ -91,7 +91,7 @@ fi
 # clients/ruby/run-specs.sh (called by scripts/test.sh) runs the gem's RSpec suite with Debian's
 # Ruby packages (no rubygems.org). Installs the missing ones; under CI=true a package still
 # missing afterwards fails this script.
-ruby_packages="ruby ruby-grpc ruby-grpc-tools ruby-google-protobuf ruby-googleapis-common-protos-types ruby-activerecord ruby-sqlite3 ruby-pg ruby-rspec"
+ruby_packages="ruby ruby-grpc ruby-grpc-tools ruby-google-protobuf ruby-googleapis-common-protos-types ruby-activerecord ruby-sqlite3 ruby-pg ruby-rspec ruby-railties ruby-rack-test"
 # The packages of "$@" that are not installed.
 ruby_not_installed() {
   for package in "$@"; do

@@ -19,12 +19,12 @@ Gem::Specification.new do |spec|
   spec.license = "Apache-2.0"
   spec.authors = ["topology-claims contributors"]
   spec.required_ruby_version = ">= 3.1"
-  spec.files = Dir["lib/**/*.{rb,yml}", "bin/generate-stubs", "README.md"]
+  spec.files = Dir["lib/**/*.{rb,yml,rake}", "bin/generate-stubs", "README.md"]
   spec.require_paths = ["lib"]
   spec.add_dependency "google-protobuf", ">= 3.21", "< 5"
   spec.add_dependency "googleapis-common-protos-types", ">= 1.3"
   spec.add_dependency "grpc", ">= 1.51"
-  spec.add_development_dependency "activerecord", ">= 6.1", "< 6.2"
+  spec.add_development_dependency "activerecord", ">= 6.1"
   spec.add_development_dependency "pg", ">= 1.2"
   spec.add_development_dependency "rspec", ">= 3.10"
   spec.add_development_dependency "sqlite3", ">= 1.4"

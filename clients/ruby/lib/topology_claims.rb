@@ -22,6 +22,7 @@ require "topology_claims/breaker"
 require "topology_claims/metrics"
 require "topology_claims/client"
 require "topology_claims/local_tables"
+require "topology_claims/committer"
 require "topology_claims/verify_toml"
 
 module TopologyClaims
@@ -130,3 +131,5 @@ module TopologyClaims
     end
   end
 end
+
+require "topology_claims/railtie" if defined?(::Rails::Railtie)

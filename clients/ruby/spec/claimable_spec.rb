@@ -38,6 +38,88 @@ RSpec.shared_examples "a claimable cell" do |adapter|
     expect(lookup(other, :email, mail)).to eq([cell.cell_id, "active"])
   end
 
+  it "deletes a committed lease's row in the next claims transaction: one local COMMIT per save" do
+    committer = TopologyClaims::Committer.instance
+    committer.drain
+    TopologyClaims.clean_up!(cell.connection)
+    raw = -> { cell.connection.select_value("SELECT count(*) FROM leases_outstanding").to_i }
+    cell.user.create!(username: unique("first"))
+    committer.drain # CommitUpdate goes in the background
+    expect(raw.call).to eq(1) # committed, its row waits for the next transaction
+    statements = []
+    subscriber = ActiveSupport::Notifications.subscribe("sql.active_record") do |*, payload|
+      statements << payload[:sql]
+    end
+    begin
+      cell.user.create!(username: unique("second"))
+    ensure
+      ActiveSupport::Notifications.unsubscribe(subscriber)
+    end
+    committer.drain
+    expect(raw.call).to eq(1) # the first row went with the second save, whose row waits
+    commits = statements.grep(/\A\s*COMMIT/i)
+    expect(commits.size).to eq(1), statements.join("\n")
+    deletes = statements.index { |sql| sql.include?("DELETE FROM leases_outstanding") }
+    expect(deletes).not_to be_nil
+    expect(deletes).to be < statements.index { |sql| sql =~ /\A\s*COMMIT/i }
+    TopologyClaims.clean_up!(cell.connection)
+    expect(raw.call).to eq(0)
+  end
+
+  it "commits in the background: the save returns at its local COMMIT, and a later save of the same claim waits for that commit" do
+    committer = TopologyClaims::Committer.instance
+    committer.drain
+    gate = Queue.new
+    client = cell.client
+    client.singleton_class.prepend(Module.new do
+      def commit_update(lease_id)
+        @spec_gate&.pop
+        super
+      end
+    end)
+    client.instance_variable_set(:@spec_gate, gate)
+    name = unique("bg")
+    user = cell.user.create!(username: name, email: "#{name}@example.com")
+    expect(committer.queued).to eq(1) # returned before its CommitUpdate
+    # The rename touches the queued claim: it waits for the commit instead of meeting the lease.
+    renamer = Thread.new { user.update!(username: "#{name}-2") }
+    sleep 0.2
+    expect(renamer).to be_alive
+    gate << :go << :go
+    renamer.join(10)
+    expect(renamer.value).to be(true)
+    committer.drain
+    expect(lookup(cell, :username, "#{name}-2")).to eq([cell.cell_id, "active"])
+    expect(lookup(cell, :username, name)).to be_nil
+    expect(lookup(cell, :email, "#{name}@example.com")).to eq([cell.cell_id, "active"])
+  ensure
+    client&.instance_variable_set(:@spec_gate, nil)
+  end
+
+  it "puts every refused claim on the form at once: a taken username and a taken email in one save" do
+    name = unique("both")
+    mail = "#{name}@example.com"
+    cell.user.create!(username: name, email: mail)
+
+    late = other.user.new(username: name.upcase, email: mail)
+    expect(late.save).to be(false)
+    expect(late.errors.details[:username]).to include(a_hash_including(error: :taken, value: name.upcase))
+    expect(late.errors.details[:email]).to include(a_hash_including(error: :taken, value: mail))
+    expect(late.errors.full_messages).to contain_exactly("Username has already been taken",
+                                                         "Email has already been taken")
+    error = begin
+      other.user.create!(username: name, email: mail)
+    rescue TopologyClaims::ClaimsInvalid => e
+      e.claims_error
+    end
+    expect(error).to be_a(TopologyClaims::ClaimTaken)
+    expect(error.conflicts.map(&:to_h)).to eq(
+      [{ reason: "CLAIM_TAKEN", namespace: "usernames", claim_value: name },
+       { reason: "CLAIM_TAKEN", namespace: "emails", claim_value: mail }]
+    )
+    expect(other.leases_outstanding).to eq(0)
+  end
+
   it "says 'is being changed, try again' for a claim under another cell's lease in progress" do
     name = unique("leased")
     claim = { claim_type: :CLAIM_TYPE_USERNAME, claim_value: name, owner: :OWNER_USER, owner_value: "1",
@@ -165,6 +247,7 @@ RSpec.shared_examples "a claimable cell" do |adapter|
     allow(cell.client).to receive(:commit_update).and_raise(TopologyClaims::Unavailable.new("CommitUpdate: down"))
     before = TopologyClaims.metrics.get(:commit_failures)
     expect(cell.user.create!(username: name)).to be_persisted
+    TopologyClaims::Committer.instance.drain
     expect(TopologyClaims.metrics.get(:commit_failures)).to eq(before + 1)
     expect(cell.leases_outstanding).to eq(1)
     RSpec::Mocks.space.proxy_for(cell.client).reset

@@ -13,7 +13,7 @@ RSpec.describe "the gem as Bundler sees it" do
     _, err, status = Open3.capture3("gem", "build", gemspec, "--output", File.join(out, "g.gem"), chdir: out)
     expect(status).to be_success, err
     files = Gem::Package.new(File.join(out, "g.gem")).spec.files
-    expected = Dir.chdir(SpecSupport::ROOT) { Dir["lib/**/*.{rb,yml}"] }
+    expected = Dir.chdir(SpecSupport::ROOT) { Dir["lib/**/*.{rb,yml,rake}"] }
     expect(files.grep(%r{\Alib/})).to match_array(expected)
     expect(files).to include("lib/topology-claims.rb", "lib/topology_claims.rb")
 

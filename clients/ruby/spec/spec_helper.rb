@@ -80,11 +80,13 @@ module SpecSupport
 
   # The names of the calls made while the block runs, e.g. ["BeginUpdate", "CommitUpdate"].
   def calls
+    TopologyClaims::Committer.instance.drain # earlier saves' commits are not this block's
     names = []
     subscriber = ActiveSupport::Notifications.subscribe("call.topology_claims") do |*, payload|
       names << payload[:method]
     end
     yield
+    TopologyClaims::Committer.instance.drain # CommitUpdate goes in the background
     names
   ensure
     ActiveSupport::Notifications.unsubscribe(subscriber)
@@ -92,6 +94,7 @@ module SpecSupport
 
   # [cell id, state name] of a claim, or nil when the service does not have it.
   def lookup(cell, type, value)
+    TopologyClaims::Committer.instance.drain # this process's commits first
     answer = cell.client.lookup_claim(type, value)
     [answer.cell_id, TopologyClaims::Names.short(answer.state)]
   rescue TopologyClaims::ServiceError, TopologyClaims::ClaimNotFound => e

@@ -2,22 +2,12 @@
 
 require "active_record"
 require "active_support/concern"
+require "topology_claims/active_record_compat"
 require "securerandom"
 
 module TopologyClaims
-  # The ActiveRecord versions (MAJOR.MINOR) the gem's specs have run against. The concern relies
-  # on Rails internals (named in README.md, "Rails internals"), so another version is refused
-  # unless TOPOLOGY_CLAIMS_ALLOW_UNTESTED_ACTIVERECORD=true (or
-  # `TopologyClaims.configuration.allow_untested_activerecord = true` before the models load).
-  TESTED_ACTIVERECORD = %w[6.1].freeze
-
-  ar_version = "#{::ActiveRecord::VERSION::MAJOR}.#{::ActiveRecord::VERSION::MINOR}"
-  unless TESTED_ACTIVERECORD.include?(ar_version) || configuration.allow_untested_activerecord
-    raise Error,
-          "topology_claims has been tested with ActiveRecord #{TESTED_ACTIVERECORD.join(', ')}, not #{ar_version}: " \
-          "its Claimable concern relies on Rails transaction internals (see the gem's README, \"Rails internals\"). " \
-          "Set TOPOLOGY_CLAIMS_ALLOW_UNTESTED_ACTIVERECORD=true to load it anyway"
-  end
+  ActiveRecordCompat.check!
+  (warning = ActiveRecordCompat.warning) && TopologyClaims.logger.warn(warning)
 
   ::I18n.load_path << File.expand_path("locale/en.yml", __dir__) if defined?(::I18n)
 
@@ -188,8 +178,8 @@ module TopologyClaims
 
     def _topology_claims_enlist
       @_topology_claims_enlisted = true
-      connection = self.class.connection
-      connection.add_transaction_record(Collector.for(connection))
+      connection = ActiveRecordCompat.connection(self.class)
+      ActiveRecordCompat.enlist(connection, Collector.for(connection))
     end
 
     def _topology_claims_rolled_back; end
@@ -211,7 +201,7 @@ module TopologyClaims
       def rolledback!(force_restore_state: false, **options)
         super
       ensure
-        send(:_topology_claims_reset) if force_restore_state || @_start_transaction_state.nil?
+        send(:_topology_claims_reset) if ActiveRecordCompat.transaction_state_ended?(self, force_restore_state)
       end
     end
 
@@ -276,6 +266,8 @@ module TopologyClaims
     end
 
     def empty? = @creates.empty? && @destroys.empty? && @updates.empty?
+    # Every claim of the batch, [namespace, value as sent].
+    def keys = @creates.keys + @destroys.keys + @updates.keys
     def size = @creates.size + @destroys.size + @updates.size
 
     # [record, attribute] that claims (namespace, value), e.g. ("emails", "a@b").
@@ -328,7 +320,7 @@ module TopologyClaims
     # leases_outstanding row, the staleness guard. Raising here makes ActiveRecord roll back.
     def before_committed!
       reset
-      records = (@connection.current_transaction.records || []).uniq(&:__id__)
+      records = ActiveRecordCompat.transaction_records(@connection)
       claimables = records.select { |r| r.is_a?(Claimable) && r._topology_claims_enlisted? }
       return if claimables.empty?
 
@@ -343,37 +335,28 @@ module TopologyClaims
       begin_lease(batch, config)
     end
 
-    def committed!(should_run_callbacks: true)
-      client, lease_id = @lease
+    def committed!(should_run_callbacks: true, **)
+      client, lease_id, keys = @lease
+      @cleaned = []
       reset
       return unless client
 
       TopologyClaims.instrument("local_committed", lease_id: lease_id, cell_id: client.config.cell_id)
-      begin
-        client.commit_update(lease_id)
-      rescue LeaseRolledBack => e
-        TopologyClaims.metrics.increment(:lost_claims)
-        TopologyClaims.logger.error("topology_claims: lease #{lease_id} was rolled back after the local COMMIT; " \
-                                    "its claims are lost until the verifier repairs them: #{e.message}")
-        return
-      rescue Error => e
-        TopologyClaims.metrics.increment(:commit_failures)
-        TopologyClaims.logger.warn("topology_claims: #{e.message}; the reconciler will commit lease #{lease_id}")
-        return
-      end
-      begin
-        LocalTables.delete(@connection, lease_id)
-      rescue StandardError => e
-        TopologyClaims.logger.warn("topology_claims: deleting lease #{lease_id} from leases_outstanding failed " \
-                                   "(the reconciler removes it): #{e.message}")
+      if client.config.commit_in_background
+        Committer.instance.commit(client, lease_id, keys: keys, connection: @connection)
+      else
+        Committer.send_commit(Committer::Job.new(client: client, lease_id: lease_id, keys: keys,
+                                                 connection: @connection))
       end
     end
 
     # A lease exists only between before_committed! and the end of that same transaction, so
     # a rollback that finds one is that transaction's (a savepoint rolled back earlier finds none).
-    def rolledback!(force_restore_state: false, should_run_callbacks: true)
-      lease = @lease
+    def rolledback!(force_restore_state: false, should_run_callbacks: true, **)
+      lease = @lease&.first(2)
       unconfirmed = @unconfirmed
+      Committed.give_back(@connection, @cleaned || [])
+      @cleaned = []
       reset
       if lease
         rollback(*lease, attempts: nil)
@@ -394,11 +377,20 @@ module TopologyClaims
     # The validation error each refusal about one claim becomes.
     VALIDATION_ERRORS = { ClaimTaken => :taken, ClaimLeased => :claim_leased,
                           RestoreQuarantine => :restore_quarantine }.freeze
+    # The same, by the reason a listed conflict names.
+    CONFLICT_ERRORS = { "CLAIM_TAKEN" => :taken, "CLAIM_LEASED" => :claim_leased }.freeze
 
     def begin_lease(batch, config)
       client = TopologyClaims.client(config)
+      # A claim this process's last saves still commit in the background: wait for that commit
+      # rather than meet its lease (CLAIM_LEASED).
+      Committer.instance.wait_for(batch.keys, config.timeout) if config.commit_in_background
       lease_id = SecureRandom.uuid
-      local_transaction = LocalTables.local_transaction(@connection)
+      # The row first (it commits or rolls back with the transaction, whatever BeginUpdate
+      # answers), in one statement that also names the local transaction and deletes the rows
+      # of leases committed since (given back if the transaction rolls back).
+      @cleaned = Committed.take(@connection)
+      local_transaction = LocalTables.record(@connection, lease_id, @cleaned)
       sent = monotonic
       begin
         client.begin_update(creates: batch.creates.values, destroys: batch.destroys.values,
@@ -426,12 +418,18 @@ module TopologyClaims
         raise unless record
 
         record.errors.add(attribute, VALIDATION_ERRORS.fetch(e.class), value: e.claim_value)
+        # Every other refused claim of the batch too (the server lists them all), so the form
+        # shows each taken name at once.
+        e.conflicts.drop(1).each do |conflict|
+          error = CONFLICT_ERRORS[conflict.reason]
+          other, other_attribute = batch.holder(conflict.namespace, conflict.claim_value)
+          other&.errors&.add(other_attribute, error, value: conflict.claim_value) if error
+        end
         raise ClaimsInvalid.new(record, e)
       end
-      @lease = [client, lease_id]
+      @lease = [client, lease_id, batch.keys]
       TopologyClaims.instrument("lease_begun", lease_id: lease_id, cell_id: config.cell_id, claims: batch.size,
                                                local_transaction: local_transaction)
-      LocalTables.record(@connection, lease_id)
       elapsed = monotonic - sent
       return if elapsed <= config.commit_window
 

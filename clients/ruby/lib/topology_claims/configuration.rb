@@ -24,7 +24,7 @@ module TopologyClaims
       breaker_failures: ["TOPOLOGY_CLAIMS_BREAKER_FAILURES", 5, :integer],
       breaker_cooldown: ["TOPOLOGY_CLAIMS_BREAKER_COOLDOWN", 5.0, :duration],
       enabled: ["TOPOLOGY_CLAIMS_ENABLED", true, :boolean],
-      allow_untested_activerecord: ["TOPOLOGY_CLAIMS_ALLOW_UNTESTED_ACTIVERECORD", false, :boolean]
+      commit_in_background: ["TOPOLOGY_CLAIMS_COMMIT_IN_BACKGROUND", true, :boolean]
     }.freeze
     TLS_ENV = {
       ca: "TOPOLOGY_CLAIMS_CLIENT_TLS_CA", cert: "TOPOLOGY_CLAIMS_CLIENT_TLS_CERT",
@@ -38,13 +38,42 @@ module TopologyClaims
     attr_accessor :logger
 
     def initialize(env = ENV)
-      KNOBS.each do |name, (var, default, kind)|
-        value = env.key?(var) ? self.class.parse(var, env[var], kind) : default
-        public_send("#{name}=", value)
+      KNOBS.each { |name, (_var, default, _kind)| public_send("#{name}=", default) }
+      @tls = nil
+      @logger = nil
+      apply_env(env)
+    end
+
+    # The settings `env` sets (TOPOLOGY_CLAIMS_*), over what this configuration holds.
+    def apply_env(env)
+      KNOBS.each do |name, (var, _default, kind)|
+        public_send("#{name}=", self.class.parse(var, env[var], kind)) if env.key?(var)
       end
       tls = TLS_ENV.each_with_object({}) { |(k, var), h| h[k] = env[var] if env[var] && !env[var].empty? }
-      @tls = tls.empty? ? nil : tls
-      @logger = nil
+      @tls = (@tls || {}).merge(tls) unless tls.empty?
+      self
+    end
+
+    # Settings from a hash (Rails' config.x.topology_claims, credentials): knob names as keys
+    # (cell_id:, address:, timeout: 5 or "5s", tls: { ca:, cert:, key:, server_name: }).
+    # `source` names the hash in errors; an unknown key is refused, naming it.
+    def apply(settings, source:)
+      (settings || {}).to_h.each do |key, value|
+        name = key.to_sym
+        if name == :tls
+          unknown = value.to_h.keys.map(&:to_sym) - TLS_ENV.keys
+          raise ConfigurationError, "#{source}.tls: unknown key(s) #{unknown.join(', ')} (#{TLS_ENV.keys.join(', ')})" if unknown.any?
+
+          @tls = (@tls || {}).merge(value.to_h.transform_keys(&:to_sym).transform_values(&:to_s))
+          next
+        end
+        _var, _default, kind = KNOBS.fetch(name) do
+          raise ConfigurationError, "#{source}.#{key}: unknown setting (#{(KNOBS.keys + [:tls]).join(', ')})"
+        end
+        value = self.class.parse("#{source}.#{key}", value, kind) if value.is_a?(String) && kind != :string
+        public_send("#{name}=", value)
+      end
+      self
     end
 
     def self.parse(var, text, kind)

@@ -11,24 +11,40 @@ module TopologyClaims
   # server sent (nil when no ErrorInfo came, e.g. a transport failure), `code` the gRPC status
   # code name, `metadata` the ErrorInfo metadata.
   class CallError < Error
-    attr_reader :reason, :code, :metadata, :retry_after
+    attr_reader :reason, :code, :metadata, :retry_after, :conflicts
 
-    def initialize(message = nil, reason: nil, code: nil, metadata: {}, retry_after: nil)
+    def initialize(message = nil, reason: nil, code: nil, metadata: {}, retry_after: nil, conflicts: [])
       super(message)
       @reason = reason
       @code = code
       @metadata = metadata
       @retry_after = retry_after
+      @conflicts = conflicts
     end
   end
 
+  # One refused claim of a BeginUpdate (the server's ClaimConflicts status detail): `reason`
+  # (CLAIM_TAKEN, CLAIM_LEASED, CLAIM_NOT_FOUND, NOT_CLAIM_OWNER), `namespace`, `claim_value` (as
+  # the request sent it).
+  Conflict = Struct.new(:reason, :namespace, :claim_value, keyword_init: true)
+
   # A refusal about one claim: `namespace` (e.g. "emails") and `claim_value` name it.
+  # `conflicts` lists every refused claim of the batch (this one first), each a Conflict;
+  # `omitted` counts those the server left out of the list (past its cap).
   class ClaimError < CallError
     # The claim's namespace (a server older than namespaces sends only the legacy claim type).
     def namespace = metadata["namespace"] || Names.namespace_of_type(metadata["claim_type"])
     # Legacy: the claim type's name ("email") for the built-in namespaces, nil for the others.
     def claim_type = metadata["claim_type"]
     def claim_value = metadata["claim_value"]
+
+    # Every refused claim (a server without the detail: this one alone).
+    def conflicts
+      listed = super
+      return listed unless listed.empty?
+
+      [Conflict.new(reason: reason, namespace: namespace, claim_value: claim_value)]
+    end
   end
 
   # CLAIM_TAKEN: another cell (or another record of this cell) holds the claim.

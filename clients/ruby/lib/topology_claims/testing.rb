@@ -50,6 +50,7 @@ module TopologyClaims
     # The cell that holds `value` in `namespace` (any form of it) and the claim's state
     # (:active, :creating, …), or nil when nobody does.
     def self.holder(namespace, value, config: TopologyClaims.configuration)
+      Committer.instance.drain # this process's saves commit in the background: see them done
       answer = TopologyClaims.client(config).lookup_claim(namespace, value)
       [answer.cell_id, Names.short(answer.state).to_sym]
     rescue ClaimNotFound

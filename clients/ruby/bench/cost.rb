@@ -1,0 +1,147 @@
+# frozen_string_literal: true
+
+# What claims cost a save: sequential creates of a model with two claims (username, email)
+# against the same creates of a model without claims, in one run, with a breakdown of the
+# claimed save (BeginUpdate, CommitUpdate, the leases_outstanding clean-up, the rest: the local
+# work). The numbers the gem's README reports ("What a claim costs").
+#
+#   ruby clients/ruby/bench/cost.rb [--creates 150] [--rounds 3] [--adapter postgresql|sqlite]
+#                                   [--store postgres://…|sqlite:|memory:] [--serve-flag=--FLAG=VALUE …]
+#
+# The server is `topology-claims serve` ($TOPOLOGY_CLAIMS_BIN, default target/release, else
+# target/debug) on its own store: by default a fresh PostgreSQL database tc_ruby_bench_store,
+# like the cell's (tc_ruby_bench_cell), at TC_RUBY_PGHOST/PGPORT/PGUSER (127.0.0.1:5432,
+# postgres). Rounds alternate plain and claimed so that both see the same machine; each round
+# reports its median per create, and the summary the median of the rounds' medians.
+require "optparse"
+require "securerandom"
+
+ROOT = File.expand_path("../../..", __dir__)
+$LOAD_PATH.unshift File.expand_path("../lib", __dir__)
+ENV["TOPOLOGY_CLAIMS_BIN"] ||= %w[release debug].map { |p| File.join(ROOT, "target", p, "topology-claims") }
+                                                .find { |p| File.executable?(p) }
+
+options = { creates: 150, rounds: 3, adapter: :postgresql,
+            store: "postgres://postgres@127.0.0.1:5432/tc_ruby_bench_store" }
+OptionParser.new do |o|
+  o.banner = "usage: ruby bench/cost.rb [options]"
+  o.on("--creates N", Integer, "creates per round and model (default 150)") { |v| options[:creates] = v }
+  o.on("--rounds N", Integer, "rounds per model (default 3)") { |v| options[:rounds] = v }
+  o.on("--adapter NAME", %w[postgresql sqlite], "the cell's database (default postgresql)") do |v|
+    options[:adapter] = v.to_sym
+  end
+  o.on("--store URL", "the server's store (default a fresh PostgreSQL database)") { |v| options[:store] = v }
+  o.on("--serve-flag FLAG", "a flag for topology-claims serve (repeatable), e.g. --serve-flag=--group-commit=off") do |v|
+    (options[:serve_flags] ||= []) << v
+  end
+end.parse!
+
+require "topology_claims"
+require "topology_claims/testing"
+require_relative "../spec/support/cells"
+require "logger"
+ActiveRecord::Base.logger = nil
+TopologyClaims.configuration.logger = Logger.new($stderr, level: :warn)
+
+# Time spent in each part of the claimed save, by part.
+module Parts
+  @spent = Hash.new(0.0)
+  class << self
+    attr_reader :spent
+
+    def time(part)
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      yield
+    ensure
+      @spent[part] += Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+    end
+
+    def reset = @spent.clear
+  end
+end
+
+TopologyClaims::Client.prepend(Module.new do
+  def begin_update(**kwargs) = Parts.time(:begin_update) { super }
+  def commit_update(*args, **kwargs) = Parts.time(:commit_update) { super }
+end)
+TopologyClaims::LocalTables.singleton_class.prepend(Module.new do
+  def record(*args) = Parts.time(:local_row) { super }
+end)
+TopologyClaims::Claimable # loads the concern (and its Collector)
+TopologyClaims::Collector.prepend(Module.new do
+  def before_committed! = Parts.time(:before_commit) { super }
+  def committed!(**kwargs) = Parts.time(:after_commit) { super }
+end)
+
+def median(values)
+  sorted = values.sort
+  mid = sorted.size / 2
+  sorted.size.odd? ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2.0
+end
+
+def ms(seconds) = format("%.2f ms", seconds * 1000)
+
+if options[:store].start_with?("postgres")
+  Cells.prepare_database(:postgresql, options[:store].split("/").last.split("?").first)
+end
+server = TopologyClaims::Testing::Server.start(*options.fetch(:serve_flags, []), store: options[:store])
+begin
+  database = options[:adapter] == :sqlite ? File.join(Dir.tmpdir, "tc_ruby_bench_cell.sqlite3") : "tc_ruby_bench_cell"
+  cell = Cells.build(adapter: options[:adapter], name: "bench-#{SecureRandom.hex(2)}", cell_id: "bench-cell",
+                     database: database, address: server.url, config: { in_transaction_deadline: 2.0 })
+  cell.connection.create_table(:plain_users, force: true) do |t|
+    t.string :username, null: false
+    t.string :email
+    t.timestamps
+  end
+  plain = Class.new(cell.base) { self.table_name = "plain_users" }
+  inline_config = cell.config.dup_with(commit_in_background: false)
+  inline = Class.new(cell.user) { claims_configuration inline_config }
+  Object.const_set(:InlineCommitUser, inline) # a name for ActiveRecord
+  models = { "without claims" => plain, "with two claims" => cell.user, "commit inline" => inline }
+
+  puts "#{options[:creates]} sequential creates x #{options[:rounds]} rounds per model; " \
+       "cell: #{options[:adapter]}, server store: #{options[:store].sub(/\?.*/, '')}, " \
+       "binary: #{ENV['TOPOLOGY_CLAIMS_BIN']}"
+  # One warm-up round each (connections, prepared statements, the gRPC channel).
+  models.each_value { |model| 20.times { |i| model.create!(username: "warm-#{SecureRandom.hex(6)}-#{i}") } }
+
+  per_create = Hash.new { |h, k| h[k] = [] }
+  parts = Hash.new { |h, k| h[k] = [] }
+  options[:rounds].times do |round|
+    models.each do |label, model|
+      Parts.reset
+      times = Array.new(options[:creates]) do
+        name = "u#{SecureRandom.hex(8)}"
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        model.create!(username: name, email: "#{name}@example.com")
+        Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+      end
+      TopologyClaims::Committer.instance.drain
+      per_create[label] << median(times)
+      Parts.spent.each { |part, total| parts[[part, label]] << total / options[:creates] }
+      puts format("round %d %-16s median %s per create", round + 1, label, ms(median(times)))
+    end
+  end
+
+  without = median(per_create["without claims"])
+  with = median(per_create["with two claims"])
+  inline_median = median(per_create["commit inline"])
+  puts
+  puts "median of the rounds' medians: without claims #{ms(without)}, with two claims #{ms(with)} " \
+       "(#{format('%.2f', with / without)}x); with CommitUpdate inline (commit_in_background = false) " \
+       "#{ms(inline_median)} (#{format('%.2f', inline_median / without)}x)"
+  puts "the save with two claims (CommitUpdate in the background), per create:"
+  known = 0.0
+  %i[begin_update local_row before_commit after_commit].each do |part|
+    mean = median(parts[[part, 'with two claims']].empty? ? [0.0] : parts[[part, 'with two claims']])
+    known += mean if %i[begin_update local_row].include?(part)
+    puts format("  %-14s %s", part, ms(mean))
+  end
+  puts format("  %-14s %s (the rest: the INSERTs, the leases_outstanding row, COMMIT, Ruby)", "local work",
+              ms([with - known, 0].max))
+  commit = median(parts[[:commit_update, "with two claims"]].empty? ? [0.0] : parts[[:commit_update, "with two claims"]])
+  puts format("  %-14s %s, after the save returned (the background thread)", "commit_update", ms(commit))
+ensure
+  server.stop
+end
