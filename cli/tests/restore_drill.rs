@@ -365,21 +365,7 @@ async fn drill(store: &Store, dir: &Path, marked: bool) -> Outcome {
     );
     let endpoint = server.endpoint();
     if marked {
-        let mark = cli(
-            dir,
-            strings(&[
-                "admin",
-                "--server",
-                &endpoint,
-                "mark-restored",
-                "--backup-time",
-                &backup_time,
-                "--reason",
-                "restore drill",
-                "--yes",
-            ]),
-        )
-        .await;
+        let mark = mark_restored(dir, &endpoint, &backup_time).await;
         assert!(mark.status.success(), "mark-restored failed");
         let out = text(&mark.stdout);
         assert!(
@@ -397,22 +383,7 @@ async fn drill(store: &Store, dir: &Path, marked: bool) -> Outcome {
     let mut reports = String::new();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     for cell in [&a, &b] {
-        let out = cli(
-            dir,
-            strings(&[
-                "reconcile",
-                "--once",
-                "--server",
-                &endpoint,
-                "--cell-id",
-                cell.id.as_str(),
-                "--local-db",
-                &cell.local_url(),
-                "--staleness",
-                "1s",
-            ]),
-        )
-        .await;
+        let out = reconcile_once(dir, &endpoint, cell, &["--staleness", "1s"]).await;
         assert!(out.status.success(), "reconcile of {} failed", cell.id);
         reports.push_str(&format!("reconcile {}: {}", cell.id, text(&out.stdout)));
     }
@@ -423,24 +394,7 @@ async fn drill(store: &Store, dir: &Path, marked: bool) -> Outcome {
             attempt(&mut b, &client, "brand-new-2", &mut quarantined).await;
         }
         let cell: &Cell = if which == "cell-a" { &a } else { &b };
-        let source = dir.join(format!("{}.toml", cell.id));
-        let out = cli(
-            dir,
-            strings(&[
-                "verify",
-                "--server",
-                &endpoint,
-                "--cell-id",
-                cell.id.as_str(),
-                "--local-db",
-                &cell.local_url(),
-                "--source",
-                source.to_str().unwrap(),
-                "--recent",
-                "0s",
-            ]),
-        )
-        .await;
+        let out = verify_once(dir, &endpoint, cell).await;
         reports.push_str(&format!("verify {}: {}", cell.id, text(&out.stdout)));
     }
     let status = if marked {
@@ -598,4 +552,125 @@ async fn a_restored_postgres_store_loses_no_claim_to_another_cell_and_rolls_back
         };
         db.drop_database().await;
     }
+}
+
+/// `admin mark-restored` of a backup taken at `backup_time`.
+async fn mark_restored(dir: &Path, endpoint: &str, backup_time: &str) -> Output {
+    cli(
+        dir,
+        strings(&[
+            "admin",
+            "--server",
+            endpoint,
+            "mark-restored",
+            "--backup-time",
+            backup_time,
+            "--reason",
+            "restore drill",
+            "--yes",
+        ]),
+    )
+    .await
+}
+
+/// One `reconcile --once` pass of `cell`, with `extra` flags.
+async fn reconcile_once(dir: &Path, endpoint: &str, cell: &Cell, extra: &[&str]) -> Output {
+    let url = cell.local_url();
+    let args = [
+        &[
+            "reconcile",
+            "--once",
+            "--server",
+            endpoint,
+            "--cell-id",
+            cell.id.as_str(),
+            "--local-db",
+            &url,
+        ],
+        extra,
+    ]
+    .concat();
+    cli(dir, strings(&args)).await
+}
+
+/// One `verify` run of `cell`.
+async fn verify_once(dir: &Path, endpoint: &str, cell: &Cell) -> Output {
+    let source = dir.join(format!("{}.toml", cell.id));
+    cli(
+        dir,
+        strings(&[
+            "verify",
+            "--server",
+            endpoint,
+            "--cell-id",
+            cell.id.as_str(),
+            "--local-db",
+            &cell.local_url(),
+            "--source",
+            source.to_str().unwrap(),
+            "--recent",
+            "0s",
+        ]),
+    )
+    .await
+}
+
+/// A lease that predates the restore and is recorded locally (its local transaction committed)
+/// is the reconciler's, even when the cell's records no longer imply its claim: the verifier
+/// that runs first leaves it, the reconciler commits it (no "lost" claim), and the next
+/// verification destroys the claim no record implies (decision 100, addendum).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_recorded_locally_is_left_to_the_reconciler_after_a_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let store = Store::Sqlite(dir.join("claims.db"));
+    let server = start_server(dir, &store.url(), &[]).await;
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let mut a = Cell::open(dir, "cell-a");
+    a.sign_up(&client, "kept").await.unwrap();
+    // Committed locally, not yet on the service; then the record goes behind the gem's back.
+    let forgotten = a.begin_local(&client, "forgotten").await.unwrap();
+    a.conn
+        .execute("DELETE FROM users WHERE name = 'forgotten'", [])
+        .unwrap();
+    let backup_time = prost_types::Timestamp::from(std::time::SystemTime::now()).to_string();
+    let backup = dir.join("claims.backup");
+    store.backup(dir, &backup).await;
+    drop(client);
+    stop_server(server).await;
+    store.restore(dir, &backup).await;
+    let server = start_server(dir, &store.url(), &[]).await;
+    let endpoint = server.endpoint();
+    let client = ClaimsClient::connect_lazy(&endpoint, ClientConfig::default()).unwrap();
+    let mark = mark_restored(dir, &endpoint, &backup_time).await;
+    assert!(mark.status.success(), "mark-restored failed");
+
+    let verified = verify_once(dir, &endpoint, &a).await;
+    assert!(verified.status.success(), "{}", text(&verified.stderr));
+    assert_eq!(
+        owner(&client, "forgotten").await,
+        Some(("cell-a".to_owned(), ClaimState::Creating)),
+        "the verifier left the recorded lease {forgotten} to the reconciler"
+    );
+    let reconciled = reconcile_once(dir, &endpoint, &a, &[]).await;
+    assert!(reconciled.status.success());
+    let said = format!("{}{}", text(&reconciled.stdout), text(&reconciled.stderr));
+    assert!(
+        said.contains(" committed=1 ") && said.contains(" lost=0 "),
+        "{said}"
+    );
+    assert_eq!(
+        owner(&client, "forgotten").await,
+        Some(("cell-a".to_owned(), ClaimState::Active))
+    );
+    // The next verification: no record implies it, so it goes; the kept one stays.
+    let verified = verify_once(dir, &endpoint, &a).await;
+    assert!(verified.status.success(), "{}", text(&verified.stderr));
+    assert_eq!(owner(&client, "forgotten").await, None);
+    assert_eq!(
+        owner(&client, "kept").await,
+        Some(("cell-a".to_owned(), ClaimState::Active))
+    );
+    drop(client);
+    stop_server(server).await;
 }

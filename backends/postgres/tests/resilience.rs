@@ -168,7 +168,7 @@ async fn terminated_backends_mid_run(grouped: bool) {
             begun.as_ref().err(),
             committed.as_ref().and_then(|c| c.as_ref().err()),
         ] {
-            match result {
+            match result.map(ClaimsError::refusal) {
                 None => {}
                 Some(ClaimsError::Unavailable { .. }) => {
                     *outcomes.entry("unavailable").or_default() += 1

@@ -83,7 +83,7 @@ pub async fn random_operations(combiner: &GroupCommit, seed: u64) {
                             Err(refusal) => {
                                 assert!(
                                     matches!(
-                                        refusal,
+                                        refusal.refusal(),
                                         ClaimsError::ClaimTaken { .. }
                                             | ClaimsError::ClaimLeased { .. }
                                             | ClaimsError::ClaimNotFound { .. }

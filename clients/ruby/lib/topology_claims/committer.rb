@@ -55,30 +55,12 @@ module TopologyClaims
     # Waits until no queued commit holds any of `keys` (at most `timeout` seconds); true when
     # none does.
     def wait_for(keys, timeout)
-      deadline = monotonic + timeout
-      @mutex.synchronize do
-        while keys.any? { |k| @pending.key?(k) }
-          left = deadline - monotonic
-          return false if left <= 0
-
-          @changed.wait(@mutex, left)
-        end
-      end
-      true
+      wait_until(timeout) { keys.none? { |k| @pending.key?(k) } }
     end
 
     # Waits until the queue is empty (at most `timeout` seconds): tests, a clean exit.
     def drain(timeout = DRAIN_AT_EXIT)
-      deadline = monotonic + timeout
-      @mutex.synchronize do
-        until @queue.empty? && @pending.empty?
-          left = deadline - monotonic
-          return false if left <= 0
-
-          @changed.wait(@mutex, left)
-        end
-      end
-      true
+      wait_until(timeout) { @queue.empty? && @pending.empty? }
     end
 
     def queued = @mutex.synchronize { @queue.size }
@@ -100,6 +82,20 @@ module TopologyClaims
     end
 
     private
+
+    # Waits (at most `timeout` seconds) until the block, run under the lock, is true.
+    def wait_until(timeout)
+      deadline = monotonic + timeout
+      @mutex.synchronize do
+        until yield
+          left = deadline - monotonic
+          return false if left <= 0
+
+          @changed.wait(@mutex, left)
+        end
+      end
+      true
+    end
 
     def start_thread
       return if @thread&.alive?
