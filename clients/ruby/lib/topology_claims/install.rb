@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "fileutils"
+require "pathname"
 
 module TopologyClaims
   # `rails topology_claims:install`: the initializer and the migration of the local tables,
@@ -44,20 +45,20 @@ module TopologyClaims
     def run(root, out: $stdout, now: Time.now.utc)
       written = []
       initializer = File.join(root, "config", "initializers", "topology_claims.rb")
-      written << write(initializer, INITIALIZER, out)
+      written << write(initializer, INITIALIZER, out, root)
       migrations = File.join(root, "db", "migrate")
       if Dir.glob(File.join(migrations, "*_create_topology_claims_tables.rb")).empty?
         version = "#{::ActiveRecord::VERSION::MAJOR}.#{::ActiveRecord::VERSION::MINOR}"
         path = File.join(migrations, "#{now.strftime('%Y%m%d%H%M%S')}_create_topology_claims_tables.rb")
-        written << write(path, format(MIGRATION, version: version), out)
+        written << write(path, format(MIGRATION, version: version), out, root)
       else
         out.puts "exists  db/migrate/*_create_topology_claims_tables.rb"
       end
       written.compact
     end
 
-    def write(path, text, out)
-      relative = path.sub(%r{\A.*?/(config|db)/}, '\1/')
+    def write(path, text, out, root)
+      relative = Pathname(path).relative_path_from(Pathname(root)).to_s
       if File.exist?(path)
         out.puts "exists  #{relative}"
         return
