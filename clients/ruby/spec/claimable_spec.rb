@@ -66,6 +66,18 @@ RSpec.shared_examples "a claimable cell" do |adapter|
     expect(raw.call).to eq(0)
   end
 
+  it "commits inline past max_background_commits (0 here): the claim is active when the save returns" do
+    TopologyClaims::Committer.instance.drain
+    config = cell.config.dup_with(max_background_commits: 0)
+    const = "InlineUser#{adapter.capitalize}"
+    SpecSupport.const_set(const, Class.new(cell.user) { claims_configuration config }) unless SpecSupport.const_defined?(const)
+    name = unique("inline")
+    SpecSupport.const_get(const).create!(username: name)
+    expect(TopologyClaims::Committer.instance.queued).to eq(0)
+    answer = TopologyClaims.client(config).lookup_claim("usernames", name) # no drain: as it is now
+    expect([answer.cell_id, TopologyClaims::Names.short(answer.state)]).to eq([cell.cell_id, "active"])
+  end
+
   it "commits in the background: the save returns at its local COMMIT, and a later save of the same claim waits for that commit" do
     committer = TopologyClaims::Committer.instance
     committer.drain

@@ -9,10 +9,9 @@ module TopologyClaims
   # leaves rows the reconciler commits. Meanwhile the claims are routable (CREATING) and no other
   # cell can take them. Before a later save of this process touches a claim whose commit is still
   # queued, it waits for that commit (at most the call timeout), so create-then-rename in one
-  # request never meets its own lease. A full queue (MAX_QUEUED) commits inline. At a clean exit
-  # the queue is drained (at most DRAIN_AT_EXIT seconds).
+  # request never meets its own lease. A full queue (`max_background_commits`, default 1,000)
+  # commits inline. At a clean exit the queue is drained (at most DRAIN_AT_EXIT seconds).
   class Committer
-    MAX_QUEUED = 1_000
     DRAIN_AT_EXIT = 5.0
 
     Job = Struct.new(:client, :lease_id, :keys, :connection, keyword_init: true)
@@ -41,7 +40,7 @@ module TopologyClaims
     def commit(client, lease_id, keys:, connection:)
       job = Job.new(client: client, lease_id: lease_id, keys: keys, connection: connection)
       inline = @mutex.synchronize do
-        next true if @queue.size >= MAX_QUEUED
+        next true if @queue.size >= client.config.max_background_commits
 
         @queue << job
         keys.each { |k| @pending[k] += 1 }

@@ -24,7 +24,8 @@ module TopologyClaims
       breaker_failures: ["TOPOLOGY_CLAIMS_BREAKER_FAILURES", 5, :integer],
       breaker_cooldown: ["TOPOLOGY_CLAIMS_BREAKER_COOLDOWN", 5.0, :duration],
       enabled: ["TOPOLOGY_CLAIMS_ENABLED", true, :boolean],
-      commit_in_background: ["TOPOLOGY_CLAIMS_COMMIT_IN_BACKGROUND", true, :boolean]
+      commit_in_background: ["TOPOLOGY_CLAIMS_COMMIT_IN_BACKGROUND", true, :boolean],
+      max_background_commits: ["TOPOLOGY_CLAIMS_MAX_BACKGROUND_COMMITS", 1000, :integer]
     }.freeze
     TLS_ENV = {
       ca: "TOPOLOGY_CLAIMS_CLIENT_TLS_CA", cert: "TOPOLOGY_CLAIMS_CLIENT_TLS_CERT",
