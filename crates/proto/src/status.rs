@@ -413,7 +413,8 @@ pub fn from_status(status: &Status) -> ClaimsError {
         };
         conflicts.push(ClaimConflict { record, refusal });
     }
-    if conflicts.len() + (listed.omitted as usize) < 2 {
+    // None readable (a malformed detail), or only one: the status's own refusal alone.
+    if conflicts.is_empty() || conflicts.len() + (listed.omitted as usize) < 2 {
         return first;
     }
     ClaimsError::ClaimConflicts(Box::new(ClaimConflicts {
@@ -856,5 +857,32 @@ mod tests {
         }
         let other = Status::unimplemented("no such method");
         assert!(matches!(from_status(&other), ClaimsError::Internal { .. }));
+    }
+
+    #[test]
+    fn a_claim_conflicts_detail_that_lists_nothing_readable_is_the_first_refusal_alone() {
+        let claim = ClaimKey::new(ClaimType::Email, "a@example.com");
+        let taken = ClaimsError::ClaimTaken { claim };
+        // A detail that claims 5 omitted and lists nothing readable: never a list without a
+        // first.
+        let bad = pb::ClaimConflicts {
+            conflicts: vec![pb::ClaimConflict {
+                claim: None,
+                reason: "CLAIM_TAKEN".into(),
+            }],
+            omitted: 5,
+        };
+        let status = with_detail(
+            one_status(&taken, None),
+            CLAIM_CONFLICTS_TYPE_URL,
+            bad.encode_to_vec(),
+        );
+        assert_eq!(from_status(&status), taken);
+        // The status of a single refusal lists it alone, and reads back as that refusal.
+        let status = to_status(&taken);
+        let listed = claim_conflicts(&status).expect("the detail");
+        assert_eq!(listed.conflicts.len(), 1);
+        assert_eq!(listed.conflicts[0].reason, "CLAIM_TAKEN");
+        assert_eq!(from_status(&status), taken);
     }
 }
