@@ -87,6 +87,20 @@ else
     [ "${CI:-}" = "true" ] && exit 1
   fi
 fi
+# curl: cli/tests/rest.rs calls the REST lookups with it, over HTTP/1.1 and HTTP/2, with mTLS.
+if command -v curl >/dev/null; then
+  echo "curl: $(command -v curl)"
+else
+  echo "curl: not found; trying apt-get install curl"
+  (export DEBIAN_FRONTEND=noninteractive
+   apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=300 curl) >/dev/null 2>&1 || true
+  if command -v curl >/dev/null; then
+    echo "curl: installed"
+  else
+    echo "curl: missing (install curl)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
 # --- Ruby gem (clients/ruby) -------------------------------------------------------------------
 # clients/ruby/run-specs.sh (called by scripts/test.sh) runs the gem's RSpec suite with Debian's
 # Ruby packages (no rubygems.org). Installs the missing ones; under CI=true a package still

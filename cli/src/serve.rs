@@ -191,6 +191,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     metrics: MetricsArgs,
 
+    #[command(flatten)]
+    rest: crate::rest_args::RestArgs,
+
     /// How often the lease gauges (topology_claims_leases_outstanding, _oldest_lease_age_seconds)
     /// are refreshed with one store query, whatever the number of scrapes. Units: ms, s, m, h,
     /// d; not zero.
@@ -306,7 +309,7 @@ impl TlsArgs {
     }
 
     /// The TLS configuration, or `None` for plaintext (refused off loopback unless allowed).
-    fn server_tls(&self, listen: &str) -> Result<Option<Arc<ServerTls>>, String> {
+    fn server_tls(&self, listen: &str, http1: bool) -> Result<Option<Arc<ServerTls>>, String> {
         let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
             let loopback = listen
                 .parse::<std::net::SocketAddr>()
@@ -333,7 +336,7 @@ impl TlsArgs {
             client_ca: self.tls_client_ca.clone(),
         };
         ServerTls::new(files, identity_from, self.trust_domain.clone())
-            .map(|tls| Some(Arc::new(tls)))
+            .map(|tls| Some(Arc::new(if http1 { tls.with_http1() } else { tls })))
             .map_err(|e| e.to_string())
     }
 }
@@ -541,7 +544,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
     limits.validate().map_err(|e| e.to_string())?;
     let cell_limits = args.cell_limits.cell_limits();
     cell_limits.validate().map_err(|e| e.to_string())?;
-    let tls = args.tls.server_tls(&args.listen)?;
+    let tls = args.tls.server_tls(&args.listen, args.rest.rest)?;
     let audit = args.tls.audit()?;
     raise_open_file_limit(limits.max_connections);
     // Every listener is bound before the store opens: a taken or malformed address fails before
@@ -696,6 +699,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         restore_quarantine: args.restore_quarantine,
         restore_refresh: args.restore_refresh,
         max_namespaces: args.max_namespaces as usize,
+        rest: args.rest.config(),
     };
     reload_on_sighup(tls, audit.clone())?;
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,

@@ -9,8 +9,8 @@
 //!
 //! | role | allowed |
 //! |---|---|
-//! | cell | every ClaimsService RPC for its own `cell_id` (an empty one means its own; another is PERMISSION_DENIED `CELL_ID_MISMATCH`), the verification slots and pass reports included; LookupClaim of any claim |
-//! | router | LookupClaim only |
+//! | cell | every ClaimsService RPC for its own `cell_id` (an empty one means its own; another is PERMISSION_DENIED `CELL_ID_MISMATCH`), the verification slots and pass reports included; LookupClaim (gRPC or REST) of any claim |
+//! | router | LookupClaim and its REST form (`GET /v1/claims/…`) only |
 //! | admin | ListOutstandingLeases, ListClaims, StreamClaims, LookupClaim, for any cell; the AdminService (ListLeases, ForceRollback, DecommissionCell, MarkRestored, LiftQuarantine, GetRestoreStatus, CreateNamespace, UpdateNamespace, DeleteNamespace, CountClaims) |
 //! | any of the three | ListNamespaces and GetNamespace (the rules every key is computed under) |
 //!
@@ -185,6 +185,8 @@ pub enum Method {
     CreateNamespace,
     DeleteNamespace,
     CountClaims,
+    /// `GET /v1/claims/{namespace}/{value}` and any other path under `/v1/` (REST, `crate::rest`).
+    RestLookup,
     /// `grpc.health.v1`.
     Health,
     /// Server reflection.
@@ -223,6 +225,9 @@ impl Method {
 
     /// The method of an HTTP/2 `:path` such as `/topology.claims.v1.ClaimsService/BeginUpdate`.
     pub fn from_path(path: &str) -> Method {
+        if path.starts_with(crate::rest::PREFIX) {
+            return Method::RestLookup;
+        }
         let Some((service, method)) = path.trim_start_matches('/').split_once('/') else {
             return Method::Other;
         };
@@ -340,6 +345,7 @@ impl Method {
             Self::ListLeases => "ListLeases",
             Self::ForceRollback => "ForceRollback",
             Self::DecommissionCell => "DecommissionCell",
+            Self::RestLookup => "RestLookup",
             Self::Health => "Health",
             Self::Reflection => "Reflection",
             Self::Other => "Other",
@@ -424,7 +430,9 @@ pub fn authorize(caller: &Caller, method: Method, cell_id: &str) -> Decision {
     };
     match (principal.role, method) {
         (_, Method::Reflection) => allow,
-        (Role::Cell | Role::Router | Role::Admin, Method::LookupClaim) => allow,
+        (Role::Cell | Role::Router | Role::Admin, Method::LookupClaim | Method::RestLookup) => {
+            allow
+        }
         // The rules every key is computed under: anyone with an identity may read them.
         (
             Role::Cell | Role::Router | Role::Admin,
@@ -600,6 +608,22 @@ mod tests {
             Method::LookupClaim,
             ""
         )));
+    }
+
+    #[test]
+    fn every_identified_role_may_use_the_rest_lookup_and_no_one_without_a_certificate() {
+        for role in [Role::Cell, Role::Router, Role::Admin] {
+            let d = authorize(&verified(role, "x"), Method::RestLookup, "");
+            assert_eq!(d, Decision::Allow { fill_cell_id: None }, "{role:?}");
+        }
+        assert!(matches!(
+            authorize(&Caller::NoCertificate, Method::RestLookup, ""),
+            Decision::Unauthenticated { .. }
+        ));
+        assert_eq!(
+            Method::from_path("/v1/claims/route/john"),
+            Method::RestLookup
+        );
     }
 
     #[test]

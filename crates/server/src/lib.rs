@@ -12,4 +12,5 @@ pub mod auth;
 pub mod group;
 pub mod grpc;
 pub mod metrics;
+pub mod rest;
 pub mod restore;

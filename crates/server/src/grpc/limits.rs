@@ -55,6 +55,9 @@ pub struct ServerLimits {
     /// A listing's response that HTTP/2 does not take for this long is dropped
     /// (`--stall-timeout`).
     pub stall_timeout: Duration,
+    /// Whether a connection may open with an HTTP/1.1 request line instead of the HTTP/2
+    /// preface, under the same deadline: set by the server when it serves REST (`--rest on`).
+    pub accept_http1: bool,
 }
 
 impl Default for ServerLimits {
@@ -75,6 +78,7 @@ impl Default for ServerLimits {
             request_timeout: Duration::from_secs(30),
             cell_max_streams: crate::grpc::responses::DEFAULT_CELL_MAX_STREAMS,
             stall_timeout: crate::grpc::responses::DEFAULT_STALL_TIMEOUT,
+            accept_http1: false,
         }
     }
 }

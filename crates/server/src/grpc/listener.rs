@@ -11,7 +11,8 @@
 //!   spinning, is counted, and is logged at most every 5 s with the number of failures in between;
 //!   service resumes as soon as descriptors free;
 //! - the peer must finish its TLS handshake (if any) and send the 24-byte HTTP/2 client preface,
-//!   checked byte for byte on the decrypted stream, within `handshake_timeout` of the accept: a
+//!   checked byte for byte on the decrypted stream (or, when the server serves REST, a whole
+//!   HTTP/1.x request line of at most 8 KiB), within `handshake_timeout` of the accept: a
 //!   total deadline that a trickle of bytes does not extend; a peer that sends nothing at all for
 //!   `idle_timeout` is cut off (live clients answer the server's keepalive pings, so they never
 //!   get there);
@@ -43,6 +44,10 @@ use topology_claims_proto::log::RateLimitedLog;
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The longest HTTP/1.x request line a connection may open with (hyper's own limit on a whole
+/// head is larger; this one bounds what the deadline waits for).
+const MAX_REQUEST_LINE: usize = 8 * 1024;
 /// Longest a refusal may hold its descriptor (its TLS handshake included).
 const REFUSAL_TIME: Duration = Duration::from_secs(2);
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -230,7 +235,8 @@ impl ServerConn {
             Io::Tls(stream) => stream.get_ref().0,
         };
         let preface = Preface {
-            matched: 0,
+            matched: Some(0),
+            http1: limited.accept_http1.then(RequestLine::default),
             deadline: Some(Box::pin(tokio::time::sleep_until(
                 limited.handshake_deadline,
             ))),
@@ -246,10 +252,14 @@ impl ServerConn {
     }
 }
 
-/// The HTTP/2 client preface the peer owes: how much of it came, and by when the rest must.
+/// The HTTP/2 client preface the peer owes (or, with REST, an HTTP/1.x request line): how much
+/// of it came, and by when the rest must.
 struct Preface {
-    matched: usize,
-    /// `None` once the whole preface came.
+    /// Bytes of the HTTP/2 preface matched so far; `None` once the bytes left it.
+    matched: Option<usize>,
+    /// With REST served: the request line the same bytes may be instead.
+    http1: Option<RequestLine>,
+    /// `None` once the whole preface (or request line) came.
     deadline: Option<Pin<Box<Sleep>>>,
     timeout: Duration,
     stats: Arc<ServerStats>,
@@ -280,21 +290,97 @@ impl Preface {
     /// After a read of `received` bytes: the error that closes a connection whose first bytes
     /// are not the preface.
     fn check(&mut self, received: &[u8]) -> Result<(), io::Error> {
-        if self.deadline.is_none() {
-            return Ok(());
-        }
-        let n = (PREFACE.len() - self.matched).min(received.len());
-        if received[..n] != PREFACE[self.matched..self.matched + n] {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the connection did not open with the HTTP/2 client preface",
-            ));
-        }
-        self.matched += n;
-        if self.matched == PREFACE.len() {
-            self.deadline = None;
+        for &byte in received {
+            if self.deadline.is_none() {
+                return Ok(());
+            }
+            if let Some(matched) = self.matched {
+                if byte == PREFACE[matched] {
+                    self.matched = Some(matched + 1).filter(|m| *m < PREFACE.len());
+                    if self.matched.is_none() {
+                        self.deadline = None;
+                    }
+                } else {
+                    self.matched = None;
+                }
+            }
+            let preface_left = self.matched.is_some();
+            match self
+                .http1
+                .as_mut()
+                .map(|line| line.push(byte, preface_left))
+            {
+                Some(Ok(true)) => self.deadline = None,
+                Some(Ok(false)) => {}
+                Some(Err(())) | None if !preface_left && self.deadline.is_some() => {
+                    let what = if self.http1.is_some() {
+                        "the connection opened with neither the HTTP/2 client preface nor an \
+                         HTTP/1.x request line"
+                    } else {
+                        "the connection did not open with the HTTP/2 client preface"
+                    };
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, what));
+                }
+                Some(Err(())) | None => {}
+            }
         }
         Ok(())
+    }
+}
+
+/// An HTTP/1.x request line as it arrives: `METHOD SP TARGET SP HTTP/1.x CRLF`, the method in
+/// upper case, no control bytes, at most [`MAX_REQUEST_LINE`] bytes.
+#[derive(Default)]
+struct RequestLine {
+    len: usize,
+    /// The last 10 bytes, for the `HTTP/1.x\r\n` ending.
+    tail: [u8; 10],
+    /// Past the method's first space.
+    past_method: bool,
+    /// A line end came while the bytes were still the HTTP/2 preface's: no request line.
+    ended: bool,
+    failed: bool,
+}
+
+impl RequestLine {
+    /// One more byte: `Ok(true)` when it ends a valid line, `Err` once the bytes cannot be one
+    /// (and from then on). While they may still be the HTTP/2 preface (`preface_left`), a line
+    /// end is not taken.
+    fn push(&mut self, byte: u8, preface_left: bool) -> Result<bool, ()> {
+        let pushed = self.next(byte, preface_left);
+        self.failed |= pushed.is_err();
+        pushed
+    }
+
+    fn next(&mut self, byte: u8, preface_left: bool) -> Result<bool, ()> {
+        if self.failed || self.ended {
+            return Err(());
+        }
+        self.len += 1;
+        self.tail.rotate_left(1);
+        self.tail[9] = byte;
+        if !self.past_method {
+            if byte == b' ' && self.len > 1 {
+                self.past_method = true;
+            } else if !byte.is_ascii_uppercase() {
+                return Err(());
+            }
+        }
+        if byte == b'\n' {
+            if preface_left {
+                self.ended = true;
+                return Ok(false);
+            }
+            return if &self.tail == b"HTTP/1.1\r\n" || &self.tail == b"HTTP/1.0\r\n" {
+                Ok(true)
+            } else {
+                Err(())
+            };
+        }
+        if self.len > MAX_REQUEST_LINE || (byte.is_ascii_control() && byte != b'\r') {
+            return Err(());
+        }
+        Ok(false)
     }
 }
 
@@ -494,6 +580,8 @@ pub struct LimitedConn {
     /// The accept + `--handshake-timeout`: by then TLS and the HTTP/2 preface must be done.
     handshake_deadline: tokio::time::Instant,
     handshake_timeout: Duration,
+    /// The connection may open with an HTTP/1.x request line (REST served).
+    accept_http1: bool,
     idle: Pin<Box<Sleep>>,
     idle_timeout: Duration,
     stats: Arc<ServerStats>,
@@ -521,6 +609,7 @@ impl LimitedConn {
             info,
             handshake_deadline: tokio::time::Instant::now() + limits.handshake_timeout,
             handshake_timeout: limits.handshake_timeout,
+            accept_http1: limits.accept_http1,
             idle: Box::pin(tokio::time::sleep(limits.idle_timeout)),
             idle_timeout: limits.idle_timeout,
             stats: Arc::clone(stats),
@@ -604,5 +693,58 @@ mod tests {
         assert_eq!(&frames[18..22], &[0, 0, 0, 0]);
         assert_eq!(&frames[22..26], &[0, 0, 0, 0xb]);
         assert_eq!(&frames[26..], b"why");
+    }
+
+    fn preface(http1: bool) -> Preface {
+        Preface {
+            matched: Some(0),
+            http1: http1.then(RequestLine::default),
+            deadline: Some(Box::pin(tokio::time::sleep(Duration::from_secs(60)))),
+            timeout: Duration::from_secs(60),
+            stats: Arc::new(ServerStats::default()),
+        }
+    }
+
+    /// Feeds `bytes` one at a time (as a trickle would): `Ok(true)` once the deadline is off.
+    fn feed(preface: &mut Preface, bytes: &[u8]) -> Result<bool, io::Error> {
+        for byte in bytes {
+            preface.check(std::slice::from_ref(byte))?;
+        }
+        Ok(preface.deadline.is_none())
+    }
+
+    #[tokio::test]
+    async fn the_http2_preface_opens_a_connection_with_or_without_rest() {
+        for http1 in [false, true] {
+            assert!(feed(&mut preface(http1), PREFACE).unwrap(), "{http1}");
+            let mut whole = preface(http1);
+            whole.check(PREFACE).unwrap();
+            assert!(whole.deadline.is_none());
+        }
+    }
+
+    #[tokio::test]
+    async fn with_rest_an_http1_request_line_opens_a_connection_and_nothing_else_does() {
+        let line = b"GET /v1/claims/route/john HTTP/1.1\r\n";
+        assert!(feed(&mut preface(true), line).unwrap());
+        assert!(feed(&mut preface(false), line).is_err());
+        // A request line that is not done yet keeps the deadline.
+        assert!(!feed(&mut preface(true), &line[..20]).unwrap());
+        for bad in [
+            &b"get / HTTP/1.1\r\n"[..],
+            b" GET / HTTP/1.1\r\n",
+            b"GET / HTTP/2.0\r\n",
+            b"GET /\x01 HTTP/1.1\r\n",
+            // The preface's first line, then something else: never a request line.
+            b"PRI * HTTP/2.0\r\n\r\nXX / HTTP/1.1\r\n",
+        ] {
+            assert!(
+                feed(&mut preface(true), bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let long = [b"GET /".as_slice(), &[b'a'; MAX_REQUEST_LINE]].concat();
+        assert!(feed(&mut preface(true), &long).is_err());
     }
 }

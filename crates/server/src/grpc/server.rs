@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::service::Routes;
 use tonic::transport::Server;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::ServingStatus;
@@ -33,6 +34,7 @@ use crate::grpc::responses::ResponseLimits;
 use crate::grpc::service::{ClaimsServiceImpl, ServiceConfig};
 use crate::grpc::tls::ServerTls;
 use crate::metrics::ServerMetrics;
+use crate::rest::{RestAnswersLayer, RestConfig};
 use crate::restore::RestoreGate;
 use topology_claims::error::ClaimsError;
 use topology_claims::ports::ClaimStore;
@@ -112,6 +114,9 @@ pub struct ServerConfig {
     pub restore_refresh: Duration,
     /// Most namespaces the store may hold (`serve --max-namespaces`).
     pub max_namespaces: usize,
+    /// REST lookups on the same port (`--rest on`, the default; `crate::rest`); `None`: gRPC
+    /// only, and connections must open with the HTTP/2 preface.
+    pub rest: Option<RestConfig>,
 }
 
 /// The bound `--health-listen` listener, carried in a [`ServerConfig`] (clones share it; the
@@ -153,6 +158,7 @@ impl Default for ServerConfig {
             restore_quarantine: true,
             restore_refresh: crate::restore::DEFAULT_RESTORE_REFRESH,
             max_namespaces: topology_claims::domain::DEFAULT_MAX_NAMESPACES,
+            rest: Some(RestConfig::default()),
         }
     }
 }
@@ -226,6 +232,7 @@ pub async fn serve(
         );
     }
     let max_message_bytes = max_request_message_bytes(config.max_batch);
+    let rest_store = Arc::clone(&store);
     let claims = ClaimsServiceServer::new(
         ClaimsServiceImpl::new(
             Arc::clone(&store),
@@ -306,7 +313,9 @@ pub async fn serve(
             std::future::pending::<()>().await;
         }
     };
-    let limits = &config.limits;
+    let mut limits = config.limits.clone();
+    limits.accept_http1 = config.rest.is_some();
+    let limits = &limits;
     let health_only = config
         .health_listener
         .as_ref()
@@ -321,11 +330,28 @@ pub async fn serve(
         });
     let stats = Arc::new(ServerStats::default());
     let incoming = listener::incoming(listener, limits, Arc::clone(&stats), config.tls.clone());
+    let routes = Routes::default()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(claims)
+        .add_service(admin);
+    let routes = match config.rest {
+        Some(_) => Routes::from(
+            routes
+                .into_axum_router()
+                .merge(crate::rest::routes(Arc::clone(&rest_store))),
+        ),
+        None => routes,
+    };
     let server = Server::builder()
+        .accept_http1(config.rest.is_some())
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_max_header_list_size(limits.max_header_list_bytes)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .layer(RestAnswersLayer {
+            config: config.rest.unwrap_or_default(),
+        })
         .layer(MetricsLayer {
             metrics: config.metrics.clone(),
         })
@@ -341,10 +367,7 @@ pub async fn serve(
                 config.metrics.as_ref().map(|m| m.responses_stalled.clone()),
             )?,
         })
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(claims)
-        .add_service(admin)
+        .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, signal);
     let result = tokio::select! {
         result = server => result,

@@ -55,6 +55,8 @@ pub struct ServerTls {
     expiries: RwLock<Expiries>,
     pub identity_from: IdentityFrom,
     pub trust_domain: String,
+    /// ALPN offers `http/1.1` beside `h2` (REST served).
+    http1: bool,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -124,8 +126,17 @@ fn load(files: &TlsFiles) -> Result<(ServerConfig, Expiries), String> {
             files.key.display()
         )
     })?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = alpn(false);
     Ok((config, expiries))
+}
+
+/// The ALPN protocols offered: `h2`, and `http/1.1` when REST is served.
+fn alpn(http1: bool) -> Vec<Vec<u8>> {
+    let mut protocols = vec![b"h2".to_vec()];
+    if http1 {
+        protocols.push(b"http/1.1".to_vec());
+    }
+    protocols
 }
 
 impl ServerTls {
@@ -143,7 +154,17 @@ impl ServerTls {
             expiries: RwLock::new(expiries),
             identity_from,
             trust_domain,
+            http1: false,
         })
+    }
+
+    /// Offers `http/1.1` in ALPN beside `h2`, for REST clients that speak only HTTP/1.1.
+    pub fn with_http1(mut self) -> Self {
+        self.http1 = true;
+        let mut config = (*self.current()).clone();
+        config.alpn_protocols = alpn(true);
+        self.current = RwLock::new(Arc::new(config));
+        self
     }
 
     /// The configuration new handshakes use.
@@ -153,7 +174,8 @@ impl ServerTls {
 
     /// Re-reads the files; on any error keeps the configuration it had and says why.
     pub fn reload(&self) -> Result<(), String> {
-        let (config, expiries) = load(&self.files)?;
+        let (mut config, expiries) = load(&self.files)?;
+        config.alpn_protocols = alpn(self.http1);
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
         *self.expiries.write().unwrap_or_else(|p| p.into_inner()) = expiries;
         Ok(())
