@@ -167,6 +167,17 @@ pub enum ClaimsError {
     /// CreateNamespace beyond `serve --max-namespaces` (FAILED_PRECONDITION).
     #[error("the store holds {max} namespaces, as many as --max-namespaces allows; delete one or raise the limit")]
     TooManyNamespaces { max: u64 },
+    /// A WatchClaims from a revision whose events were compacted away (OUT_OF_RANGE): the
+    /// watcher re-reads what it caches and watches again from `compact_revision`, the oldest
+    /// revision still available.
+    #[error("revision {requested} is compacted; the oldest revision still available is {compact_revision}: re-read and watch from there")]
+    WatchCompacted {
+        requested: u64,
+        compact_revision: u64,
+    },
+    /// The store cannot do this (UNIMPLEMENTED): `what` names it and the store.
+    #[error("{what}")]
+    Unsupported { what: String },
     /// The store cannot be reached (down, restarting, network): retry later.
     #[error("store unavailable: {message}")]
     Unavailable { message: String },
@@ -246,6 +257,8 @@ impl ClaimsError {
             Self::NamespaceExists { .. } => "NAMESPACE_EXISTS",
             Self::NamespaceNotFound { .. } => "NAMESPACE_NOT_FOUND",
             Self::TooManyNamespaces { .. } => "TOO_MANY_NAMESPACES",
+            Self::WatchCompacted { .. } => "WATCH_COMPACTED",
+            Self::Unsupported { .. } => "UNSUPPORTED",
             Self::Unavailable { .. } => "STORE_UNAVAILABLE",
             Self::ServerUnavailable { .. } => "SERVER_UNAVAILABLE",
             Self::MigrationsPending { .. } => "MIGRATIONS_PENDING",

@@ -1,16 +1,22 @@
 //! In-memory adapters of both ports: the reference implementation, and the `memory:` store for
 //! laptops and tests. State is lost when the process exits.
+//!
+//! The change feed: [`Tables`] records every change of a claim row; when the lock is released
+//! after a call, the call's changes become one revision of the event log (one counter: the
+//! mutex orders every call, so revisions are in the order calls took effect).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::domain::{
-    group, BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep,
-    GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, MarkRestored,
-    NamespaceId, NamespaceSpec, NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
+    check_watch_start, events, group, BeginUpdate, CellId, Claim, ClaimEvent, ClaimKey, ClaimsPage,
+    ClaimsQuery, DecommissionStep, EventPosition, EventsPage, EventsQuery, GroupOp, GroupResults,
+    Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, LogBounds, MarkRestored, NamespaceId,
+    NamespaceSpec, NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
     StoredNamespace, Tables, Timestamp,
 };
 use crate::error::ClaimsError;
@@ -18,8 +24,84 @@ use crate::ports::{ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, Sy
 
 /// A [`ClaimStore`] over [`Tables`] behind a mutex.
 pub struct MemoryClaimStore {
-    tables: Mutex<Tables>,
+    state: Mutex<State>,
     clock: Arc<dyn Clock>,
+}
+
+struct State {
+    tables: Tables,
+    log: EventLog,
+}
+
+/// The event log: each event with when it was recorded (for the retention).
+#[derive(Default)]
+struct EventLog {
+    events: VecDeque<(ClaimEvent, Timestamp)>,
+    /// The last revision given.
+    head: u64,
+    compacted_through: u64,
+}
+
+impl EventLog {
+    /// The changes `tables` recorded since the last call become the next revision.
+    fn absorb(&mut self, tables: &mut Tables, now: Timestamp) {
+        let changes = tables.take_changes();
+        if changes.is_empty() {
+            return;
+        }
+        self.head += 1;
+        let revision = self.head;
+        for (seq, (mut claim, deleted)) in changes.into_iter().enumerate() {
+            claim.revision = revision;
+            if !deleted {
+                tables.set_revision(claim.key(), revision);
+            }
+            let position = EventPosition {
+                revision,
+                seq: seq as u64,
+            };
+            let event = ClaimEvent {
+                position,
+                claim,
+                deleted,
+            };
+            self.events.push_back((event, now));
+        }
+    }
+
+    fn bounds(&self) -> LogBounds {
+        LogBounds {
+            compacted_through: self.compacted_through,
+            current: self.head,
+        }
+    }
+}
+
+/// The locked state: [`Tables`] to call, and on release, their changes logged.
+struct Locked<'a> {
+    guard: MutexGuard<'a, State>,
+    now: Timestamp,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Tables;
+
+    fn deref(&self) -> &Tables {
+        &self.guard.tables
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Tables {
+        &mut self.guard.tables
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let state = &mut *self.guard;
+        state.log.absorb(&mut state.tables, self.now);
+    }
 }
 
 impl Default for MemoryClaimStore {
@@ -34,8 +116,13 @@ impl MemoryClaimStore {
     }
 
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        let mut tables = Tables::default();
+        tables.record_changes();
         Self {
-            tables: Mutex::new(Tables::default()),
+            state: Mutex::new(State {
+                tables,
+                log: EventLog::default(),
+            }),
             clock,
         }
     }
@@ -45,12 +132,17 @@ impl MemoryClaimStore {
         self.lock().clone()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Tables> {
+    fn lock(&self) -> Locked<'_> {
         // A panic while holding the lock cannot leave Tables half-updated in a way later calls
         // could not read, so a poisoned lock is still usable.
-        self.tables
+        let guard = self
+            .state
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Locked {
+            guard,
+            now: self.clock.now(),
+        }
     }
 }
 
@@ -180,6 +272,45 @@ impl ClaimStore for MemoryClaimStore {
 
     async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError> {
         Ok(self.lock().release_verification_slot(holder))
+    }
+
+    async fn read_events(&self, query: &EventsQuery) -> Result<EventsPage, ClaimsError> {
+        let state = self.lock();
+        let log = &state.guard.log;
+        check_watch_start(query.from.revision, log.bounds())?;
+        let start = log
+            .events
+            .partition_point(|(event, _)| event.position < query.from);
+        let events = log
+            .events
+            .range(start..)
+            .take(query.limit.saturating_add(1))
+            .map(|(event, _)| event.clone())
+            .collect();
+        Ok(EventsPage::cut(events, query, log.head))
+    }
+
+    async fn compact_events(
+        &self,
+        retention: Duration,
+        max_events: u64,
+    ) -> Result<u64, ClaimsError> {
+        let mut state = self.lock();
+        let cutoff = state.now.saturating_sub(retention);
+        let log = &mut state.guard.log;
+        let older = log.events.partition_point(|(_, at)| *at < cutoff) as u64;
+        let mut remove =
+            events::events_to_compact(older, log.events.len() as u64, max_events) as usize;
+        // Whole revisions: a watch from a revision finds all of it or is refused.
+        if let Some(last) = remove.checked_sub(1).and_then(|i| log.events.get(i)) {
+            let revision = last.0.position.revision;
+            remove = log
+                .events
+                .partition_point(|(event, _)| event.position.revision <= revision);
+            log.compacted_through = revision;
+        }
+        log.events.drain(..remove);
+        Ok(remove as u64)
     }
 
     async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {

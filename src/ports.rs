@@ -11,10 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use crate::domain::{
-    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, GroupAnswer,
-    GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery, LocalTransaction,
-    LocalTxStatus, MarkRestored, NamespaceId, NamespaceSpec, NamespaceUpdate, RestoreEpoch,
-    SlotGrant, SlotHolder, SlotLimit, StoredNamespace, Timestamp,
+    BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, EventsPage,
+    EventsQuery, GroupAnswer, GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage,
+    LeasesQuery, LocalTransaction, LocalTxStatus, MarkRestored, NamespaceId, NamespaceSpec,
+    NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, StoredNamespace, Timestamp,
 };
 use crate::error::ClaimsError;
 
@@ -151,6 +151,21 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// `admin lift-quarantine` of `epoch`, in one store transaction (`domain::decide_lift`);
     /// lifting a lifted epoch changes nothing. Returns the epoch as written.
     async fn lift_quarantine(&self, epoch: u64, reason: &str) -> Result<RestoreEpoch, ClaimsError>;
+
+    /// The change feed (WatchClaims): the events at or after `query.from`, in log order, at most
+    /// `query.limit`, and how far the log is complete (`domain::EventsPage`). Refuses
+    /// `WATCH_COMPACTED` (`domain::check_watch_start`) when `query.from`'s revision was
+    /// compacted. Every change of a claim row is an event written in the same store transaction
+    /// as the change (docs/decisions/117).
+    async fn read_events(&self, query: &EventsQuery) -> Result<EventsPage, ClaimsError>;
+
+    /// Removes the events recorded longer than `retention` ago (store clock), and the oldest
+    /// beyond `max_events`, whole revisions at a time; returns how many.
+    async fn compact_events(
+        &self,
+        retention: Duration,
+        max_events: u64,
+    ) -> Result<u64, ClaimsError>;
 
     /// Group commit (the server's combiner, `topology_claims_server::group`): runs `ops` in **one** store transaction. Lock and read
     /// every row of `domain::GroupReads::of(ops)` in one go, decide them with

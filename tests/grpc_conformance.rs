@@ -11,3 +11,4 @@ async fn store() -> (GrpcClaimStore, GrpcStoreGuard<()>) {
 }
 
 topology_claims_testkit::claim_store_conformance!(store, model_cases = 32);
+topology_claims_testkit::claim_store_watch_conformance!(store, reads_only);

@@ -18,7 +18,7 @@ mod confirm;
 mod env;
 mod metrics_args;
 mod ops;
-mod rest_args;
+mod router_args;
 mod serve;
 mod sidecar;
 mod status;

@@ -329,6 +329,9 @@ fn format_lookup(namespace: &str, value: &str, response: &pb::LookupClaimRespons
             timestamp_text(claim.updated_at.as_ref())
         ));
     }
+    if response.revision > 0 {
+        text.push_str(&format!("revision:   {}\n", response.revision));
+    }
     text
 }
 
@@ -454,9 +457,11 @@ mod tests {
                 claim_key: "a@example.com".into(),
                 owner_type_name: String::new(),
                 source_table: String::new(),
+                revision: 42,
             }),
             cell_id: "cell-a".into(),
             state: pb::ClaimState::Creating.into(),
+            revision: 42,
         };
         let text = format_lookup("emails", "a@example.com", &response);
         assert!(!text.contains("value:"), "typed as held: {text}");

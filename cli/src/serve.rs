@@ -192,7 +192,10 @@ pub struct ServeArgs {
     metrics: MetricsArgs,
 
     #[command(flatten)]
-    rest: crate::rest_args::RestArgs,
+    rest: crate::router_args::RestArgs,
+
+    #[command(flatten)]
+    watch: crate::router_args::WatchArgs,
 
     /// How often the lease gauges (topology_claims_leases_outstanding, _oldest_lease_age_seconds)
     /// are refreshed with one store query, whatever the number of scrapes. Units: ms, s, m, h,
@@ -700,6 +703,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         restore_refresh: args.restore_refresh,
         max_namespaces: args.max_namespaces as usize,
         rest: args.rest.config(),
+        watch: args.watch.config(),
     };
     reload_on_sighup(tls, audit.clone())?;
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,

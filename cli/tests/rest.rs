@@ -159,6 +159,12 @@ async fn rest_lookups_answer_200_404_and_400_with_cache_headers_over_http1_and_h
         assert_eq!(body["cell_id"], "cell-a");
         assert_eq!(body["state"], "active");
         assert_eq!(body["owner_type"], "user");
+        let revision = body["revision"].as_u64().unwrap();
+        assert!(revision > 0, "{body}");
+        assert_eq!(
+            found.header("etag"),
+            Some(format!("\"{revision}\"").as_str())
+        );
         conforms(&found, "Claim");
 
         let missing = curl(dir.path(), &[flag], &format!("{base}/usernames/nobody")).unwrap();

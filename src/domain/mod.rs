@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod decide;
+pub mod events;
 pub mod group;
 mod names;
 pub mod namespaces;
@@ -27,6 +28,10 @@ pub use decide::{
     decide_renew, decide_rollback, lease_is_stale, lease_unrenewed_for, outcome_expired, BeginPlan,
     BeginWrites, ClaimConflict, ClaimConflicts, EndPlan, EndWrites, CLAIM_LEASED_RETRY_AFTER,
     DEFAULT_MAX_BATCH, MAX_LISTED_CONFLICTS,
+};
+pub use events::{
+    check_watch_start, ClaimEvent, EventPosition, EventsPage, EventsQuery, LogBounds,
+    DEFAULT_WATCH_MAX_EVENTS, DEFAULT_WATCH_RETENTION, EVENTS_READ_LIMIT,
 };
 pub use group::{
     decide_group, namespaces_named, GroupAnswer, GroupDecision, GroupOp, GroupReads, GroupResults,

@@ -419,6 +419,7 @@ mod tests {
             lease: None,
             created_at: Timestamp::default(),
             updated_at: Timestamp::default(),
+            revision: 0,
         }
     }
 

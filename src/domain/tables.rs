@@ -69,7 +69,24 @@ pub struct Tables {
     /// of scanning every claim (the design's claims-by-(cell, table, record id) index). A
     /// committed update changes table name and record id: `replace_claim` moves its entry.
     by_record: BTreeSet<RecordIndexKey>,
+    /// Every change of a claim row since the last [`Tables::take_changes`], once
+    /// [`Tables::record_changes`] turned it on (the memory store's event log).
+    changes: ChangeLog,
 }
+
+/// The claim-row changes a [`Tables`] recorded: each row after the change (before it, for a
+/// delete) and whether it was deleted. Not part of the tables' state: it never makes two
+/// tables unequal.
+#[derive(Clone, Debug, Default)]
+struct ChangeLog(Option<Vec<(Claim, bool)>>);
+
+impl PartialEq for ChangeLog {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ChangeLog {}
 
 type RecordIndexKey = (CellId, TableName, i64, ClaimKey);
 
@@ -83,7 +100,41 @@ fn index_key(claim: &Claim) -> RecordIndexKey {
 }
 
 impl Tables {
+    /// From now on, every change of a claim row is kept until [`Self::take_changes`].
+    pub fn record_changes(&mut self) {
+        self.changes.0.get_or_insert_with(Vec::new);
+    }
+
+    /// The claim-row changes recorded since the last call, in the order they were made: each
+    /// row after the change (as it was, for a delete) and whether it was deleted.
+    pub fn take_changes(&mut self) -> Vec<(Claim, bool)> {
+        self.changes
+            .0
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Sets the revision of the claim at `key` (the store numbers a transaction's changes).
+    pub fn set_revision(&mut self, key: &ClaimKey, revision: u64) {
+        if let Some(claim) = self.claims.get_mut(key) {
+            claim.revision = revision;
+        }
+    }
+
+    fn changed(&mut self, key: &ClaimKey) {
+        if let (Some(changes), Some(claim)) = (self.changes.0.as_mut(), self.claims.get(key)) {
+            changes.push((claim.clone(), false));
+        }
+    }
+
     fn insert_claim(&mut self, claim: Claim) {
+        let key = claim.record.key.clone();
+        self.insert_row(claim);
+        self.changed(&key);
+    }
+
+    fn insert_row(&mut self, claim: Claim) {
         self.by_record.insert(index_key(&claim));
         if let Some(old) = self.claims.insert(claim.record.key.clone(), claim) {
             // Not reached (inserts are for absent keys), but the index must never lie.
@@ -97,6 +148,7 @@ impl Tables {
     /// A committed update: the claim takes `record`'s owner and record fields and loses its
     /// lease; the index entry moves with it.
     fn replace_claim(&mut self, record: ClaimRecord, now: Timestamp) {
+        let key = record.key.clone();
         if let Some(claim) = self.claims.get_mut(&record.key) {
             self.by_record.remove(&index_key(claim));
             claim.record = record;
@@ -104,12 +156,21 @@ impl Tables {
             claim.updated_at = now;
             self.by_record.insert(index_key(claim));
         }
+        self.changed(&key);
     }
 
     fn remove_claim(&mut self, key: &ClaimKey) {
-        if let Some(old) = self.claims.remove(key) {
-            self.by_record.remove(&index_key(&old));
+        if let Some(old) = self.remove_row(key) {
+            if let Some(changes) = self.changes.0.as_mut() {
+                changes.push((old, true));
+            }
         }
+    }
+
+    fn remove_row(&mut self, key: &ClaimKey) -> Option<Claim> {
+        let old = self.claims.remove(key)?;
+        self.by_record.remove(&index_key(&old));
+        Some(old)
     }
 
     /// Tables holding exactly these rows (a group's snapshot, see `domain::group`).
@@ -128,7 +189,7 @@ impl Tables {
             ..Tables::default()
         };
         for claim in claims {
-            tables.insert_claim(claim);
+            tables.insert_row(claim);
         }
         tables
     }
@@ -139,7 +200,7 @@ impl Tables {
             self.remove_claim(key);
         }
         for claim in writes.insert_claims.iter().chain(&writes.update_claims) {
-            self.remove_claim(claim.key());
+            self.remove_row(claim.key());
             self.insert_claim(claim.clone());
         }
         for lease_id in &writes.delete_leases {
@@ -202,6 +263,7 @@ impl Tables {
                         }),
                         created_at: now,
                         updated_at: now,
+                        revision: 0,
                     };
                     self.insert_claim(claim);
                 }
@@ -215,6 +277,7 @@ impl Tables {
                     if let Some(claim) = self.claims.get_mut(&key) {
                         claim.lease = Some(ClaimLease { lease_id, op });
                         claim.updated_at = now;
+                        self.changed(&key);
                     }
                 }
                 let lease = Lease {
@@ -391,6 +454,7 @@ impl Tables {
             if let Some(claim) = self.claims.get_mut(&key).filter(|c| held(c)) {
                 claim.lease = None;
                 claim.updated_at = now;
+                self.changed(&key);
             }
         }
         for record in replace {

@@ -558,6 +558,9 @@ pub struct Claim {
     pub lease: Option<ClaimLease>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// The revision of the claim's last change (the change feed's, `domain::events`); 0 on a
+    /// store without one.
+    pub revision: u64,
 }
 
 impl Claim {
@@ -732,6 +735,8 @@ pub struct ClaimView {
     pub state: ClaimState,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// The revision of its last change: watch from the next one to follow it.
+    pub revision: u64,
 }
 
 impl From<Claim> for ClaimView {
@@ -742,6 +747,7 @@ impl From<Claim> for ClaimView {
             cell_id: claim.cell_id,
             created_at: claim.created_at,
             updated_at: claim.updated_at,
+            revision: claim.revision,
         }
     }
 }

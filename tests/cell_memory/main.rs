@@ -247,6 +247,21 @@ impl ClaimStore for MeddlingStore {
         self.inner.lift_quarantine(epoch, reason).await
     }
 
+    async fn read_events(
+        &self,
+        query: &topology_claims::domain::EventsQuery,
+    ) -> Result<topology_claims::domain::EventsPage, topology_claims::ClaimsError> {
+        self.inner.read_events(query).await
+    }
+
+    async fn compact_events(
+        &self,
+        retention: std::time::Duration,
+        max_events: u64,
+    ) -> Result<u64, topology_claims::ClaimsError> {
+        self.inner.compact_events(retention, max_events).await
+    }
+
     async fn acquire_verification_slot(
         &self,
         holder: &topology_claims::domain::SlotHolder,

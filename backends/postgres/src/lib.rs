@@ -34,6 +34,7 @@ mod sql;
 mod store;
 pub mod tls;
 pub mod transfer;
+mod watch;
 
 /// The statements of a BeginUpdate + CommitUpdate pair, exactly as the adapter runs them, for
 /// the raw-SQL baseline of the benchmark (`tools/bench`): the ratio service / raw SQL is then the

@@ -1,14 +1,17 @@
-//! The claim store's reads of claims (ListClaims, LookupClaim): one flight each, without a
-//! transaction. A lookup computes its key under the cached rules and reads the namespace's row
+//! The claim store's reads (ListClaims, LookupClaim, ListOutstandingLeases, the lease
+//! summary): one flight each, without a transaction. A lookup computes its key under the cached rules and reads the namespace's row
 //! beside the claim, to check them (`namespaces.rs`, "why a checked cache").
 
-use topology_claims::domain::{self, Claim, ClaimKey, ClaimsPage, ClaimsQuery};
+use topology_claims::domain::{
+    self, Claim, ClaimKey, ClaimsPage, ClaimsQuery, LeaseSummary, LeasesPage, LeasesQuery,
+};
 use topology_claims::ClaimsError;
 
 use crate::error::Failure;
 use crate::namespaces;
 use crate::rows::{self, small};
 use crate::sql;
+use crate::store::internal;
 use crate::store::PostgresClaimStore;
 
 impl PostgresClaimStore {
@@ -68,5 +71,49 @@ impl PostgresClaimStore {
                 claim: key.clone(),
             })),
         }
+    }
+
+    pub(crate) async fn list_leases_attempt(
+        &self,
+        query: &LeasesQuery,
+    ) -> Result<LeasesPage, Failure> {
+        let session = self.shared.session().await?;
+        let [first, after, server_time] = session
+            .prepare([
+                sql::LIST_LEASES_FIRST,
+                sql::LIST_LEASES_AFTER,
+                sql::SERVER_TIME,
+            ])
+            .await?;
+        let client = session.client()?;
+        let cell = query.cell_id.as_str();
+        // One row more than the page tells whether another page follows.
+        let fetch = i64::try_from(query.fetch_limit()).unwrap_or(i64::MAX);
+        let (page_rows, time_row) = tokio::try_join!(
+            biased;
+            async {
+                match query.after {
+                    None => client.query(&first, &[&cell, &fetch]).await,
+                    Some(cursor) => client.query(&after, &[&cell, &fetch, cursor.as_uuid()]).await,
+                }
+            },
+            async { client.query_one(&server_time, &[]).await },
+        )?;
+        session.round_trip();
+        let leases = page_rows
+            .iter()
+            .map(rows::lease)
+            .collect::<Result<Vec<_>, _>>()?;
+        let server_time = rows::timestamp(time_row.try_get(0).map_err(internal)?);
+        Ok(domain::leases_page(query, leases, server_time))
+    }
+
+    pub(crate) async fn lease_summary_attempt(&self) -> Result<LeaseSummary, Failure> {
+        let session = self.shared.session().await?;
+        let [summary] = session.prepare([sql::LEASE_SUMMARY]).await?;
+        let client = session.client()?;
+        let summary_rows = client.query(&summary, &[]).await?;
+        session.round_trip();
+        Ok(rows::lease_summary(&summary_rows)?)
     }
 }

@@ -110,6 +110,10 @@ pub(crate) fn claim(row: &Row) -> Result<Claim, ClaimsError> {
         lease,
         created_at: timestamp(get(row, 9, W)?),
         updated_at: timestamp(get(row, 10, W)?),
+        revision: {
+            let revision: i64 = get(row, 15, W)?;
+            u64::try_from(revision).map_err(|_| corrupt(W, format!("revision {revision}")))?
+        },
     })
 }
 

@@ -48,6 +48,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0006_open_names",
         sql: include_str!("../migrations/0006_open_names.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_claim_events",
+        sql: include_str!("../migrations/0007_claim_events.sql"),
+    },
 ];
 
 /// Advisory lock class (first key of the two-key form) of schema migrations; the second key is
@@ -185,9 +190,39 @@ macro_rules! claim_columns {
     () => {
         "claim_type, claim_value, owner_type, owner_value, table_name, table_record_id, \
          cell_id, lease_id, lease_op, created_at, updated_at, display_value, namespace, \
-         owner_type_name, source_table"
+         owner_type_name, source_table, revision"
     };
 }
+
+/// The change feed's bounds in one snapshot: the revision below which every transaction has
+/// ended (the snapshot's xmin), and the compacted history.
+pub const WATCH_BOUNDS: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, \
+     compacted_through FROM watch_state";
+
+/// The events at or after (`$1`, `$2`) of the transactions that have ended before `$3` (an
+/// earlier snapshot's xmin), in log order, at most `$4`.
+pub const SELECT_EVENTS: &str = concat!(
+    "SELECT ",
+    claim_columns!(),
+    ", seq, deleted FROM claim_events
+WHERE (revision, seq) >= ($1::bigint, $2::bigint) AND revision < $3::bigint
+ORDER BY revision, seq LIMIT $4::bigint"
+);
+
+/// How many events were recorded more than `$1` µs ago (store clock), and how many there are.
+pub const COUNT_EVENTS: &str = "SELECT \
+     count(*) FILTER (WHERE recorded_at < now() - $1::bigint * interval '1 microsecond'), \
+     count(*) FROM claim_events";
+
+/// The revision of the `$1`-th oldest event (0-based).
+pub const NTH_EVENT_REVISION: &str =
+    "SELECT revision FROM claim_events ORDER BY revision, seq LIMIT 1 OFFSET $1::bigint";
+
+/// Compacts through revision `$1`: its events and every older one go.
+pub const COMPACT_EVENTS: &str =
+    "WITH gone AS (DELETE FROM claim_events WHERE revision <= $1::bigint RETURNING 1), \
+     head AS (UPDATE watch_state SET compacted_through = greatest(compacted_through, $1::bigint)) \
+     SELECT count(*) FROM gone";
 /// The columns of a lease row, in the order `rows::lease` reads them.
 macro_rules! lease_columns {
     () => {

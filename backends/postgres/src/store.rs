@@ -130,9 +130,10 @@ use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
-    self, BeginPlan, DecommissionStep, EndPlan, GroupDecision, GroupOp, GroupReads, GroupResults,
-    GroupSnapshot, LeaseRecord, LeaseSummary, MarkRestored, NamespaceSet, NamespaceSpec,
-    NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, StoredNamespace,
+    self, BeginPlan, DecommissionStep, EndPlan, EventsPage, EventsQuery, GroupDecision, GroupOp,
+    GroupReads, GroupResults, GroupSnapshot, LeaseRecord, LeaseSummary, MarkRestored, NamespaceSet,
+    NamespaceSpec, NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
+    StoredNamespace,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -147,6 +148,7 @@ use crate::options::{PostgresOptions, Settings};
 use crate::rows::{self, small, KeyArrays, RecordArrays};
 use crate::session::{Shared, StoreStats};
 use crate::sql;
+use crate::watch;
 
 /// Outcomes deleted per statement by `collect_outcomes`.
 const COLLECT_BATCH: i64 = 10_000;
@@ -598,47 +600,6 @@ impl PostgresClaimStore {
         Ok(lease)
     }
 
-    async fn list_leases_attempt(&self, query: &LeasesQuery) -> Result<LeasesPage, Failure> {
-        let session = self.shared.session().await?;
-        let [first, after, server_time] = session
-            .prepare([
-                sql::LIST_LEASES_FIRST,
-                sql::LIST_LEASES_AFTER,
-                sql::SERVER_TIME,
-            ])
-            .await?;
-        let client = session.client()?;
-        let cell = query.cell_id.as_str();
-        // One row more than the page tells whether another page follows.
-        let fetch = i64::try_from(query.fetch_limit()).unwrap_or(i64::MAX);
-        let (page_rows, time_row) = tokio::try_join!(
-            biased;
-            async {
-                match query.after {
-                    None => client.query(&first, &[&cell, &fetch]).await,
-                    Some(cursor) => client.query(&after, &[&cell, &fetch, cursor.as_uuid()]).await,
-                }
-            },
-            async { client.query_one(&server_time, &[]).await },
-        )?;
-        session.round_trip();
-        let leases = page_rows
-            .iter()
-            .map(rows::lease)
-            .collect::<Result<Vec<_>, _>>()?;
-        let server_time = rows::timestamp(time_row.try_get(0).map_err(internal)?);
-        Ok(domain::leases_page(query, leases, server_time))
-    }
-
-    async fn lease_summary_attempt(&self) -> Result<LeaseSummary, Failure> {
-        let session = self.shared.session().await?;
-        let [summary] = session.prepare([sql::LEASE_SUMMARY]).await?;
-        let client = session.client()?;
-        let summary_rows = client.query(&summary, &[]).await?;
-        session.round_trip();
-        Ok(rows::lease_summary(&summary_rows)?)
-    }
-
     async fn collect_attempt(&self, retention_micros: i64) -> Result<u64, Failure> {
         let session = self.shared.session().await?;
         let [collect] = session.prepare([sql::COLLECT_OUTCOMES]).await?;
@@ -786,6 +747,20 @@ impl ClaimStore for PostgresClaimStore {
         let micros = i64::try_from(retention.min(MAX_RETENTION).as_micros()).unwrap_or(i64::MAX);
         self.shared
             .run("collect_outcomes", || self.collect_attempt(micros))
+            .await
+    }
+
+    async fn read_events(&self, query: &EventsQuery) -> Result<EventsPage, ClaimsError> {
+        self.shared
+            .run("WatchClaims", || watch::read_attempt(&self.shared, query))
+            .await
+    }
+
+    async fn compact_events(&self, retention: Duration, max: u64) -> Result<u64, ClaimsError> {
+        self.shared
+            .run("compact_events", || {
+                watch::compact_attempt(&self.shared, retention, max)
+            })
             .await
     }
 

@@ -15,6 +15,7 @@ async fn store() -> (PostgresClaimStore, ()) {
 }
 
 topology_claims_testkit::claim_store_conformance!(store);
+topology_claims_testkit::claim_store_watch_conformance!(store);
 
 /// The same suite through the group-commit combiner.
 mod grouped {
@@ -23,6 +24,7 @@ mod grouped {
     }
 
     topology_claims_testkit::claim_store_conformance!(store);
+    topology_claims_testkit::claim_store_watch_conformance!(store);
 }
 
 struct Fixture {

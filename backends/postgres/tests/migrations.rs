@@ -16,6 +16,7 @@ const ALL_MIGRATIONS: &[&str] = &[
     "0004_restore_epochs",
     "0005_namespaces",
     "0006_open_names",
+    "0007_claim_events",
 ];
 
 /// The migrations of the release before namespaces, as it applied them.

@@ -196,3 +196,12 @@ mod tests {
         assert!(matches!(pool, ClaimsError::Unavailable { .. }), "{pool:?}");
     }
 }
+
+/// WatchClaims on Spanner: not built yet (docs/backends/spanner.md, "Change feed").
+pub(crate) fn watch_unsupported() -> ClaimsError {
+    ClaimsError::Unsupported {
+        what: "WatchClaims is not available on the Spanner store yet (docs/backends/spanner.md, \
+               \"Change feed\"); the memory, SQLite and PostgreSQL stores serve it"
+            .to_owned(),
+    }
+}

@@ -4,7 +4,7 @@
 //!
 //! Owns the group transaction's shape; must not decide protocol questions (that is `domain`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use topology_claims::domain::{
@@ -18,6 +18,36 @@ use crate::store::{SpannerClaimStore, GROUP_MAX_ROWS, SPANNER_MIN_TIMESTAMP};
 use crate::transaction::WriteTx;
 
 impl SpannerClaimStore {
+    /// `ClaimStore::run_group`: one read-write transaction per group (`run_one_group`). A group
+    /// that would write more than `GROUP_MAX_ROWS` rows is split in two halves run one after
+    /// the other, so each operation still sees the ones before it; if a later part fails for
+    /// good, its operations (and those after it) get the error while the parts before stay
+    /// committed and answered.
+    pub(crate) async fn run_group_in_parts(
+        &self,
+        ops: &[GroupOp],
+    ) -> Result<GroupResults, ClaimsError> {
+        let mut results = Vec::with_capacity(ops.len());
+        let mut parts = VecDeque::from([ops]);
+        while let Some(part) = parts.pop_front() {
+            match self.run_one_group(part).await {
+                Ok(Some(answers)) => results.extend(answers),
+                Ok(None) => {
+                    let (first, second) = part.split_at(part.len() / 2);
+                    parts.push_front(second);
+                    parts.push_front(first);
+                }
+                Err(error) if results.is_empty() => return Err(error),
+                Err(error) => {
+                    let failed = part.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+                    results.extend((0..failed).map(|_| Err(error.clone())));
+                    break;
+                }
+            }
+        }
+        Ok(results)
+    }
+
     /// One attempt of a group (`ClaimStore::run_group`): read every row of
     /// `GroupReads::of(ops)` in at most four Reads, decide the operations one by one
     /// (`domain::decide_group`), buffer the net writes.
@@ -186,3 +216,4 @@ fn stamped(answer: GroupAnswer, stand_in: Timestamp, committed_at: Timestamp) ->
         GroupAnswer::Ended => GroupAnswer::Ended,
     }
 }
+

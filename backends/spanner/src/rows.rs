@@ -148,6 +148,8 @@ pub(crate) fn claim_from_row(row: &Row) -> Result<Claim, ClaimsError> {
         lease,
         created_at: timestamp(row, "created_at")?,
         updated_at: timestamp(row, "updated_at")?,
+        // The Spanner store keeps no change feed yet.
+        revision: 0,
     })
 }
 

@@ -9,7 +9,7 @@
 //! Reads are strong read-only snapshots. Owns the transaction shapes; must not decide protocol
 //! questions (that is `domain`) nor classify errors (that is `error.rs`).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -22,8 +22,9 @@ use gcloud_spanner::transaction::{QueryOptions, ReadOptions, Transaction};
 use gcloud_spanner::value::TimestampBound;
 use topology_claims::domain::{
     self, BeginPlan, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan, EndWrites,
-    GroupOp, GroupResults, LeaseOutcome, LeaseRecord, LeaseSummary, MarkRestored, NamespaceSpec,
-    NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, StoredNamespace,
+    EventsPage, EventsQuery, GroupOp, GroupResults, LeaseOutcome, LeaseRecord, LeaseSummary,
+    MarkRestored, NamespaceSpec, NamespaceUpdate, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
+    StoredNamespace,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Lease,
@@ -850,30 +851,17 @@ impl ClaimStore for SpannerClaimStore {
         self.write_lift(epoch, reason).await
     }
 
-    /// One read-write transaction per group (`group_attempt`). A group that would write more
-    /// than `GROUP_MAX_ROWS` rows is split in two halves run one after the other, so each
-    /// operation still sees the ones before it; if a later part fails for good, its operations
-    /// (and those after it) get the error while the parts before stay committed and answered.
+    /// One read-write transaction per group, split when too large (`run_group_in_parts`).
     async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {
-        let mut results = Vec::with_capacity(ops.len());
-        let mut parts = VecDeque::from([ops]);
-        while let Some(part) = parts.pop_front() {
-            match self.run_one_group(part).await {
-                Ok(Some(answers)) => results.extend(answers),
-                Ok(None) => {
-                    let (first, second) = part.split_at(part.len() / 2);
-                    parts.push_front(second);
-                    parts.push_front(first);
-                }
-                Err(error) if results.is_empty() => return Err(error),
-                Err(error) => {
-                    let failed = part.len() + parts.iter().map(|p| p.len()).sum::<usize>();
-                    results.extend((0..failed).map(|_| Err(error.clone())));
-                    break;
-                }
-            }
-        }
-        Ok(results)
+        self.run_group_in_parts(ops).await
+    }
+
+    async fn read_events(&self, _: &EventsQuery) -> Result<EventsPage, ClaimsError> {
+        Err(crate::error::watch_unsupported())
+    }
+
+    async fn compact_events(&self, _: Duration, _: u64) -> Result<u64, ClaimsError> {
+        Ok(0)
     }
 
     /// Concurrent read-write transactions are bounded by the session pool; the emulator runs

@@ -55,6 +55,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0007_open_names",
         sql: include_str!("../migrations/0007_open_names.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_claim_events",
+        sql: include_str!("../migrations/0008_claim_events.sql"),
+    },
 ];
 
 const CREATE_SCHEMA_MIGRATIONS: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (

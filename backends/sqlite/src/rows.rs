@@ -6,7 +6,7 @@
 
 use rusqlite::{params_from_iter, Connection, OptionalExtension, Row, ToSql};
 use topology_claims::codec::decode_request;
-use topology_claims::domain::{LeaseRecord, NamespaceId, Outcome};
+use topology_claims::domain::{ClaimEvent, EventPosition, LeaseRecord, NamespaceId, Outcome};
 use topology_claims::{
     CellId, Claim, ClaimKey, ClaimLease, ClaimRecord, ClaimsError, Lease, LeaseId, LeaseOp,
     LeaseOutcome, OwnerType, TableName, Timestamp,
@@ -17,7 +17,7 @@ use crate::error::StoreError;
 /// The `claims` columns in the order [`ClaimRow::read`] expects.
 pub(crate) const CLAIM_COLUMNS: &str = "claim_type, claim_value, cell_id, owner_type, \
      owner_value, table_name, table_record_id, lease_id, lease_op, created_at, updated_at, \
-     display_value, namespace, owner_type_name, source_table";
+     display_value, namespace, owner_type_name, source_table, revision";
 
 pub(crate) fn corrupt(table: &str, detail: impl std::fmt::Display) -> ClaimsError {
     ClaimsError::internal(format!("corrupt row in SQLite table {table}: {detail}"))
@@ -62,6 +62,7 @@ struct ClaimRow {
     namespace: Option<String>,
     owner_type_name: Option<String>,
     source_table: Option<String>,
+    revision: i64,
 }
 
 impl ClaimRow {
@@ -82,6 +83,7 @@ impl ClaimRow {
             namespace: row.get(12)?,
             owner_type_name: row.get(13)?,
             source_table: row.get(14)?,
+            revision: row.get(15)?,
         })
     }
 
@@ -140,8 +142,49 @@ impl ClaimRow {
             lease,
             created_at: Timestamp::from_unix_micros(self.created_at),
             updated_at: Timestamp::from_unix_micros(self.updated_at),
+            revision: u64::try_from(self.revision)
+                .map_err(|_| corrupt(T, format!("revision = {}", self.revision)))?,
         })
     }
+}
+
+/// The events at or after `from`, at most `limit`, in log order (`claim_events`, whose columns
+/// are the claim's, `revision` being the event's).
+pub(crate) fn select_events(
+    conn: &Connection,
+    from: EventPosition,
+    limit: usize,
+) -> Result<Vec<ClaimEvent>, StoreError> {
+    let mut statement = conn.prepare_cached(&format!(
+        "SELECT {CLAIM_COLUMNS}, seq, deleted FROM claim_events \
+         WHERE (revision, seq) >= (?1, ?2) ORDER BY revision, seq LIMIT ?3"
+    ))?;
+    let revision = i64::try_from(from.revision).unwrap_or(i64::MAX);
+    let seq = i64::try_from(from.seq).unwrap_or(i64::MAX);
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = statement
+        .query_map(rusqlite::params![revision, seq, limit], |row| {
+            Ok((
+                ClaimRow::read(row)?,
+                row.get::<_, i64>(16)?,
+                row.get::<_, i64>(17)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    rows.into_iter()
+        .map(|(row, seq, deleted)| {
+            let claim = row.into_claim()?;
+            Ok(ClaimEvent {
+                position: EventPosition {
+                    revision: claim.revision,
+                    seq: u64::try_from(seq).unwrap_or_default(),
+                },
+                claim,
+                deleted: deleted != 0,
+            })
+        })
+        .collect::<Result<Vec<_>, ClaimsError>>()
+        .map_err(StoreError::from)
 }
 
 /// `SELECT <claim columns> FROM claims <rest>`, decoded. `rest` is a constant of this crate.

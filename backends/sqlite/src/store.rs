@@ -14,14 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rusqlite::Connection;
 use rusqlite::OptionalExtension;
-use rusqlite::{Connection, TransactionBehavior};
 use topology_claims::codec::encode_request;
 use topology_claims::domain::{
     self, BeginPlan, CellLeases, DecommissionPlan, DecommissionState, DecommissionStep, EndPlan,
-    EndWrites, GroupOp, GroupReads, GroupResults, GroupSnapshot, GroupWrites, LeaseRecord,
-    LeaseSummary, MarkRestored, NamespaceSpec, NamespaceUpdate, RestoreEpoch, SlotGrant,
-    SlotHolder, SlotLimit, SlotRow, StoredNamespace,
+    EndWrites, EventsPage, EventsQuery, GroupOp, GroupReads, GroupResults, GroupSnapshot,
+    GroupWrites, LeaseRecord, LeaseSummary, MarkRestored, NamespaceSpec, NamespaceUpdate,
+    RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, SlotRow, StoredNamespace,
 };
 use topology_claims::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimStore, ClaimsError, ClaimsPage, ClaimsQuery, Clock,
@@ -29,7 +29,7 @@ use topology_claims::{
 };
 
 use crate::connection::{open_service_connection, SharedConnection, SqliteOptions};
-use crate::error::{retry, retry_counted, StoreError};
+use crate::error::{retry, StoreError};
 use crate::lock::StoreLock;
 use crate::migrations;
 use crate::namespaces::{
@@ -38,6 +38,7 @@ use crate::namespaces::{
 };
 use crate::restore;
 use crate::rows::{self, lease_id_text, select_claims, sql_limit, LeaseRow, LEASE_COLUMNS};
+use crate::watch::{read_transaction, write_transaction};
 
 /// The service's store on a SQLite file (see the crate docs for the schema and durability).
 ///
@@ -177,40 +178,6 @@ pub(crate) async fn open_migrated(
     })
     .await
     .map_err(|e| ClaimsError::internal(format!("SQLite open thread failed: {e}")))?
-}
-
-/// `BEGIN IMMEDIATE; op; COMMIT`, re-run while it fails for a retryable reason. IMMEDIATE takes
-/// the write lock before the first read, so the rows the decision is based on cannot change
-/// before its writes land (a DEFERRED transaction could read, then fail to upgrade with BUSY).
-fn write_transaction<T>(
-    conn: &mut Connection,
-    clock: &dyn Clock,
-    retries: &AtomicU64,
-    mut op: impl FnMut(&Connection, Timestamp) -> Result<T, StoreError>,
-) -> Result<T, ClaimsError> {
-    retry_counted(retries, || {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        // Read under the write lock, so timestamps follow the order transactions commit in.
-        let now = clock.now();
-        let value = op(&tx, now)?;
-        tx.commit()?;
-        Ok(value)
-    })
-}
-
-/// `BEGIN; op; COMMIT` for reads: one WAL snapshot across the statements of a page.
-fn read_transaction<T>(
-    conn: &mut Connection,
-    clock: &dyn Clock,
-    retries: &AtomicU64,
-    mut op: impl FnMut(&Connection, Timestamp) -> Result<T, StoreError>,
-) -> Result<T, ClaimsError> {
-    retry_counted(retries, || {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
-        let value = op(&tx, clock.now())?;
-        tx.commit()?;
-        Ok(value)
-    })
 }
 
 fn begin(
@@ -873,6 +840,16 @@ impl ClaimStore for SqliteClaimStore {
     async fn lift_quarantine(&self, epoch: u64, reason: &str) -> Result<RestoreEpoch, ClaimsError> {
         let reason = reason.to_owned();
         self.write(move |tx, now| restore::lift(tx, epoch, &reason, now))
+            .await
+    }
+
+    async fn read_events(&self, query: &EventsQuery) -> Result<EventsPage, ClaimsError> {
+        let query = query.clone();
+        self.read(move |tx, _| crate::watch::read(tx, &query)).await
+    }
+
+    async fn compact_events(&self, retention: Duration, max: u64) -> Result<u64, ClaimsError> {
+        self.write(move |tx, now| crate::watch::compact(tx, now, retention, max))
             .await
     }
 

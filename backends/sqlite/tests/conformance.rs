@@ -18,6 +18,7 @@ async fn store() -> (SqliteClaimStore, TempDir) {
 }
 
 topology_claims_testkit::claim_store_conformance!(store);
+topology_claims_testkit::claim_store_watch_conformance!(store);
 
 /// The same suite through the group-commit combiner.
 mod grouped {
@@ -29,6 +30,7 @@ mod grouped {
     }
 
     topology_claims_testkit::claim_store_conformance!(store);
+    topology_claims_testkit::claim_store_watch_conformance!(store);
 }
 
 /// A cell's SQLite database: the store under test plus the application's own connection, on

@@ -17,6 +17,7 @@ const ALL_MIGRATIONS: &[&str] = &[
     "0005_restore_epochs",
     "0006_namespaces",
     "0007_open_names",
+    "0008_claim_events",
 ];
 
 fn temp_dir() -> TempDir {

@@ -6,8 +6,9 @@
 use tonic::transport::Channel;
 
 use topology_claims::domain::{
-    CellId, ClaimState, ClaimView, ClaimViewsPage, ClaimsCursor, ClaimsQuery, Lease, LeaseId,
-    LeasesPage, LeasesQuery, RestoreView, SlotGrant, SlotHolder, Timestamp,
+    CellId, Claim, ClaimEvent, ClaimLease, ClaimState, ClaimView, ClaimViewsPage, ClaimsCursor,
+    ClaimsQuery, EventPosition, Lease, LeaseId, LeaseOp, LeasesPage, LeasesQuery, RestoreView,
+    SlotGrant, SlotHolder, Timestamp,
 };
 use topology_claims::error::ClaimsError;
 use topology_claims_proto::convert::{
@@ -95,6 +96,51 @@ pub fn claim_view_from_pb(info: &pb::ClaimInfo, cell_id: CellId) -> Result<Claim
         state: claim_state_from_pb(info.state)?,
         created_at: required_time(info.created_at.as_ref(), "claim.created_at")?,
         updated_at: required_time(info.updated_at.as_ref(), "claim.updated_at")?,
+        revision: info.revision,
+    })
+}
+
+/// A change-feed event from the wire. The wire carries no timestamps: `created_at` and
+/// `updated_at` are zero; `seq` is the event's place among those of its revision received so
+/// far, counted by the caller.
+pub fn claim_event_from_pb(event: &pb::ClaimEvent, seq: u64) -> Result<ClaimEvent, ClaimsError> {
+    let record = pb::ClaimRecord {
+        claim_value: event.claim_value.clone(),
+        owner_value: event.owner_value.clone(),
+        table_record_id: event.source_record_id,
+        namespace: event.namespace.clone(),
+        claim_key: event.claim_key.clone(),
+        owner_type: event.owner_type.clone(),
+        source_table: event.source_table.clone(),
+        ..pb::ClaimRecord::default()
+    };
+    let op = match claim_state_from_pb(event.state)? {
+        ClaimState::Active => None,
+        ClaimState::Creating => Some(LeaseOp::Create),
+        ClaimState::Destroying => Some(LeaseOp::Destroy),
+        ClaimState::Updating => Some(LeaseOp::Update),
+    };
+    let lease = match op {
+        None => None,
+        Some(op) => Some(ClaimLease {
+            lease_id: LeaseId::parse(&event.lease_id).map_err(|e| bad("lease_id", e))?,
+            op,
+        }),
+    };
+    Ok(ClaimEvent {
+        position: EventPosition {
+            revision: event.revision,
+            seq,
+        },
+        claim: Claim {
+            record: claim_record_from_server_pb(record, "event").map_err(|e| bad("event", e))?,
+            cell_id: CellId::parse(&event.cell_id).map_err(|e| bad("cell_id", e))?,
+            lease,
+            created_at: Timestamp::from_unix_micros(0),
+            updated_at: Timestamp::from_unix_micros(0),
+            revision: event.revision,
+        },
+        deleted: event.deleted,
     })
 }
 

@@ -8,10 +8,10 @@ use crate::pb::admin as apb;
 use crate::{page_token, pb};
 use topology_claims::domain::{self, MarkRestored, RestoreEpoch, RestoreView};
 use topology_claims::domain::{
-    check_record_id, check_value, page_limit, CellId, Claim, ClaimKey, ClaimState, ClaimsCursor,
-    ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, SlotGrant, SlotHolder,
-    SlotLimit, TableName, Timestamp, CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT, LEASES_DEFAULT_LIMIT,
-    LEASES_MAX_LIMIT,
+    check_record_id, check_value, page_limit, CellId, Claim, ClaimEvent, ClaimKey, ClaimState,
+    ClaimsCursor, ClaimsPage, ClaimsQuery, Lease, LeaseId, LeasesPage, LeasesQuery, SlotGrant,
+    SlotHolder, SlotLimit, TableName, Timestamp, CLAIMS_DEFAULT_LIMIT, CLAIMS_MAX_LIMIT,
+    LEASES_DEFAULT_LIMIT, LEASES_MAX_LIMIT,
 };
 use topology_claims::error::ClaimsError;
 
@@ -55,6 +55,30 @@ pub fn claim_info_to_pb(claim: &Claim) -> pb::ClaimInfo {
         created_at: Some(timestamp_to_pb(claim.created_at)),
         updated_at: Some(timestamp_to_pb(claim.updated_at)),
         state: claim_state_to_pb(claim.state()).into(),
+        revision: claim.revision,
+    }
+}
+
+/// A change-feed event on the wire.
+pub fn claim_event_to_pb(event: &ClaimEvent) -> pb::ClaimEvent {
+    let claim = &event.claim;
+    let record = &claim.record;
+    pb::ClaimEvent {
+        revision: event.position.revision,
+        namespace: record.key.namespace.to_string(),
+        claim_value: record.display_value().to_owned(),
+        claim_key: record.key.value.clone(),
+        state: claim_state_to_pb(claim.state()).into(),
+        cell_id: claim.cell_id.to_string(),
+        lease_id: claim
+            .lease
+            .map(|l| l.lease_id.to_string())
+            .unwrap_or_default(),
+        deleted: event.deleted,
+        owner_type: record.owner_type.name().to_owned(),
+        owner_value: record.owner_value.clone(),
+        source_table: record.table_name.name().to_owned(),
+        source_record_id: record.table_record_id,
     }
 }
 
@@ -346,6 +370,7 @@ pub fn lookup_response_to_pb(claim: &Claim) -> pb::LookupClaimResponse {
         claim: Some(claim_info_to_pb(claim)),
         cell_id: claim.cell_id.to_string(),
         state: claim_state_to_pb(claim.state()).into(),
+        revision: claim.revision,
     }
 }
 
@@ -475,6 +500,7 @@ mod tests {
             }),
             created_at: time,
             updated_at: time,
+            revision: 0,
         }
     }
 

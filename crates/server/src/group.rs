@@ -524,6 +524,24 @@ impl ClaimStore for GroupCommit {
         self.shared.store.lift_quarantine(epoch, reason).await
     }
 
+    async fn read_events(
+        &self,
+        query: &domain::EventsQuery,
+    ) -> Result<domain::EventsPage, ClaimsError> {
+        self.shared.store.read_events(query).await
+    }
+
+    async fn compact_events(
+        &self,
+        retention: std::time::Duration,
+        max_events: u64,
+    ) -> Result<u64, ClaimsError> {
+        self.shared
+            .store
+            .compact_events(retention, max_events)
+            .await
+    }
+
     async fn acquire_verification_slot(
         &self,
         holder: &SlotHolder,

@@ -93,7 +93,13 @@ async fn lookup(
         Err(error) => Err(error),
     };
     match found {
-        Ok(claim) => json(StatusCode::OK, claim_json(&claim)),
+        Ok(claim) => {
+            let mut answer = json(StatusCode::OK, claim_json(&claim));
+            if let Ok(tag) = HeaderValue::from_str(&format!("\"{}\"", claim.revision)) {
+                answer.headers_mut().insert(header::ETAG, tag);
+            }
+            answer
+        }
         Err(error) => to_status(&error).into_http(),
     }
 }
@@ -119,6 +125,7 @@ pub fn claim_json(claim: &Claim) -> serde_json::Value {
         "owner_value": record.owner_value,
         "source_table": record.table_name.name(),
         "source_record_id": record.table_record_id,
+        "revision": claim.revision,
     })
 }
 

@@ -33,9 +33,9 @@ use crate::server::TestServer;
 use topology_claims::domain::DEFAULT_VERIFICATION_SLOT_TTL;
 use topology_claims::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimLease, ClaimState, ClaimView, ClaimsPage,
-    ClaimsQuery, DecommissionStep, Lease, LeaseId, LeaseOp, LeaseSummary, LeasesPage, LeasesQuery,
-    MarkRestored, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit, Timestamp,
-    DEFAULT_MAX_RESPONSE_BYTES, LEASES_MAX_LIMIT,
+    ClaimsQuery, DecommissionStep, EventsPage, EventsQuery, Lease, LeaseId, LeaseOp, LeaseSummary,
+    LeasesPage, LeasesQuery, MarkRestored, RestoreEpoch, SlotGrant, SlotHolder, SlotLimit,
+    Timestamp, DEFAULT_MAX_RESPONSE_BYTES, LEASES_MAX_LIMIT,
 };
 use topology_claims::domain::{NamespaceId, NamespaceSpec, NamespaceUpdate, StoredNamespace};
 use topology_claims::error::ClaimsError;
@@ -195,6 +195,7 @@ impl GrpcClaimStore {
                     lease,
                     created_at: view.created_at,
                     updated_at: view.updated_at,
+                    revision: view.revision,
                 })
             })
             .collect()
@@ -203,6 +204,57 @@ impl GrpcClaimStore {
 
 #[async_trait]
 impl ClaimStore for GrpcClaimStore {
+    /// A WatchClaims from the query's revision, read until the first progress response (the
+    /// stream has caught up) or one event past the limit.
+    async fn read_events(&self, query: &EventsQuery) -> Result<EventsPage, ClaimsError> {
+        let request = pb::WatchClaimsRequest {
+            start_revision: query.from.revision.max(1),
+            namespaces: Vec::new(),
+            progress_interval: Some(topology_claims_proto::convert::duration_to_pb(
+                Duration::from_millis(1),
+            )),
+        };
+        let mut stream = self
+            .client()
+            .watch_claims(request)
+            .await
+            .map_err(|s| status::from_status(&s))?
+            .into_inner();
+        let mut events = Vec::new();
+        let mut seq = (0, 0);
+        let current = loop {
+            let response = stream
+                .message()
+                .await
+                .map_err(|s| status::from_status(&s))?
+                .ok_or_else(|| ClaimsError::internal("WatchClaims ended"))?;
+            if response.events.is_empty() {
+                break response.revision;
+            }
+            for event in &response.events {
+                seq = if seq.0 == event.revision {
+                    (seq.0, seq.1 + 1)
+                } else {
+                    (event.revision, 0)
+                };
+                let event = decode::claim_event_from_pb(event, seq.1)?;
+                if event.position >= query.from {
+                    events.push(event);
+                }
+            }
+            if events.len() > query.limit {
+                break 0;
+            }
+        };
+        Ok(EventsPage::cut(events, query, current))
+    }
+
+    async fn compact_events(&self, _: Duration, _: u64) -> Result<u64, ClaimsError> {
+        Err(ClaimsError::Unsupported {
+            what: "compaction is the server's own (serve --watch-retention)".to_owned(),
+        })
+    }
+
     async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
         // No lease id is chosen here (unlike the cell's client): an id-less request must reach
         // the server as it is, which then picks one.

@@ -44,6 +44,7 @@ pub fn before_namespaces() -> (Vec<Claim>, Lease) {
         lease,
         created_at: at,
         updated_at: at,
+        revision: 0,
     };
     let docs = route("Docs");
     let lease = Lease {

@@ -142,6 +142,17 @@ impl ClaimsService for Noop {
         unimplemented("StreamClaims")
     }
 
+    type WatchClaimsStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<pb::WatchClaimsResponse, Status>> + Send>,
+    >;
+
+    async fn watch_claims(
+        &self,
+        _request: Request<pb::WatchClaimsRequest>,
+    ) -> Result<Response<Self::WatchClaimsStream>, Status> {
+        unimplemented("WatchClaims")
+    }
+
     async fn lookup_claim(
         &self,
         _request: Request<pb::LookupClaimRequest>,

@@ -417,6 +417,23 @@ impl ClaimStore for Broken {
         self.lock().lift_quarantine(epoch, reason, now)
     }
 
+    async fn read_events(
+        &self,
+        _: &topology_claims::domain::EventsQuery,
+    ) -> Result<topology_claims::domain::EventsPage, topology_claims::ClaimsError> {
+        Err(topology_claims::ClaimsError::Unsupported {
+            what: "this test double keeps no change feed".to_owned(),
+        })
+    }
+
+    async fn compact_events(
+        &self,
+        _: std::time::Duration,
+        _: u64,
+    ) -> Result<u64, topology_claims::ClaimsError> {
+        Ok(0)
+    }
+
     async fn acquire_verification_slot(
         &self,
         holder: &SlotHolder,

@@ -16,6 +16,7 @@ pub mod responses;
 pub mod server;
 pub mod service;
 pub mod tls;
+pub mod watch;
 
 /// The wire layer this front end speaks: generated types and stubs, conversions, statuses.
 pub use topology_claims_proto::{convert, page_token, pb, status};

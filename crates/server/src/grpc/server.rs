@@ -33,6 +33,7 @@ use crate::grpc::pb::claims_service_server::ClaimsServiceServer;
 use crate::grpc::responses::ResponseLimits;
 use crate::grpc::service::{ClaimsServiceImpl, ServiceConfig};
 use crate::grpc::tls::ServerTls;
+use crate::grpc::watch::{WatchConfig, WatchHub};
 use crate::metrics::ServerMetrics;
 use crate::rest::{RestAnswersLayer, RestConfig};
 use crate::restore::RestoreGate;
@@ -117,6 +118,8 @@ pub struct ServerConfig {
     /// REST lookups on the same port (`--rest on`, the default; `crate::rest`); `None`: gRPC
     /// only, and connections must open with the HTTP/2 preface.
     pub rest: Option<RestConfig>,
+    /// The change feed (WatchClaims): watchers, polling, retention.
+    pub watch: WatchConfig,
 }
 
 /// The bound `--health-listen` listener, carried in a [`ServerConfig`] (clones share it; the
@@ -159,6 +162,7 @@ impl Default for ServerConfig {
             restore_refresh: crate::restore::DEFAULT_RESTORE_REFRESH,
             max_namespaces: topology_claims::domain::DEFAULT_MAX_NAMESPACES,
             rest: Some(RestConfig::default()),
+            watch: WatchConfig::default(),
         }
     }
 }
@@ -233,6 +237,13 @@ pub async fn serve(
     }
     let max_message_bytes = max_request_message_bytes(config.max_batch);
     let rest_store = Arc::clone(&store);
+    let watch_hub = WatchHub::new(
+        Arc::clone(&store),
+        WatchConfig {
+            max_response_bytes: config.max_response_bytes,
+            ..config.watch
+        },
+    );
     let claims = ClaimsServiceServer::new(
         ClaimsServiceImpl::new(
             Arc::clone(&store),
@@ -244,7 +255,8 @@ pub async fn serve(
                 verification_slot_ttl: config.verification_slot_ttl,
             },
         )
-        .with_restore(Arc::clone(&restore)),
+        .with_restore(Arc::clone(&restore))
+        .with_watch(Arc::clone(&watch_hub)),
     )
     .max_decoding_message_size(max_message_bytes);
     let admin = AdminServiceServer::new(
@@ -257,6 +269,7 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(());
     let (draining_tx, mut draining_rx) = watch::channel(false);
     let health_draining = draining_rx.clone();
+    let follower = tokio::spawn(watch_hub.run(stop_rx.clone()));
     let gc = tokio::spawn(collect_outcomes_periodically(
         Arc::clone(&store),
         config.outcome_retention,
@@ -380,6 +393,7 @@ pub async fn serve(
         }
     };
     gc.abort();
+    follower.abort();
     watcher.abort();
     restore_refresher.abort();
     let _ = restore_refresher.await;

@@ -19,6 +19,7 @@ use crate::grpc::convert;
 use crate::grpc::pb;
 use crate::grpc::pb::claims_service_server::ClaimsService;
 use crate::grpc::status::{self, to_status};
+use crate::grpc::watch::{WatchConfig, WatchHub, WatchStream};
 use crate::restore::RestoreGate;
 use topology_claims::domain::{self, ClaimsPage, ClaimsQuery, DEFAULT_MAX_BATCH};
 use topology_claims::error::ClaimsError;
@@ -66,6 +67,8 @@ pub struct ClaimsServiceImpl {
     pub config: ServiceConfig,
     /// The store's latest restore epoch and the quarantine (`crate::restore`).
     pub restore: Arc<RestoreGate>,
+    /// The change feed's follower (`grpc::watch`), poked after this server's writes.
+    pub watch: Arc<WatchHub>,
 }
 
 impl ClaimsServiceImpl {
@@ -73,11 +76,19 @@ impl ClaimsServiceImpl {
     /// never loaded knows no restore and refuses nothing.
     pub fn new(store: Arc<dyn ClaimStore>, config: ServiceConfig) -> Self {
         let restore = Arc::new(RestoreGate::new(Arc::clone(&store), true));
+        let watch = WatchHub::new(Arc::clone(&store), WatchConfig::default());
         Self {
             store,
             config,
             restore,
+            watch,
         }
+    }
+
+    /// Shares `hub` (the server's one, which follows the log and compacts it).
+    pub fn with_watch(mut self, hub: Arc<WatchHub>) -> Self {
+        self.watch = hub;
+        self
     }
 
     /// Shares `gate` (the server's one, which the AdminService also updates).
@@ -154,6 +165,7 @@ impl ClaimsService for ClaimsServiceImpl {
             domain::check_batch(&request, self.config.max_batch)?;
             self.restore.check_begin(&request, correction).await?;
             let lease = self.store.begin_update(request).await?;
+            self.watch.poke();
             Ok(pb::BeginUpdateResponse {
                 lease_payload: Some(convert::lease_payload_to_pb(&lease)),
             })
@@ -177,6 +189,7 @@ impl ClaimsService for ClaimsServiceImpl {
                 let (cell_id, lease_id) =
                     convert::lease_ref_from_pb(&request.cell_id, &request.lease_id)?;
                 self.store.commit_update(&cell_id, lease_id).await?;
+                self.watch.poke();
                 Ok(pb::CommitUpdateResponse {})
             }
             .await,
@@ -194,6 +207,7 @@ impl ClaimsService for ClaimsServiceImpl {
                 self.store
                     .rollback_update(&cell_id, lease_id, unrenewed_for)
                     .await?;
+                self.watch.poke();
                 Ok(pb::RollbackUpdateResponse {})
             }
             .await,
@@ -289,6 +303,18 @@ impl ClaimsService for ClaimsServiceImpl {
             query,
             first,
         )))
+    }
+
+    type WatchClaimsStream = WatchStream;
+
+    async fn watch_claims(
+        &self,
+        request: Request<pb::WatchClaimsRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
+        self.watch
+            .start(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn lookup_claim(

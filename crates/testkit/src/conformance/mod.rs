@@ -22,6 +22,7 @@ mod renew;
 mod restore;
 mod slots;
 mod updates;
+mod watch;
 
 pub use admin::*;
 pub use begin::*;
@@ -36,6 +37,7 @@ pub use renew::*;
 pub use restore::*;
 pub use slots::*;
 pub use updates::*;
+pub use watch::*;
 
 /// Who holds `key` and in which state, or `None` when the store says CLAIM_NOT_FOUND.
 async fn state_of(store: &impl ClaimStore, key: &ClaimKey) -> Option<(String, ClaimState)> {

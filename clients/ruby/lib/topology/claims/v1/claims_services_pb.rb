@@ -57,6 +57,10 @@ module Topology
           # has reported, the restore quarantine lifts. Another epoch: FAILED_PRECONDITION,
           # RESTORE_EPOCH_MISMATCH.
           rpc :ReportVerificationPass, ::Topology::Claims::V1::ReportVerificationPassRequest, ::Topology::Claims::V1::ReportVerificationPassResponse
+          # The change feed: every change of a claim, in revision order, from start_revision on, then
+          # as it happens (docs/api.md, "WatchClaims"). Below the oldest revision kept: OUT_OF_RANGE,
+          # WATCH_COMPACTED, with metadata compact_revision.
+          rpc :WatchClaims, ::Topology::Claims::V1::WatchClaimsRequest, stream(::Topology::Claims::V1::WatchClaimsResponse)
         end
 
         Stub = Service.rpc_stub_class

@@ -1,0 +1,108 @@
+//! The change feed on PostgreSQL (decision 117): reading and compacting `claim_events`, which
+//! the triggers of migration 0007 fill in the transaction of each change.
+//!
+//! A revision is the writing transaction's id. A read first takes its snapshot's xmin: every
+//! transaction with a smaller id has ended (committed or rolled back), every one still running
+//! has an id at or above it. The read returns only events below it, so a revision it returned
+//! is final, and the next read starts where it stopped: no event can appear behind a reader,
+//! although transactions commit out of id order. The cost: a transaction that stays open holds
+//! every watcher back until it ends (docs/operations.md, "Watch lag").
+
+use std::time::Duration;
+
+use topology_claims::domain::{
+    check_watch_start, events, ClaimEvent, EventPosition, EventsPage, EventsQuery, LogBounds,
+};
+
+use crate::error::Failure;
+use crate::rows;
+use crate::session::Shared;
+use crate::sql;
+use crate::store::internal;
+
+fn unsigned(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or_default()
+}
+
+fn signed(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// `ClaimStore::read_events`: the bounds, then the events below the bounds' xmin.
+pub(crate) async fn read_attempt(
+    shared: &Shared,
+    query: &EventsQuery,
+) -> Result<EventsPage, Failure> {
+    let session = shared.session().await?;
+    let [bounds, select] = session
+        .prepare([sql::WATCH_BOUNDS, sql::SELECT_EVENTS])
+        .await?;
+    let client = session.client()?;
+    let row = client.query_one(&bounds, &[]).await?;
+    session.round_trip();
+    let xmin: i64 = row.try_get(0).map_err(internal)?;
+    let bounds = LogBounds {
+        current: unsigned(xmin.saturating_sub(1)),
+        compacted_through: unsigned(row.try_get(1).map_err(internal)?),
+    };
+    check_watch_start(query.from.revision, bounds)?;
+    let fetch = signed(query.limit as u64 + 1);
+    let (revision, seq) = (signed(query.from.revision), signed(query.from.seq));
+    let event_rows = client
+        .query(&select, &[&revision, &seq, &xmin, &fetch])
+        .await?;
+    session.round_trip();
+    let events = event_rows
+        .iter()
+        .map(|row| {
+            let claim = rows::claim(row)?;
+            let seq: i64 = row.try_get(16).map_err(|e| internal_claims(&e))?;
+            let deleted: bool = row.try_get(17).map_err(|e| internal_claims(&e))?;
+            Ok(ClaimEvent {
+                position: EventPosition {
+                    revision: claim.revision,
+                    seq: unsigned(seq),
+                },
+                claim,
+                deleted,
+            })
+        })
+        .collect::<Result<Vec<_>, topology_claims::ClaimsError>>()?;
+    Ok(EventsPage::cut(events, query, bounds.current))
+}
+
+fn internal_claims(error: &tokio_postgres::Error) -> topology_claims::ClaimsError {
+    topology_claims::ClaimsError::internal(format!("unexpected PostgreSQL answer: {error}"))
+}
+
+/// `ClaimStore::compact_events`: whole revisions, oldest first, in one statement once the
+/// revision to compact through is known.
+pub(crate) async fn compact_attempt(
+    shared: &Shared,
+    retention: Duration,
+    max_events: u64,
+) -> Result<u64, Failure> {
+    let session = shared.session().await?;
+    let [count, nth, compact] = session
+        .prepare([
+            sql::COUNT_EVENTS,
+            sql::NTH_EVENT_REVISION,
+            sql::COMPACT_EVENTS,
+        ])
+        .await?;
+    let client = session.client()?;
+    let micros = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
+    let counted = client.query_one(&count, &[&micros]).await?;
+    session.round_trip();
+    let older = unsigned(counted.try_get(0).map_err(internal)?);
+    let kept = unsigned(counted.try_get(1).map_err(internal)?);
+    let remove = events::events_to_compact(older, kept, max_events);
+    if remove == 0 {
+        return Ok(0);
+    }
+    let nth_row = client.query_one(&nth, &[&signed(remove - 1)]).await?;
+    let through: i64 = nth_row.try_get(0).map_err(internal)?;
+    let removed = client.query_one(&compact, &[&through]).await?;
+    session.round_trip();
+    Ok(unsigned(removed.try_get(0).map_err(internal)?))
+}
