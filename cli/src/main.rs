@@ -23,6 +23,7 @@ mod serve;
 mod sidecar;
 mod status;
 mod store;
+mod watch_cmd;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -75,6 +76,10 @@ enum Command {
     /// Give back one claim of a cell from the shell (a destroy, committed). Exit status: 0
     /// released, 1 refused (not found, another cell's, leased), 2 error.
     Release(claim_cmd::ClaimArgs),
+    /// Follow the change feed (WatchClaims): one JSON line per event, from now or from
+    /// --from REVISION, until interrupted. Exit status: 0 the server ended the stream (resume
+    /// with --from), 1 WATCH_COMPACTED (look up again), 2 error.
+    Watch(watch_cmd::WatchArgs),
     /// Ask a server's grpc.health.v1 whether it serves: readiness (its store answers) by
     /// default, liveness with --service "". Works over mutual TLS and against --health-listen.
     /// Exit status: 0 SERVING, 1 not serving (says why), 2 could not ask.
@@ -157,6 +162,7 @@ fn main() -> ExitCode {
             Command::Lookup(args) => ops::lookup(args).await,
             Command::Claim(args) => claim_cmd::run(args, false).await,
             Command::Release(args) => claim_cmd::run(args, true).await,
+            Command::Watch(args) => watch_cmd::run(args).await,
             Command::Health(args) => ops::health(args).await,
             Command::Status(args) => status::run(args).await,
             Command::Leases(args) => ops::leases(args).await,

@@ -141,7 +141,7 @@ fn transport_hint(server: &str, detail: &str) -> Option<String> {
     None
 }
 
-async fn connect(server: &str, tls: &TlsArgs) -> Result<ClaimsServiceClient<Channel>, String> {
+pub async fn connect(server: &str, tls: &TlsArgs) -> Result<ClaimsServiceClient<Channel>, String> {
     let channel = channel(server, tls).await?;
     // Accepts the largest page the server may send (a leases page holds at least one lease,
     // which can be as large as a whole BeginUpdate request): see MAX_RESPONSE_MESSAGE_BYTES.

@@ -14,6 +14,7 @@ use common::traffic::{claim, Traffic};
 use common::{run, text, Server};
 use topology_claims::ClaimState;
 use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims_testkit::fixtures::{cell, creates, username};
 
 async fn serve(dir: &std::path::Path, store: &str) -> Server {
@@ -154,6 +155,33 @@ async fn a_postgres_backup_under_traffic_restores_into_an_empty_database_and_ser
         );
         assert_eq!(view.record.display_value(), format!("Before-{i}"));
     }
+    // Decision 117: the restore refused every watch from before it; a cache resumes from the
+    // revisions it looks up.
+    let mut raw = ClaimsServiceClient::connect(server2.endpoint())
+        .await
+        .unwrap();
+    let watch = |start_revision| topology_claims_proto::pb::WatchClaimsRequest {
+        start_revision,
+        ..Default::default()
+    };
+    let refused = raw.watch_claims(watch(1)).await.unwrap_err();
+    let topology_claims::ClaimsError::WatchCompacted {
+        compact_revision, ..
+    } = topology_claims_proto::status::from_status(&refused)
+    else {
+        panic!("{refused:?}");
+    };
+    let looked_up = restored_client
+        .lookup_claim(&username("before-0").key)
+        .await
+        .unwrap();
+    assert!(
+        looked_up.revision + 1 >= compact_revision,
+        "{compact_revision}"
+    );
+    raw.watch_claims(watch(looked_up.revision + 1))
+        .await
+        .expect("a watch from what the restored store answers");
     let leased = restored_client
         .lookup_claim(&username("held").key)
         .await

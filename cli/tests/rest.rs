@@ -253,6 +253,18 @@ async fn under_mutual_tls_a_router_looks_up_over_rest_and_grpc_and_may_not_lease
         .await
         .unwrap();
     assert_eq!(view.cell_id.as_str(), "cell-a");
+    // The router follows the change feed too.
+    let request = topology_claims_client::WatchRequest {
+        start_revision: view.revision,
+        ..Default::default()
+    };
+    let mut watch = router.watch_claims(&request).await.unwrap();
+    let batch = watch.next().await.unwrap().unwrap();
+    assert_eq!(batch.events[0].claim.record.key.value, "carol");
+    assert_eq!(
+        batch.events[0].claim.state(),
+        topology_claims::ClaimState::Active
+    );
 
     let pair = pki.issue_client("router", "edge").unwrap();
     let ca = pki.ca();

@@ -110,6 +110,13 @@ pub const COUNT_RESTORABLE_ROWS: &str = "SELECT (SELECT count(*) FROM claims) \
 pub const CLEAR_FOR_RESTORE: &str = "TRUNCATE claims, leases, lease_outcomes, \
      decommissioned_cells, restore_reports, restore_epochs, verification_slots, namespaces";
 
+/// The last statement of a restore: the change feed's history is not the restored claims', so
+/// every watch from before it is refused (WATCH_COMPACTED, decision 117): no events, compacted
+/// through the restore's own transaction.
+pub const FENCE_WATCHERS: &str = "DELETE FROM claim_events; \
+     UPDATE watch_state SET compacted_through = \
+     greatest(compacted_through, pg_current_xact_id()::text::bigint)";
+
 /// The bookkeeping table of applied migrations (named so it cannot clash with an application's
 /// own `schema_migrations`).
 pub const CREATE_MIGRATIONS_TABLE: &str = "\

@@ -254,6 +254,9 @@ pub async fn import(
                 .map_err(|e| failed(&format!("writing {}", TABLES[index].postgres), &target, e))?;
             imported.rows[index] += rows.len() as u64;
         }
+        tx.batch_execute(sql::FENCE_WATCHERS)
+            .await
+            .map_err(|e| failed("fencing the change feed's watchers", &target, e))?;
         tx.commit()
             .await
             .map_err(|e| failed("committing the restore", &target, e))?;

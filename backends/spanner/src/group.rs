@@ -216,4 +216,3 @@ fn stamped(answer: GroupAnswer, stand_in: Timestamp, committed_at: Timestamp) ->
         GroupAnswer::Ended => GroupAnswer::Ended,
     }
 }
-

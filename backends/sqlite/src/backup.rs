@@ -145,6 +145,12 @@ fn restore_blocking(from: &Path, store: &Path, replace: bool) -> Result<BackupSu
     let _ = std::fs::remove_file(&incoming);
     std::fs::copy(from, &incoming)
         .map_err(|e| format!("copying {} to {}: {e}", from.display(), incoming.display()))?;
+    // Before the old log is removed: the old store's head may be in it.
+    let old_head = crate::watch::head_of(store);
+    if let Err(e) = crate::watch::fence_watchers(&incoming, old_head) {
+        let _ = std::fs::remove_file(&incoming);
+        return Err(format!("{}: {e}", incoming.display()));
+    }
     // The old store's write-ahead log must not be replayed onto the restored file.
     for suffix in ["-wal", "-shm", "-journal"] {
         let mut name = store.as_os_str().to_owned();

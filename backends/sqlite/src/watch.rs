@@ -130,3 +130,43 @@ pub(crate) fn compact(
         .execute([through])?;
     Ok(removed as u64)
 }
+
+/// The change feed's head of the store at `path`, 0 when there is none (no file, a schema
+/// before the change feed).
+pub(crate) fn head_of(path: &std::path::Path) -> u64 {
+    let read = || -> rusqlite::Result<i64> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(30))?;
+        conn.query_row("SELECT revision FROM watch_head", [], |row| row.get(0))
+    };
+    if !path.exists() {
+        return 0;
+    }
+    read().map_or(0, |head| u64::try_from(head).unwrap_or_default())
+}
+
+/// A restore makes every watch of the store before it refused (`WATCH_COMPACTED`): the restored
+/// claims are not the history the watchers followed. The restored file (brought to this
+/// binary's schema) gets a head above both its own and the replaced store's (`old_head`),
+/// compacted through it, with no events.
+pub(crate) fn fence_watchers(restored: &std::path::Path, old_head: u64) -> Result<(), String> {
+    let mut conn = Connection::open(restored).map_err(|e| e.to_string())?;
+    crate::migrations::run_logged(
+        &mut conn,
+        topology_claims::MigrationPolicy::Apply,
+        &topology_claims::SystemClock,
+        false,
+    )
+    .map_err(|e| e.into_claims().to_string())?;
+    let old = i64::try_from(old_head).unwrap_or(i64::MAX);
+    conn.execute_batch("DELETE FROM claim_events; DELETE FROM watch_revisions;")
+        .and_then(|()| {
+            conn.execute(
+                "UPDATE watch_head SET revision = MAX(revision, ?1) + 1, \
+                 compacted_through = MAX(revision, ?1) + 1",
+                [old],
+            )
+        })
+        .map(|_| ())
+        .map_err(|e| format!("fencing the watchers of the replaced store: {e}"))
+}

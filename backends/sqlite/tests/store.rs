@@ -198,3 +198,57 @@ async fn concurrent_callers_get_exactly_one_winner_per_claim() {
         "every claim has exactly one winner"
     );
 }
+
+/// Decision 117: a restored file's change feed is not the history the watchers followed, so a
+/// restore refuses every watch from before it (WATCH_COMPACTED above the replaced store's head)
+/// and later writes number above it.
+#[tokio::test]
+async fn a_restore_refuses_every_watch_from_before_it() {
+    use topology_claims::domain::{EventPosition, EventsQuery};
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("claims.db");
+    let write = |store: SqliteClaimStore, value: &'static str| async move {
+        let a = cell("cell-a");
+        let lease = store
+            .begin_update(creates(&a, &[email(value)]))
+            .await
+            .unwrap();
+        store.commit_update(&a, lease.lease_id).await.unwrap();
+        store
+            .lookup_claim(&email(value).key)
+            .await
+            .unwrap()
+            .revision
+    };
+    let store = SqliteClaimStore::open(&path, MigrationPolicy::Apply)
+        .await
+        .unwrap();
+    write(store.clone(), "kept@example.com").await;
+    let backup = dir.path().join("backup.db");
+    topology_claims_sqlite::backup::backup(&path, &backup)
+        .await
+        .unwrap();
+    let head = write(store.clone(), "lost@example.com").await;
+    drop(store);
+    topology_claims_sqlite::backup::restore(&backup, &path, true)
+        .await
+        .unwrap();
+    let store = SqliteClaimStore::open(&path, MigrationPolicy::Apply)
+        .await
+        .unwrap();
+    for from in [1, head, head + 1] {
+        let refused = store
+            .read_events(&EventsQuery {
+                from: EventPosition::start_of(from),
+                limit: 10,
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, ClaimsError::WatchCompacted { compact_revision, .. } if compact_revision > head + 1),
+            "from {from}: {refused:?}"
+        );
+    }
+    let later = write(store.clone(), "new@example.com").await;
+    assert!(later > head + 1, "{later} after a head of {head}");
+}

@@ -208,7 +208,7 @@ impl ClaimsClient {
     }
 
     /// Runs `call` with the per-attempt deadline, retrying retryable failures with backoff.
-    async fn with_retries<T, F, Fut>(&self, call: F) -> Result<T, ClaimsError>
+    pub(crate) async fn with_retries<T, F, Fut>(&self, call: F) -> Result<T, ClaimsError>
     where
         F: FnMut(ClaimsServiceClient<Channel>) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,

@@ -30,6 +30,7 @@ pub mod tls;
 pub mod update;
 pub mod verifier;
 mod verify_report;
+pub mod watch;
 
 pub use backoff::Backoff;
 pub use client::{ClaimsClient, ClientConfig, LeasedRetry};
@@ -43,6 +44,7 @@ pub use verifier::{
     check_verify_query_columns, ClaimSource, Discrepancy, LocalClaim, Verifier, VerifierConfig,
     VerifyReport, VERIFY_QUERY_COLUMNS,
 };
+pub use watch::{ClaimsWatch, WatchBatch, WatchRequest};
 
 /// The core's types a cell names: what it claims, for whom, and the errors it may get back.
 pub use topology_claims::{

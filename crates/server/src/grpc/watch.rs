@@ -33,8 +33,10 @@ pub const DEFAULT_MAX_WATCHERS: usize = 1_000;
 /// `serve --watch-poll-interval`: how often the hub reads the log's head when this server wrote
 /// nothing (writes through other servers on the same store show within it).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(50);
-/// How often the log is compacted.
-const COMPACT_INTERVAL: Duration = Duration::from_secs(10);
+/// How often the log is compacted: every 10 s, or every half retention when that is shorter.
+fn compact_interval(retention: Duration) -> Duration {
+    Duration::from_secs(10).min(retention / 2)
+}
 
 /// The knobs of the change feed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,9 +102,15 @@ impl WatchHub {
                         newer
                     });
                 }
+                Err(ClaimsError::Unsupported { .. }) => {
+                    // A store without a change feed: nothing to follow, ever.
+                    let _ = stop.changed().await;
+                    self.closing.send_replace(true);
+                    return;
+                }
                 Err(error) => tracing::debug!(%error, "reading the change feed's head"),
             }
-            if compacted.elapsed() >= COMPACT_INTERVAL {
+            if compacted.elapsed() >= compact_interval(self.config.retention) {
                 compacted = tokio::time::Instant::now();
                 match (self.store)
                     .compact_events(self.config.retention, self.config.max_events)

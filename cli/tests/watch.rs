@@ -1,0 +1,197 @@
+//! WatchClaims through the real binary: the `watch` command prints every change and resumes
+//! from a revision; a watch from below `--watch-retention` is refused with WATCH_COMPACTED; a
+//! draining server ends the streams.
+#![cfg(unix)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{command, text, Server};
+use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_testkit::fixtures::{cell, creates, destroys, username};
+
+/// `watch --json` with `args`, its stdout lines read on a thread.
+struct Watcher {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Watcher {
+    fn start(dir: &std::path::Path, server: &Server, args: &[&str]) -> Watcher {
+        let endpoint = server.endpoint();
+        let mut full = vec!["watch", "--server", &endpoint, "--json"];
+        full.extend_from_slice(args);
+        let mut child = command(dir, &full)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Watcher { child, lines }
+    }
+
+    /// The next `n` lines as JSON.
+    fn next(&self, n: usize) -> Vec<serde_json::Value> {
+        (0..n)
+            .map(|_| {
+                let line = self
+                    .lines
+                    .recv_timeout(common::PATIENCE)
+                    .expect("a line from watch");
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fields(events: &[serde_json::Value]) -> Vec<(String, String, bool)> {
+    events
+        .iter()
+        .map(|e| {
+            (
+                e["value"].as_str().unwrap().to_owned(),
+                e["state"].as_str().unwrap().to_owned(),
+                e["deleted"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_watch_command_prints_every_change_and_resumes_from_a_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--listen", "127.0.0.1:0", "--store", "memory:"].map(String::from);
+    let server = Server::start_async(dir.path(), args.to_vec()).await;
+    let claims = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let a = cell("cell-a");
+    // From now: the first line is the current revision.
+    let live = Watcher::start(dir.path(), &server, &[]);
+    let now = live.next(1);
+    assert!(now[0]["progress"].is_u64(), "{now:?}");
+    let lease = claims
+        .begin_update(creates(&a, &[username("Alice")]))
+        .await
+        .unwrap();
+    claims.commit_update(&a, lease.lease_id).await.unwrap();
+    let lease = claims
+        .begin_update(destroys(&a, &[username("alice")]))
+        .await
+        .unwrap();
+    claims.commit_update(&a, lease.lease_id).await.unwrap();
+    let events = live.next(4);
+    assert_eq!(
+        fields(&events),
+        vec![
+            ("Alice".into(), "creating".into(), false),
+            ("Alice".into(), "active".into(), false),
+            ("Alice".into(), "destroying".into(), false),
+            ("Alice".into(), "destroying".into(), true),
+        ]
+    );
+    assert_eq!(events[0]["key"], "alice");
+    assert_eq!(events[0]["cell_id"], "cell-a");
+    assert_eq!(events[0]["lease_id"].as_str().unwrap().len(), 36);
+    // Resumed from the second event's revision: exactly the events from there on.
+    let second = events[1]["revision"].as_u64().unwrap().to_string();
+    let resumed = Watcher::start(dir.path(), &server, &["--from", &second]);
+    assert_eq!(fields(&resumed.next(3)), fields(&events[1..]));
+    drop((live, resumed));
+    // A draining server ends the stream: `watch` exits 0 and says to resume.
+    let mut last = Watcher::start(dir.path(), &server, &["--from", "1"]);
+    last.next(4);
+    server.signal("TERM");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = last.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "watch still running"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test]
+async fn a_watch_from_below_the_retention_is_refused_with_watch_compacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        "memory:",
+        "--watch-retention",
+        "1s",
+    ]
+    .map(String::from);
+    let server = Server::start_async(dir.path(), args.to_vec()).await;
+    let claims = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let a = cell("cell-a");
+    let lease = claims
+        .begin_update(creates(&a, &[username("old")]))
+        .await
+        .unwrap();
+    claims.commit_update(&a, lease.lease_id).await.unwrap();
+    // Compacted within half the retention after it passes.
+    let endpoint = server.endpoint();
+    let started = Instant::now();
+    let refused = loop {
+        // Accepted (not compacted yet), a watch runs until killed: give it a second.
+        let mut child = command(dir.path(), &["watch", "--server", &endpoint, "--from", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let tried = Instant::now();
+        while child.try_wait().unwrap().is_none() && tried.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let output = child.wait_with_output().unwrap();
+        if output.status.code() == Some(1) {
+            break output;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never compacted: {}",
+            text(&output.stderr)
+        );
+    };
+    let said = text(&refused.stderr);
+    assert!(said.contains("WATCH_COMPACTED"), "{said}");
+    // The cache's way back: look up, watch from the answer's revision + 1.
+    let view = claims.lookup_claim(&username("old").key).await.unwrap();
+    let from = (view.revision + 1).to_string();
+    let mut resumed = Watcher::start(dir.path(), &server, &["--from", &from]);
+    let lease = claims
+        .begin_update(creates(&a, &[username("new")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        fields(&resumed.next(1)),
+        vec![("new".into(), "creating".into(), false)]
+    );
+    let _ = resumed.child.kill();
+    claims.rollback_update(&a, lease.lease_id).await.unwrap();
+    let _ = tokio::task::spawn_blocking(move || server.stop_with("TERM")).await;
+}
