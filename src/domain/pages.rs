@@ -390,13 +390,14 @@ pub fn lease_encoded_len_bound(lease: &Lease) -> usize {
 }
 
 /// An upper bound of the bytes one claim adds to a `ListClaimsResponse`: the `ClaimInfo`
-/// element (the record's fields, state, `created_at` and `updated_at`).
+/// element (the record's fields, state, `created_at`, `updated_at` and `revision`).
 pub fn claim_encoded_len_bound(claim: &Claim) -> usize {
     delimited(
         claim_record_len_bound(&claim.record, true)
             + ENUM
             + timestamp_field(claim.created_at)
-            + timestamp_field(claim.updated_at),
+            + timestamp_field(claim.updated_at)
+            + SCALAR,
     )
 }
 

@@ -500,7 +500,8 @@ mod tests {
             }),
             created_at: time,
             updated_at: time,
-            revision: 0,
+            // The largest revision: the page bounds must hold for any.
+            revision: u64::MAX,
         }
     }
 

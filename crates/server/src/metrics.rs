@@ -156,6 +156,10 @@ pub struct ServerMetrics {
     pub store_pool_connections: IntGaugeVec,
     pub store_pool_max: IntGauge,
     pub store_pool_waiting: IntGauge,
+    /// Open WatchClaims streams, and the change feed's revision this server has read
+    /// (`grpc::watch`).
+    pub watchers: IntGauge,
+    pub watch_revision: IntGauge,
 }
 
 impl ServerMetrics {
@@ -322,6 +326,17 @@ impl ServerMetrics {
                 &registry,
                 "topology_claims_store_pool_waiting",
                 "Store transactions waiting for a pooled connection now.",
+            ),
+            watchers: int_gauge(
+                &registry,
+                "topology_claims_watchers",
+                "Open WatchClaims streams (at most --max-watchers).",
+            ),
+            watch_revision: int_gauge(
+                &registry,
+                "topology_claims_watch_revision",
+                "The change feed's revision this server has read: every change up to it is \
+                 readable by its watchers (0 on a store without a change feed).",
             ),
             tls_certificate_expiry: gauge_vec(
                 &registry,
@@ -537,6 +552,8 @@ mod tests {
             "topology_claims_rate_limited_total{cell_id=\"cell-a\"} 1",
             "topology_claims_audit_write_failures_total 0",
             "topology_claims_audit_lines_dropped_total 0",
+            "topology_claims_watchers 0",
+            "topology_claims_watch_revision 0",
             "topology_claims_build_info{version=\"",
         ] {
             assert!(text.contains(series), "{series} missing from:\n{text}");

@@ -237,12 +237,13 @@ pub async fn serve(
     }
     let max_message_bytes = max_request_message_bytes(config.max_batch);
     let rest_store = Arc::clone(&store);
-    let watch_hub = WatchHub::new(
+    let watch_hub = WatchHub::with_metrics(
         Arc::clone(&store),
         WatchConfig {
             max_response_bytes: config.max_response_bytes,
             ..config.watch
         },
+        config.metrics.as_deref(),
     );
     let claims = ClaimsServiceServer::new(
         ClaimsServiceImpl::new(

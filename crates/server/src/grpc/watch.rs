@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use prometheus::IntGauge;
 use prost::Message;
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
@@ -71,11 +72,37 @@ pub struct WatchHub {
     watchers: Arc<Semaphore>,
     /// Set when the server drains: every stream ends.
     closing: watch::Sender<bool>,
+    /// `topology_claims_watchers` and `topology_claims_watch_revision`, with `--metrics-listen`.
+    gauges: Option<(IntGauge, IntGauge)>,
+}
+
+/// A stream's place under `--max-watchers`, counted in the gauge while it lives.
+struct Place {
+    _permit: OwnedSemaphorePermit,
+    gauge: Option<IntGauge>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Some(gauge) = &self.gauge {
+            gauge.dec();
+        }
+    }
 }
 
 impl WatchHub {
     pub fn new(store: Arc<dyn ClaimStore>, config: WatchConfig) -> Arc<Self> {
+        Self::with_metrics(store, config, None)
+    }
+
+    /// [`WatchHub::new`], keeping the watch gauges of `metrics`.
+    pub fn with_metrics(
+        store: Arc<dyn ClaimStore>,
+        config: WatchConfig,
+        metrics: Option<&crate::metrics::ServerMetrics>,
+    ) -> Arc<Self> {
         Arc::new(Self {
+            gauges: metrics.map(|m| (m.watchers.clone(), m.watch_revision.clone())),
             store,
             config,
             head: watch::Sender::new(0),
@@ -96,6 +123,9 @@ impl WatchHub {
         loop {
             match current(self.store.as_ref()).await {
                 Ok(head) => {
+                    if let Some((_, revision)) = &self.gauges {
+                        revision.set(i64::try_from(head).unwrap_or(i64::MAX));
+                    }
                     self.head.send_if_modified(|seen| {
                         let newer = head > *seen;
                         *seen = (*seen).max(head);
@@ -147,6 +177,14 @@ impl WatchHub {
                     retry_after: Duration::from_secs(1),
                 })
             })?;
+        let gauge = self.gauges.as_ref().map(|(watchers, _)| watchers.clone());
+        if let Some(gauge) = &gauge {
+            gauge.inc();
+        }
+        let place = Place {
+            _permit: permit,
+            gauge,
+        };
         let namespaces = request
             .namespaces
             .iter()
@@ -188,7 +226,7 @@ impl WatchHub {
             progress,
             from,
             sender,
-            _permit: permit,
+            _place: place,
         };
         tokio::spawn(stream.run(first));
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(
@@ -222,7 +260,7 @@ struct Watcher {
     progress: Option<Duration>,
     from: EventPosition,
     sender: mpsc::Sender<Result<pb::WatchClaimsResponse, Status>>,
-    _permit: OwnedSemaphorePermit,
+    _place: Place,
 }
 
 impl Watcher {
