@@ -78,7 +78,16 @@ fn fields(events: &[serde_json::Value]) -> Vec<(String, String, bool)> {
 #[tokio::test]
 async fn the_watch_command_prints_every_change_and_resumes_from_a_revision() {
     let dir = tempfile::tempdir().unwrap();
-    let args = ["--listen", "127.0.0.1:0", "--store", "memory:"].map(String::from);
+    let audit = dir.path().join("audit.log");
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        "memory:",
+        "--audit-log",
+        audit.to_str().unwrap(),
+    ]
+    .map(String::from);
     let server = Server::start_async(dir.path(), args.to_vec()).await;
     let claims = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
     let a = cell("cell-a");
@@ -86,6 +95,16 @@ async fn the_watch_command_prints_every_change_and_resumes_from_a_revision() {
     let live = Watcher::start(dir.path(), &server, &[]);
     let now = live.next(1);
     assert!(now[0]["progress"].is_u64(), "{now:?}");
+    // The audit log has the watch's start (and will have no line per event).
+    let started = Instant::now();
+    while !std::fs::read_to_string(&audit)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains("\"method\":\"WatchClaims\"") && l.contains("\"code\":\"OK\""))
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "no audit line");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let lease = claims
         .begin_update(creates(&a, &[username("Alice")]))
         .await

@@ -192,21 +192,13 @@ macro_rules! claim_store_conformance {
 #[macro_export]
 macro_rules! claim_store_watch_conformance {
     ($factory:path) => {
-        mod claim_store_watch_conformance {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::__claim_store_cases!(
-                $factory;
-                every_change_of_a_claim_is_an_event_in_order_with_its_whole_state,
-                the_events_of_one_transaction_share_one_revision,
-                a_read_resumes_exactly_where_another_stopped,
-                through_covers_what_was_read_and_a_later_write_lands_above_it,
-                lookup_carries_the_revision_of_the_claims_last_change,
-                compaction_refuses_a_watch_below_it_and_names_the_oldest_kept_revision,
-            );
-        }
+        $crate::claim_store_watch_conformance!(
+            $factory,
+            reads_only,
+            compaction_refuses_a_watch_below_it_and_names_the_oldest_kept_revision
+        );
     };
-    ($factory:path, reads_only) => {
+    ($factory:path, reads_only $(, $more:ident)*) => {
         mod claim_store_watch_conformance {
             #[allow(unused_imports)]
             use super::*;
@@ -217,6 +209,7 @@ macro_rules! claim_store_watch_conformance {
                 a_read_resumes_exactly_where_another_stopped,
                 through_covers_what_was_read_and_a_later_write_lands_above_it,
                 lookup_carries_the_revision_of_the_claims_last_change,
+                $($more,)*
             );
         }
     };

@@ -1,6 +1,7 @@
 //! The audit log (`serve --audit-log PATH`): one JSON object per line for every mutating RPC
-//! (BeginUpdate, CommitUpdate, RollbackUpdate, RenewLease) and every authentication or
-//! authorization refusal, written by the authorization layer once the answer is known; and for
+//! (BeginUpdate, CommitUpdate, RollbackUpdate, RenewLease), every WatchClaims stream as it opens
+//! (never its events), and every authentication or authorization refusal, written by the
+//! authorization layer once the answer is known; and for
 //! every AdminService call a line *before* it acts (`stage` `intent`, synced to disk; the call is
 //! refused with UNAVAILABLE `AUDIT_UNAVAILABLE` when that line cannot be written) and, for
 //! ForceRollback and DecommissionCell, one after (`stage` `done`), with `admin_reason`,

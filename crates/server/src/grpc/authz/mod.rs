@@ -312,6 +312,16 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
 {
+    if method == Method::WatchClaims {
+        // A stream's line is written when it opens (its answer's head), never at its end: the
+        // audit log records watch starts, not events.
+        let response = inner.call(request).await;
+        if let (Some(mut record), Ok(response)) = (record, &response) {
+            let (code, reason) = status_in(response.headers());
+            record.write_outcome(code, reason);
+        }
+        return hold(response, held);
+    }
     if !method.mutates() {
         return hold(inner.call(request).await, held);
     }
