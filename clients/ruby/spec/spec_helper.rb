@@ -74,6 +74,9 @@ module SpecSupport
 
   # `topology-claims SUBCOMMAND` for `cell`: [stdout, stderr, status].
   def sidecar(cell, subcommand, *args)
+    # This process's commits first: the sidecar is another process, and a claim still being
+    # committed in the background is leased (CREATING), which a verifier leaves alone.
+    TopologyClaims::Committer.instance.drain
     TopologyClaims::Testing.run(subcommand, "--server", SpecSupport.server.url, "--cell-id", cell.cell_id,
                                 "--local-db", cell.local_db_url, *args)
   end
