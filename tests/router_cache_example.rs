@@ -97,7 +97,7 @@ async fn cache_agrees_with_the_store_after_random_traffic(store: Arc<dyn ClaimSt
         }
     }
     assert!(violations.is_empty(), "{violations:#?}");
-    let (misses, flushes) = cache.stats();
+    let (misses, flushes, _) = cache.stats();
     println!(
         "{} entries held, {misses} lookups, {flushes} flushes, 0 violations",
         held.len()

@@ -1,6 +1,7 @@
 //! WatchClaims through the real binary: the `watch` command prints every change and resumes
 //! from a revision; a watch from below `--watch-retention` is refused with WATCH_COMPACTED; a
-//! draining server ends the streams.
+//! draining server ends the streams; a watcher that never reads costs the server a bounded
+//! amount of memory and slows no writer.
 #![cfg(unix)]
 
 mod common;
@@ -10,7 +11,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{command, text, Server};
-use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_client::{ClaimsClient, ClientConfig, WatchRequest};
 use topology_claims_testkit::fixtures::{cell, creates, destroys, username};
 
 /// `watch --json` with `args`, its stdout lines read on a thread.
@@ -212,5 +213,63 @@ async fn a_watch_from_below_the_retention_is_refused_with_watch_compacted() {
     );
     let _ = resumed.child.kill();
     claims.rollback_update(&a, lease.lease_id).await.unwrap();
+    let _ = tokio::task::spawn_blocking(move || server.stop_with("TERM")).await;
+}
+
+/// The resident set of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// Begin + commit of 1,000 new usernames `{prefix}-0` … for cell-a; how long the pair took.
+async fn thousand(claims: &ClaimsClient, prefix: &str) -> Duration {
+    let a = cell("cell-a");
+    let names: Vec<_> = (0..1000)
+        .map(|i| username(&format!("{prefix}-{i}")))
+        .collect();
+    let started = Instant::now();
+    let lease = claims.begin_update(creates(&a, &names)).await.unwrap();
+    claims.commit_update(&a, lease.lease_id).await.unwrap();
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_never_reads_costs_bounded_memory_and_slows_no_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("claims.db").display());
+    let args = ["--listen", "127.0.0.1:0", "--store", &store].map(String::from);
+    let server = Server::start_async(dir.path(), args.to_vec()).await;
+    let claims = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    // Warm up (store pages, allocator arenas) before the baseline.
+    thousand(&claims, "warm").await;
+    let before = rss(server.pid());
+    // From the first revision: every event of the run is owed to this watcher, none is read.
+    let request = WatchRequest {
+        start_revision: 1,
+        ..WatchRequest::default()
+    };
+    let mut unread = claims.watch_claims(&request).await.unwrap();
+    let mut slowest = Duration::ZERO;
+    for pair in 0..100 {
+        let took = thousand(&claims, &format!("load{pair}")).await;
+        assert!(took < Duration::from_secs(5), "pair {pair} took {took:?}");
+        slowest = slowest.max(took);
+    }
+    let after = rss(server.pid());
+    let grown = after.saturating_sub(before);
+    println!(
+        "100 pairs of 1,000 claims with a watcher that never reads: slowest pair {slowest:?}, \
+         server RSS {} MiB -> {} MiB (+{} MiB)",
+        before >> 20,
+        after >> 20,
+        grown >> 20
+    );
+    assert!(grown < 50 << 20, "the server grew by {} MiB", grown >> 20);
+    // The watcher was held, not dropped: it reads its backlog from the start.
+    let first = unread.next().await.unwrap().expect("a response");
+    assert_eq!(first.events[0].claim.record.key.value, "warm-0");
     let _ = tokio::task::spawn_blocking(move || server.stop_with("TERM")).await;
 }

@@ -145,15 +145,6 @@ pub(crate) fn tx_error(context: &str, error: TxError) -> ClaimsError {
     }
 }
 
-/// WatchClaims on Spanner: not built yet (docs/backends/spanner.md, "Change feed").
-pub(crate) fn watch_unsupported() -> ClaimsError {
-    ClaimsError::Unsupported {
-        what: "WatchClaims is not available on the Spanner store yet (docs/backends/spanner.md, \
-               \"Change feed\"); the memory, SQLite and PostgreSQL stores serve it"
-            .to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

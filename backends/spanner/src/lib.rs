@@ -17,7 +17,8 @@
 //! Modules: `config` (URL, options, client settings), `schema` (DDL migrations), `rows`
 //! (rows ↔ domain, mutations), `transaction` (the abort-retry loop), `store` (the port),
 //! `group` (group commit), `outcomes` (outcome collection), `restore` (restore epochs and
-//! verification pass reports), `error` (failure classification).
+//! verification pass reports), `watch` (the change feed's events, written by every write
+//! transaction; reading and compacting them), `error` (failure classification).
 
 mod config;
 mod error;
@@ -29,6 +30,7 @@ mod rows;
 mod schema;
 mod store;
 mod transaction;
+mod watch;
 
 pub use config::{
     DatabaseName, SpannerOptions, DEFAULT_RPC_TIMEOUT, DEFAULT_SESSION_POOL_SIZE,

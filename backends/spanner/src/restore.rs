@@ -149,7 +149,7 @@ impl SpannerClaimStore {
         let now = self.clock_in(tx).await?;
         match domain::decide_mark_restored(previous.as_ref(), request, holding, now) {
             Ok(epoch) => {
-                tx.buffer_write(vec![insert_epoch(&epoch)?]);
+                tx.buffer_write(vec![insert_epoch(&epoch)?, crate::watch::fence_watchers()]);
                 Ok(Ok(epoch))
             }
             Err(refusal) => Ok(Err(refusal)),

@@ -32,7 +32,9 @@ pub(crate) const SLOTS: &str = "verification_slots";
 /// `claims.lease_op` of a claim under no lease (the design's "no-op").
 const NO_LEASE_OP: i64 = 0;
 
-pub(crate) const CLAIM_COLUMNS: [&str; 15] = [
+/// The columns of a `claims` row as read (a write names the first 15: `revision_at` is
+/// stamped by `WriteTx::buffer_write`).
+pub(crate) const CLAIM_COLUMNS: [&str; 16] = [
     "claim_type",
     "claim_value",
     "owner_type",
@@ -48,6 +50,7 @@ pub(crate) const CLAIM_COLUMNS: [&str; 15] = [
     "source_table",
     "created_at",
     "updated_at",
+    "revision_at",
 ];
 pub(crate) const LEASE_COLUMNS: [&str; 5] = [
     "lease_id",
@@ -148,8 +151,9 @@ pub(crate) fn claim_from_row(row: &Row) -> Result<Claim, ClaimsError> {
         lease,
         created_at: timestamp(row, "created_at")?,
         updated_at: timestamp(row, "updated_at")?,
-        // The Spanner store keeps no change feed yet.
-        revision: 0,
+        // NULL for a row last written before the change feed (migration 0008).
+        revision: column::<Option<prost_types::Timestamp>>(row, "revision_at")?
+            .map_or(0, |t| crate::watch::revision_of(&t)),
     })
 }
 
@@ -276,7 +280,7 @@ pub(crate) fn lease_key(lease_id: LeaseId) -> Key {
 pub(crate) fn insert_claim(record: &ClaimRecord, owner: &CellId, lease_id: LeaseId) -> Mutation {
     insert(
         CLAIMS,
-        &CLAIM_COLUMNS,
+        &CLAIM_COLUMNS[..15],
         &[
             &i64::from(record.key.namespace_number()),
             &record.key.value,

@@ -199,6 +199,46 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             "ALTER TABLE claims ADD COLUMN IF NOT EXISTS source_table STRING(63)",
         ],
     },
+    // The change feed (decision 117, watch.rs): revision_at is the commit timestamp of the
+    // transaction that last wrote the claim (NULL for rows not written since); claim_events
+    // holds one row per change of a claim, its whole post-image, keyed by the writing
+    // transaction's commit timestamp and its place in that transaction (seq: a random tag per
+    // transaction in the high 32 bits, the event's index in the low ones). Appending at the
+    // tail of a timestamp key is the one write hotspot of the schema; it carries one row per
+    // claim change, which the claims rows themselves already cost (docs/backends/spanner.md).
+    // watch_log's one row bounds the kept history.
+    Migration {
+        version: 8,
+        name: "0008_change_feed",
+        statements: &[
+            "ALTER TABLE claims ADD COLUMN IF NOT EXISTS revision_at TIMESTAMP
+                OPTIONS (allow_commit_timestamp = true)",
+            "CREATE TABLE IF NOT EXISTS claim_events (
+                revision_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
+                seq INT64 NOT NULL,
+                deleted BOOL NOT NULL,
+                claim_type INT64 NOT NULL,
+                claim_value STRING(MAX) NOT NULL,
+                owner_type INT64 NOT NULL,
+                owner_value STRING(MAX) NOT NULL,
+                cell_id STRING(100) NOT NULL,
+                table_name INT64 NOT NULL,
+                table_record_id INT64 NOT NULL,
+                lease_id STRING(36),
+                lease_op INT64 NOT NULL,
+                display_value STRING(MAX),
+                namespace STRING(63),
+                owner_type_name STRING(63),
+                source_table STRING(63),
+                created_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
+                updated_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
+            ) PRIMARY KEY (revision_at, seq)",
+            "CREATE TABLE IF NOT EXISTS watch_log (
+                id INT64 NOT NULL,
+                compacted_through TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true),
+            ) PRIMARY KEY (id)",
+        ],
+    },
 ];
 
 /// How many values `lease_outcomes.decided_shard` takes (`0..OUTCOME_SHARDS`).

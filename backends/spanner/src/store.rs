@@ -42,14 +42,17 @@ use crate::transaction::{Attempts, WriteTx};
 
 /// Most rows one group transaction writes. Spanner refuses a commit of more than 80,000
 /// mutations, counted per column written and per index entry changed: a claim row costs up to
-/// about 20 (11 columns, three indexes), so 3,000 rows keep a group well inside the limit. A
+/// about 20 (16 columns, three indexes) and its change feed event 18 more, so 2,000 rows keep a
+/// group well inside the limit. A
 /// bigger group is split in two, each half its own transaction, in order (a lone operation of
 /// `--max-batch` claims is far below it).
-pub(crate) const GROUP_MAX_ROWS: usize = 3000;
+pub(crate) const GROUP_MAX_ROWS: usize = 2000;
 /// Spanner's earliest TIMESTAMP, 0001-01-01T00:00:00Z: a cutoff at or before it selects nothing
 /// (and could not be sent as a parameter).
 pub(crate) const SPANNER_MIN_TIMESTAMP: Timestamp =
     Timestamp::from_unix_micros(-62_135_596_800_000_000);
+
+type ReadOnly = gcloud_spanner::transaction_ro::ReadOnlyTransaction;
 
 /// The service's store on Cloud Spanner (or its emulator).
 pub struct SpannerClaimStore {
@@ -157,13 +160,18 @@ impl SpannerClaimStore {
     pub(crate) async fn snapshot(
         &self,
         context: &str,
-    ) -> Result<
-        (
-            gcloud_spanner::transaction_ro::ReadOnlyTransaction,
-            Timestamp,
-        ),
-        ClaimsError,
-    > {
+    ) -> Result<(ReadOnly, Timestamp), ClaimsError> {
+        let (tx, nanos) = self.snapshot_revision(context).await?;
+        let micros = i64::try_from(nanos / 1000).unwrap_or(i64::MAX);
+        Ok((tx, Timestamp::from_unix_micros(micros)))
+    }
+
+    /// A strong read-only snapshot and its read timestamp in nanoseconds since the epoch (the
+    /// change feed's revision through which every commit is visible).
+    pub(crate) async fn snapshot_revision(
+        &self,
+        context: &str,
+    ) -> Result<(ReadOnly, u64), ClaimsError> {
         let option = ReadOnlyTransactionOption {
             timestamp_bound: TimestampBound::strong_read(),
             call_options: self.options.call_options(),
@@ -176,9 +184,10 @@ impl SpannerClaimStore {
         let read_at = tx.rts.ok_or_else(|| {
             ClaimsError::internal(format!("{context}: Spanner returned no read timestamp"))
         })?;
-        let micros = read_at.unix_timestamp_nanos().div_euclid(1000);
-        let now = Timestamp::from_unix_micros(i64::try_from(micros).unwrap_or(i64::MAX));
-        Ok((tx, now))
+        Ok((
+            tx,
+            u64::try_from(read_at.unix_timestamp_nanos()).unwrap_or_default(),
+        ))
     }
 
     /// Runs a query and decodes every row it returns.
@@ -219,19 +228,24 @@ impl SpannerClaimStore {
     }
 
     /// The current rows of these claims (absent keys are simply missing from the map).
+    /// Their images are remembered for the change feed's events (`watch::ClaimChanges`).
     pub(crate) async fn claims(
         &self,
-        tx: &mut Transaction,
+        tx: &mut WriteTx,
         keys: &BTreeSet<&ClaimKey>,
     ) -> Result<BTreeMap<ClaimKey, Claim>, TxError> {
         let keys = keys.iter().map(|k| rows::claim_key(k)).collect();
-        let claims = self
-            .read_keys(tx, CLAIMS, &CLAIM_COLUMNS, keys, rows::claim_from_row)
+        let read = self
+            .read_keys(tx, CLAIMS, &CLAIM_COLUMNS, keys, |row| {
+                Ok((rows::claim_from_row(row)?, crate::watch::image_of(row)?))
+            })
             .await?;
-        Ok(claims
-            .into_iter()
-            .map(|c| (c.record.key.clone(), c))
-            .collect())
+        let mut claims = BTreeMap::new();
+        for (claim, image) in read {
+            tx.changes.remember(image);
+            claims.insert(claim.record.key.clone(), claim);
+        }
+        Ok(claims)
     }
 
     /// The rows of `table` at `keys`, in one Read (none without keys); inside a read-write
@@ -856,12 +870,12 @@ impl ClaimStore for SpannerClaimStore {
         self.run_group_in_parts(ops).await
     }
 
-    async fn read_events(&self, _: &EventsQuery) -> Result<EventsPage, ClaimsError> {
-        Err(crate::error::watch_unsupported())
+    async fn read_events(&self, query: &EventsQuery) -> Result<EventsPage, ClaimsError> {
+        crate::watch::read_events(self, query).await
     }
 
-    async fn compact_events(&self, _: Duration, _: u64) -> Result<u64, ClaimsError> {
-        Ok(0)
+    async fn compact_events(&self, retention: Duration, max: u64) -> Result<u64, ClaimsError> {
+        crate::watch::compact_events(self, retention, max).await
     }
 
     /// Concurrent read-write transactions are bounded by the session pool; the emulator runs

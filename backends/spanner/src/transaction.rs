@@ -14,13 +14,14 @@ use std::time::{Duration, Instant};
 use gcloud_gax::grpc::Status;
 use gcloud_googleapis::spanner::v1::Mutation;
 use gcloud_spanner::client::Client;
-use gcloud_spanner::transaction::Transaction;
+use gcloud_spanner::transaction::{ReadOptions, Transaction};
 use gcloud_spanner::transaction_rw::{CommitOptions, ReadWriteTransaction};
 use topology_claims::{ClaimsError, Timestamp};
 
 use crate::config::SpannerOptions;
 use crate::error::{classify, client_error, tx_error, Failure, TxError};
-use crate::rows::mutation_rows;
+use crate::rows::{all_rows, mutation_rows, CLAIMS, CLAIM_COLUMNS};
+use crate::watch::{image_of, ClaimChanges};
 
 /// First backoff after an abort; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
@@ -35,13 +36,43 @@ const MAX_CONSTRAINT_RETRIES: u32 = 3;
 pub(crate) struct WriteTx {
     tx: ReadWriteTransaction,
     rows: usize,
+    /// The claim rows changed, for the change feed's events.
+    pub(crate) changes: ClaimChanges,
 }
 
 impl WriteTx {
-    /// Buffers `mutations` for the commit.
-    pub(crate) fn buffer_write(&mut self, mutations: Vec<Mutation>) {
+    /// Buffers `mutations` for the commit (claim rows get the commit timestamp as their
+    /// revision).
+    pub(crate) fn buffer_write(&mut self, mut mutations: Vec<Mutation>) {
+        for mutation in &mut mutations {
+            self.changes.record(mutation);
+        }
         self.rows += mutations.iter().map(mutation_rows).sum::<usize>();
         self.tx.buffer_write(mutations);
+    }
+
+    /// Buffers the change feed's events of the claims changed (reading first the rows changed
+    /// but not read).
+    async fn write_events(&mut self, options: &SpannerOptions) -> Result<(), TxError> {
+        let unread = self.changes.unread();
+        if !unread.is_empty() {
+            let read_options = ReadOptions {
+                call_options: options.call_options(),
+                ..Default::default()
+            };
+            let read =
+                all_rows(
+                    self.tx
+                        .read_with_option(CLAIMS, &CLAIM_COLUMNS, unread, read_options),
+                );
+            for row in options.within_rpc_timeout(read).await? {
+                self.changes.remember(image_of(&row)?);
+            }
+        }
+        let events = self.changes.events()?;
+        self.rows += events.len();
+        self.tx.buffer_write(events);
+        Ok(())
     }
 }
 
@@ -122,7 +153,11 @@ impl<'a> Attempts<'a> {
         )
         .await;
         match begun {
-            Ok(Ok(tx)) => Ok(Some(WriteTx { tx, rows: 0 })),
+            Ok(Ok(tx)) => Ok(Some(WriteTx {
+                tx,
+                rows: 0,
+                changes: ClaimChanges::default(),
+            })),
             Ok(Err(error)) => match TxError::from(error) {
                 TxError::Status(status) => self.retry_or_fail(status).await.map(|()| None),
                 TxError::Claims(error) => Err(error),
@@ -148,6 +183,10 @@ impl<'a> Attempts<'a> {
         let options = CommitOptions {
             call_options: self.options.call_options(),
             ..Default::default()
+        };
+        let result = match result {
+            Ok(value) => tx.write_events(self.options).await.map(|()| value),
+            Err(error) => Err(error),
         };
         let rows = tx.rows;
         let limit = match result {

@@ -217,7 +217,8 @@ fn migrate_creates_the_database_once_and_is_idempotent() {
                 "0004_claim_updates",
                 "0005_restore_epochs",
                 "0006_namespaces",
-                "0007_open_names"
+                "0007_open_names",
+                "0008_change_feed"
             ]
         );
         let again = topology_claims_spanner::migrate(&url, options.clone(), true)
@@ -258,7 +259,8 @@ fn pending_migrations_are_refused_or_applied_through_update_database_ddl() {
                     "0004_claim_updates".into(),
                     "0005_restore_epochs".into(),
                     "0006_namespaces".into(),
-                    "0007_open_names".into()
+                    "0007_open_names".into(),
+                    "0008_change_feed".into()
                 ]
             }
         );
@@ -450,5 +452,53 @@ fn a_store_whose_spanner_is_gone_answers_unavailable_instead_of_hanging() {
             matches!(reconnect, Err(ClaimsError::Unavailable { .. })),
             "{reconnect:?}"
         );
+    });
+}
+
+/// `admin mark-restored` fences the change feed: a watch from any revision before it is refused
+/// WATCH_COMPACTED, naming a revision above the restore's commit; a change after it is read.
+#[test]
+fn mark_restored_refuses_watches_from_before_it() {
+    use topology_claims::domain::{EventPosition, EventsQuery, MarkRestored, Timestamp};
+    runtime().block_on(async {
+        let store = common::fresh_store(common::Mode::Plain).await;
+        let a = cell("cell-a");
+        let lease = store
+            .begin_update(creates(&a, &[username("before")]))
+            .await
+            .unwrap();
+        store.commit_update(&a, lease.lease_id).await.unwrap();
+        let before = store
+            .lookup_claim(&username("before").key)
+            .await
+            .unwrap()
+            .revision;
+        assert!(before > 0);
+        let mark = MarkRestored {
+            backup_time: Timestamp::from_unix_micros(1_700_000_000_000_000),
+            reason: "drill".to_owned(),
+            expect_cells: Default::default(),
+        };
+        store.mark_restored(&mark).await.unwrap();
+        let query = |revision: u64| EventsQuery {
+            from: EventPosition::start_of(revision),
+            limit: 10,
+        };
+        let refused = store.read_events(&query(before + 1)).await.unwrap_err();
+        let ClaimsError::WatchCompacted {
+            compact_revision, ..
+        } = refused
+        else {
+            panic!("{refused:?}");
+        };
+        assert!(compact_revision > before + 1, "{compact_revision}");
+        store
+            .begin_update(creates(&a, &[username("after")]))
+            .await
+            .unwrap();
+        let page = store.read_events(&query(compact_revision)).await.unwrap();
+        assert_eq!(page.events.len(), 1, "{page:?}");
+        assert_eq!(page.events[0].claim.record.key, username("after").key);
+        store.close().await;
     });
 }

@@ -160,6 +160,8 @@ pub struct ServerMetrics {
     /// (`grpc::watch`).
     pub watchers: IntGauge,
     pub watch_revision: IntGauge,
+    /// From a change (its claim's `updated_at`) to its event being sent to a watcher.
+    pub watch_lag: prometheus::Histogram,
 }
 
 impl ServerMetrics {
@@ -337,6 +339,21 @@ impl ServerMetrics {
                 "topology_claims_watch_revision",
                 "The change feed's revision this server has read: every change up to it is \
                  readable by its watchers (0 on a store without a change feed).",
+            ),
+            watch_lag: register(
+                &registry,
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "topology_claims_watch_lag_seconds",
+                        "From a change of a claim (its updated_at, the store's clock) to its \
+                         event being sent to a watcher: one observation per page a stream sends, \
+                         its newest change (deletes left out).",
+                    )
+                    .buckets(vec![
+                        0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    ]),
+                )
+                .expect("valid metric"),
             ),
             tls_certificate_expiry: gauge_vec(
                 &registry,
@@ -554,6 +571,7 @@ mod tests {
             "topology_claims_audit_lines_dropped_total 0",
             "topology_claims_watchers 0",
             "topology_claims_watch_revision 0",
+            "topology_claims_watch_lag_seconds_count 0",
             "topology_claims_build_info{version=\"",
         ] {
             assert!(text.contains(series), "{series} missing from:\n{text}");

@@ -186,8 +186,7 @@ macro_rules! claim_store_conformance {
     };
 }
 
-/// The change-feed cases (`conformance::watch`), for the stores that keep one (not Spanner's,
-/// yet). `reads_only` leaves out compaction, which only the server itself runs (the gRPC
+/// The change-feed cases (`conformance::watch`), for every store. `reads_only` leaves out compaction, which only the server itself runs (the gRPC
 /// suite).
 #[macro_export]
 macro_rules! claim_store_watch_conformance {

@@ -52,8 +52,16 @@ struct Entries {
     /// Lookups and feed restarts since the last flush (how often it went to the server).
     misses: u64,
     flushes: u64,
-    /// The last revision the feed confirmed (progress or events).
+    /// The last revision the feed confirmed (progress or events); 0 after a flush, until the
+    /// next stream opens.
     confirmed: u64,
+    /// Flushes so far, and the flush after which the feed's stream was last opened: a lookup
+    /// is cached only when both are the same when it starts and ends, so no answer older than
+    /// the stream's start is kept.
+    generation: u64,
+    open_generation: u64,
+    /// Streams re-opened after an error or the server's end of stream.
+    reconnects: u64,
 }
 
 /// The cache. Clone it freely: clones share the entries.
@@ -70,7 +78,11 @@ impl RouterCache {
         Self {
             http: Client::builder(TokioExecutor::new()).build_http(),
             base: base.trim_end_matches('/').to_owned(),
-            entries: Arc::default(),
+            // No stream open yet: nothing is cached until the first one is.
+            entries: Arc::new(Mutex::new(Entries {
+                generation: 1,
+                ..Entries::default()
+            })),
         }
     }
 
@@ -96,6 +108,10 @@ impl RouterCache {
 
     /// `GET /v1/claims/{namespace}/{value}`, kept unless the cache already knows a newer state.
     pub async fn lookup(&self, namespace: &str, value: &str) -> Result<Option<Owner>, String> {
+        let generation = {
+            let entries = self.entries();
+            (entries.open_generation == entries.generation).then_some(entries.generation)
+        };
         let url = format!(
             "{}/v1/claims/{}/{}",
             self.base,
@@ -130,6 +146,10 @@ impl RouterCache {
             revision: json["revision"].as_u64().unwrap_or_default(),
         };
         let mut entries = self.entries();
+        if generation != Some(entries.generation) {
+            // Flushed since (or no stream open): the feed may not cover this answer's age.
+            return Ok(Some(owner));
+        }
         let key = (namespace.to_owned(), text("key"));
         // The feed may already have passed a later change of this key.
         let owner = match entries.recent.get(&key) {
@@ -166,23 +186,40 @@ impl RouterCache {
         self.entries().confirmed
     }
 
-    /// How many lookups went to the server, and how many times the cache was flushed.
-    pub fn stats(&self) -> (u64, u64) {
+    /// The entry of (namespace, key) and the revision the feed confirmed, read together.
+    pub fn entry(&self, namespace: &str, key: &str) -> (Option<Owner>, u64) {
         let entries = self.entries();
-        (entries.misses, entries.flushes)
+        let owner = entries
+            .owners
+            .get(&(namespace.to_owned(), key.to_owned()))
+            .cloned();
+        (owner, entries.confirmed)
     }
 
-    /// Follows the change feed until `client` fails for good; flushes and starts again from
-    /// now on `WATCH_COMPACTED`, resumes after the last confirmed revision when a stream ends.
-    /// `ready` is told once the first stream is open (look nothing up before it).
+    /// How many lookups went to the server, how many times the cache was flushed, and how many
+    /// times the feed's stream was re-opened.
+    pub fn stats(&self) -> (u64, u64, u64) {
+        let entries = self.entries();
+        (entries.misses, entries.flushes, entries.reconnects)
+    }
+
+    /// Follows the change feed for as long as the task runs. A stream that ends or fails is
+    /// re-opened after [`RECONNECT_PAUSE`] from the last confirmed revision + 1; on
+    /// `WATCH_COMPACTED` the cache flushes and starts again from now. Only an error that no
+    /// retry can cure (no permission, a bad request) ends it. `ready` is told once the first
+    /// stream is open (look nothing up before it).
     pub async fn follow(
         &self,
         client: ClaimsClient,
         ready: tokio::sync::oneshot::Sender<()>,
     ) -> Result<(), ClaimsError> {
         let mut ready = Some(ready);
-        let mut from = 0;
         loop {
+            let (from, generation) = {
+                let entries = self.entries();
+                let confirmed = entries.confirmed;
+                (confirmed + u64::from(confirmed > 0), entries.generation)
+            };
             let request = WatchRequest {
                 start_revision: from,
                 progress_interval: Some(std::time::Duration::from_millis(100)),
@@ -192,16 +229,23 @@ impl RouterCache {
                 Ok(watch) => watch,
                 Err(ClaimsError::WatchCompacted { .. }) => {
                     self.flush();
-                    from = 0;
                     continue;
                 }
-                Err(error) => return Err(error),
+                Err(error) => {
+                    self.pause_after(error).await?;
+                    continue;
+                }
             };
             if let Some(ready) = ready.take() {
                 let _ = ready.send(());
             }
             loop {
-                match watch.next().await {
+                // Progress comes every 100 ms: a stream silent for longer than this is dead
+                // (a dropped connection that never said so).
+                let Ok(next) = tokio::time::timeout(SILENCE_LIMIT, watch.next()).await else {
+                    break;
+                };
+                match next {
                     Ok(Some(batch)) => {
                         let mut entries = self.entries();
                         for event in &batch.events {
@@ -236,13 +280,36 @@ impl RouterCache {
                             entries = self.entries();
                         }
                         entries.confirmed = entries.confirmed.max(batch.revision);
-                        from = entries.confirmed + 1;
+                        // From here on, lookups are covered by this stream.
+                        if entries.generation == generation {
+                            entries.open_generation = generation;
+                        }
                     }
                     Ok(None) => break,
-                    Err(error) => return Err(error),
+                    Err(ClaimsError::WatchCompacted { .. }) => {
+                        self.flush();
+                        break;
+                    }
+                    Err(error) => {
+                        self.pause_after(error).await?;
+                        break;
+                    }
                 }
             }
+            self.entries().reconnects += 1;
         }
+    }
+
+    /// Waits before a stream is re-opened after `error`; hands back an error no retry cures.
+    async fn pause_after(&self, error: ClaimsError) -> Result<(), ClaimsError> {
+        if matches!(
+            error,
+            ClaimsError::PermissionDenied { .. } | ClaimsError::InvalidRequest { .. }
+        ) {
+            return Err(error);
+        }
+        tokio::time::sleep(RECONNECT_PAUSE).await;
+        Ok(())
     }
 
     fn flush(&self) {
@@ -251,8 +318,16 @@ impl RouterCache {
         entries.keys.clear();
         entries.recent.clear();
         entries.flushes += 1;
+        entries.generation += 1;
+        entries.confirmed = 0;
     }
 }
+
+/// A stream that sends nothing, not even progress, for this long is re-opened.
+pub const SILENCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How long the cache waits before re-opening a stream that ended or failed.
+pub const RECONNECT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 fn state_name(state: topology_claims_client::ClaimState) -> &'static str {
     use topology_claims_client::ClaimState::*;

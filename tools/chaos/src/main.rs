@@ -33,6 +33,7 @@ mod recovery;
 mod report;
 mod restore;
 mod restore_check;
+mod router;
 mod verify;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -60,6 +61,7 @@ use crate::local::LocalDbSpec;
 use crate::phases::{sidecar, sweep_case, worker};
 use crate::proxy::Proxy;
 use crate::recovery::Recovery;
+use crate::router::Router;
 use topology_claims::config::parse_nonzero_duration;
 use topology_claims_harness::pki::DevPki;
 
@@ -528,6 +530,11 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         )),
         false => None,
     };
+    // The router beside the cells (router.rs); its REST client speaks plaintext only.
+    let router = match pki {
+        None => Some(Router::start(&endpoint, client(0)?, keys, seed ^ 0x5eed).await),
+        Some(_) => None,
+    };
     let workers: Vec<_> = cells
         .into_iter()
         .map(|cell| {
@@ -590,34 +597,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         reconcilers.push(reconciler);
     }
     tokio::time::sleep(args.staleness + args.staleness / 2 + Duration::from_millis(500)).await;
-    let mut final_passes = 0u64;
-    let mut final_errors = 0u64;
-    for (index, reconciler) in reconcilers.iter().enumerate() {
-        // Once past the threshold; again only if the pass could not finish (then it counts).
-        for attempt in 0..5 {
-            final_passes += 1;
-            match reconciler.run_once().await {
-                Ok(report) if report.acted && report.errors == 0 => {
-                    for lease in report.lost {
-                        tally.lost(index as u16, lease);
-                    }
-                    break;
-                }
-                Ok(report) => {
-                    final_errors += 1;
-                    tracing::warn!(cell = index, %report, attempt, "final reconcile pass incomplete");
-                    for lease in report.lost {
-                        tally.lost(index as u16, lease);
-                    }
-                }
-                Err(error) => {
-                    final_errors += 1;
-                    tracing::warn!(cell = index, %error, attempt, "final reconcile pass failed");
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
+    let (final_passes, final_errors) = phases::final_reconcile(&reconcilers, &tally).await;
 
     // The first pass after healing corrects the drift the background runs had not reached
     // yet (and only that); the second must find nothing at all.
@@ -756,6 +736,14 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     final_state.recovery_bound = args.staleness;
     final_state.slow_recoveries = ctx.recovery.slow_in_sweep(args.staleness);
     let mut invariant_violations = invariants::check(&final_state);
+    let router_line = match router {
+        Some(router) => {
+            let (violations, line) = router.finish().await;
+            invariant_violations.extend(violations);
+            line
+        }
+        None => "not run (--tls: the example's REST client is plaintext)".to_owned(),
+    };
     invariant_violations.extend(restore_check::committed_leases_kept(
         &record_leases,
         &events,
@@ -837,6 +825,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
             format!("{restarts} (+{start_retries} starts that failed and were retried)"),
         ),
         ("proxy connections", proxy.connections().to_string()),
+        ("router cache", router_line),
     ];
     if faults.contains(&FaultKind::StoreRestore) {
         let refused = tally

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use prometheus::IntGauge;
+use prometheus::{Histogram, IntGauge};
 use prost::Message;
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
@@ -72,8 +72,15 @@ pub struct WatchHub {
     watchers: Arc<Semaphore>,
     /// Set when the server drains: every stream ends.
     closing: watch::Sender<bool>,
-    /// `topology_claims_watchers` and `topology_claims_watch_revision`, with `--metrics-listen`.
-    gauges: Option<(IntGauge, IntGauge)>,
+    /// `topology_claims_watchers`, `topology_claims_watch_revision` and
+    /// `topology_claims_watch_lag_seconds`, with `--metrics-listen`.
+    metrics: Option<WatchMetrics>,
+}
+
+struct WatchMetrics {
+    watchers: IntGauge,
+    revision: IntGauge,
+    lag: Histogram,
 }
 
 /// A stream's place under `--max-watchers`, counted in the gauge while it lives.
@@ -102,7 +109,11 @@ impl WatchHub {
         metrics: Option<&crate::metrics::ServerMetrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
-            gauges: metrics.map(|m| (m.watchers.clone(), m.watch_revision.clone())),
+            metrics: metrics.map(|m| WatchMetrics {
+                watchers: m.watchers.clone(),
+                revision: m.watch_revision.clone(),
+                lag: m.watch_lag.clone(),
+            }),
             store,
             config,
             head: watch::Sender::new(0),
@@ -123,8 +134,10 @@ impl WatchHub {
         loop {
             match current(self.store.as_ref()).await {
                 Ok(head) => {
-                    if let Some((_, revision)) = &self.gauges {
-                        revision.set(i64::try_from(head).unwrap_or(i64::MAX));
+                    if let Some(metrics) = &self.metrics {
+                        metrics
+                            .revision
+                            .set(i64::try_from(head).unwrap_or(i64::MAX));
                     }
                     self.head.send_if_modified(|seen| {
                         let newer = head > *seen;
@@ -177,7 +190,7 @@ impl WatchHub {
                     retry_after: Duration::from_secs(1),
                 })
             })?;
-        let gauge = self.gauges.as_ref().map(|(watchers, _)| watchers.clone());
+        let gauge = self.metrics.as_ref().map(|m| m.watchers.clone());
         if let Some(gauge) = &gauge {
             gauge.inc();
         }
@@ -308,6 +321,9 @@ impl Watcher {
                 }
                 last_sent = tokio::time::Instant::now();
             }
+            if let (Some(metrics), Some(lag)) = (&self.hub.metrics, lag(&wanted)) {
+                metrics.lag.observe(lag);
+            }
             if page.more {
                 continue;
             }
@@ -341,6 +357,22 @@ impl Watcher {
             }
         }
     }
+}
+
+/// How long ago the newest change of `events` was made (its claim's `updated_at`, the store's
+/// clock), now that they were sent: the watch lag. A deleted claim's row keeps its previous
+/// change's time, so deletes are left out.
+fn lag(events: &[ClaimEvent]) -> Option<f64> {
+    let newest = events
+        .iter()
+        .filter(|e| !e.deleted)
+        .map(|e| e.claim.updated_at.as_unix_micros())
+        .max()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    let now = i64::try_from(now.as_micros()).ok()?;
+    Some((now - newest).max(0) as f64 / 1e6)
 }
 
 /// The events as responses within `budget` encoded bytes each: a revision's events together
