@@ -161,7 +161,7 @@ async fn a_watch_from_below_the_retention_is_refused_with_watch_compacted() {
         "--store",
         "memory:",
         "--watch-retention",
-        "1s",
+        "2s",
     ]
     .map(String::from);
     let server = Server::start_async(dir.path(), args.to_vec()).await;

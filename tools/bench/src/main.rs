@@ -22,6 +22,7 @@ mod plot;
 mod procs;
 mod rates;
 mod raw_sql;
+mod read_path;
 mod report;
 mod runner;
 mod scale;
@@ -248,6 +249,11 @@ pub struct BenchArgs {
     /// Seed of the workload's random choices.
     #[arg(long, env = "TOPOLOGY_CLAIMS_BENCH_SEED", default_value_t = 1)]
     seed: u64,
+
+    #[command(flatten)]
+    read: read_path::ReadPathArgs,
+    #[command(flatten)]
+    variant_sql: pg::VariantSql,
 
     #[command(flatten)]
     open: open_loop::RateArgs,
@@ -544,6 +550,7 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
                 let (store_url, postgres) = if is_postgres(url) {
                     let pg = fresh_schema(url, schema).await?;
                     cleanup.schemas.push(pg.clone());
+                    args.variant_sql.run(variant.map(|v| &v.name), &pg).await?;
                     (
                         url_with_search_path(url, &pg.schema, &application_name)?,
                         Some(pg),
@@ -615,6 +622,9 @@ async fn run_inner(mut args: BenchArgs, cleanup: &mut Cleanup) -> Result<(), Str
         }
     }
 
+    if args.read.enabled {
+        return read_path::run(&args, &cleanup.systems).await;
+    }
     let postgres_url = args
         .store
         .iter()

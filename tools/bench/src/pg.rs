@@ -189,6 +189,41 @@ pub async fn fresh_schema(url: &str, name: String) -> Result<PgSchema, String> {
     })
 }
 
+/// `--variant-sql NAME=SQL`, repeatable.
+#[derive(clap::Args, Debug, Clone)]
+pub struct VariantSql {
+    /// `NAME=SQL`: right after the schema of --serve-variant NAME is made (its tables empty, its
+    /// server not started yet) run SQL in it on PostgreSQL, e.g. `--serve-variant feed=
+    /// --serve-variant no-feed= --variant-sql 'no-feed=ALTER TABLE claims DISABLE TRIGGER USER'`:
+    /// what the change feed's triggers cost, A/B in one run. Repeatable.
+    #[arg(long = "variant-sql", env = "TOPOLOGY_CLAIMS_BENCH_VARIANT_SQL")]
+    pub statements: Vec<String>,
+}
+
+impl VariantSql {
+    /// Runs the SQL given for `variant` in `pg`'s schema (nothing without a variant or SQL).
+    pub async fn run(&self, variant: Option<&String>, pg: &PgSchema) -> Result<(), String> {
+        let Some(variant) = variant else {
+            return Ok(());
+        };
+        for (_, sql) in self
+            .statements
+            .iter()
+            .filter_map(|s| s.split_once('='))
+            .filter(|(name, _)| name == variant)
+        {
+            let client = topology_claims_harness::postgres::connect(&pg.url).await?;
+            let statement = format!("SET search_path TO {}; {sql}", quote_ident(&pg.schema));
+            client
+                .batch_execute(&statement)
+                .await
+                .map_err(|e| format!("--variant-sql {variant}: {e}"))?;
+            eprintln!("bench: {variant}: ran {sql:?} in {}", pg.schema);
+        }
+        Ok(())
+    }
+}
+
 /// Whether PostgreSQL answers at `url` (for the smoke run's choice).
 pub async fn postgres_reachable(url: &str) -> Result<(), String> {
     let config = topology_claims_postgres::tokio_postgres::Config::from_str_url(url)?;

@@ -423,3 +423,62 @@ fn verify_mode_repairs_the_injected_drift_streaming_and_paging_and_a_second_run_
         }
     }
 }
+
+#[test]
+fn read_path_mode_measures_rest_against_grpc_and_the_watch_lag() {
+    let mut command = bench(&[]);
+    command
+        .args(["--store", "memory:", "--read-path", "--read-keys", "50"])
+        .args([
+            "--clients",
+            "1,4",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "50ms",
+        ])
+        .args(["--rounds", "1", "--watch-rate", "200"]);
+    let stdout = succeed(command, "--read-path");
+    assert!(stdout.contains("REST p99 / gRPC p99"), "{stdout}");
+    for clients in [
+        "      1  gRPC",
+        "      1  REST",
+        "      4  gRPC",
+        "      4  REST",
+    ] {
+        assert!(stdout.contains(clients), "no {clients:?} row: {stdout}");
+    }
+    assert!(stdout.contains("watch lag"), "{stdout}");
+    assert!(stdout.contains(", 0 events missing"), "{stdout}");
+}
+
+/// `--variant-sql` runs its statement in its variant's schema only, before that server starts
+/// (here: the change feed's triggers disabled, the A/B of docs/benchmarks.md).
+#[test]
+fn variant_sql_runs_in_the_variants_schema_before_its_server_starts() {
+    let url = std::env::var("TOPOLOGY_CLAIMS_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let mut command = bench(&[]);
+    command
+        .args(["--store", &url, "--serve-variant", "feed="])
+        .args(["--serve-variant", "no-feed="])
+        .args([
+            "--variant-sql",
+            "no-feed=ALTER TABLE claims DISABLE TRIGGER USER",
+        ])
+        .args(["--clients", "2", "--duration", "200ms", "--warmup", "50ms"])
+        .args(["--rounds", "1", "--preload", "0"]);
+    let output = command.output().expect("run topology-claims-bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(
+                |l| l.contains("bench: no-feed: ran \"ALTER TABLE claims DISABLE TRIGGER USER\"")
+            )
+            .count(),
+        1,
+        "{stderr}"
+    );
+}
