@@ -249,6 +249,7 @@ pub fn begin_update_to_pb(request: &BeginUpdate) -> pb::BeginUpdateRequest {
             .map(|t| t.as_str().to_owned())
             .unwrap_or_default(),
         restore_correction: false,
+        wait_for_leased: None,
     }
 }
 

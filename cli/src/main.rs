@@ -23,6 +23,7 @@ mod serve;
 mod sidecar;
 mod status;
 mod store;
+mod wait_args;
 mod watch_cmd;
 
 use std::io::IsTerminal;

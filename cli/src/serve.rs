@@ -197,6 +197,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     watch: crate::router_args::WatchArgs,
 
+    #[command(flatten)]
+    waits: crate::wait_args::WaitArgs,
+
     /// How often the lease gauges (topology_claims_leases_outstanding, _oldest_lease_age_seconds)
     /// are refreshed with one store query, whatever the number of scrapes. Units: ms, s, m, h,
     /// d; not zero.
@@ -704,6 +707,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         max_namespaces: args.max_namespaces as usize,
         rest: args.rest.config(),
         watch: args.watch.config(),
+        waits: args.waits.config(),
     };
     reload_on_sighup(tls, audit.clone())?;
     tracing::info!(%addr, store = %store_url, max_batch = config.max_batch,

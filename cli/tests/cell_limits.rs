@@ -53,6 +53,7 @@ fn begin(cell: &str, value: &str) -> pb::BeginUpdateRequest {
     pb::BeginUpdateRequest {
         local_transaction: String::new(),
         restore_correction: false,
+        wait_for_leased: None,
         cell_id: cell.to_owned(),
         lease_id: LeaseId::generate().to_string(),
         creates_claims: vec![pb::ClaimRecord {

@@ -88,6 +88,7 @@ async fn a_cell_with_4_mb_of_outstanding_leases_is_listed_and_healed_and_its_rec
         let request = pb::BeginUpdateRequest {
             local_transaction: String::new(),
             restore_correction: false,
+            wait_for_leased: None,
             cell_id: CELL.into(),
             creates_claims: (0..CLAIMS_PER_LEASE).map(|n| claim(lease, n)).collect(),
             destroys_claims: Vec::new(),
@@ -354,6 +355,7 @@ fn largest_request(cell_id: &str, lease_id: &str) -> pb::BeginUpdateRequest {
     let mut request = pb::BeginUpdateRequest {
         local_transaction: String::new(),
         restore_correction: false,
+        wait_for_leased: None,
         cell_id: cell_id.into(),
         creates_claims: Vec::new(),
         destroys_claims: Vec::new(),

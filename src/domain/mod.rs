@@ -17,6 +17,7 @@ pub mod restore;
 pub mod slots;
 mod tables;
 mod types;
+pub mod waits;
 
 pub use admin::{
     check_not_decommissioned, decide_decommission, decommission_batch, force_rollback_selection,

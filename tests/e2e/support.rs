@@ -106,6 +106,7 @@ pub fn request(
     pb::BeginUpdateRequest {
         local_transaction: String::new(),
         restore_correction: false,
+        wait_for_leased: None,
         cell_id: cell.to_owned(),
         creates_claims: creates.as_ref().to_vec(),
         destroys_claims: destroys.as_ref().to_vec(),

@@ -52,6 +52,7 @@ fn request(
         updates_claims: Vec::new(),
         lease_id: String::new(),
         restore_correction: false,
+        wait_for_leased: None,
     }
 }
 

@@ -107,6 +107,7 @@ pub fn begin(cell: &str, creates: Vec<pb::ClaimRecord>) -> pb::BeginUpdateReques
     pb::BeginUpdateRequest {
         local_transaction: String::new(),
         restore_correction: false,
+        wait_for_leased: None,
         cell_id: cell.to_owned(),
         creates_claims: creates,
         destroys_claims: vec![],

@@ -205,6 +205,7 @@ fn begin(
     pb::BeginUpdateRequest {
         local_transaction: String::new(),
         restore_correction: false,
+        wait_for_leased: None,
         cell_id: cell.to_owned(),
         creates_claims: creates,
         destroys_claims: destroys,

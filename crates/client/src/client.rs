@@ -219,7 +219,22 @@ impl ClaimsClient {
     /// [`with_retries`](Self::with_retries), setting `lost` when an attempt's fate is unknown
     /// (no answer, a broken connection, an unavailable store): that attempt may still be applied
     /// later, by a server that queued it or is retrying its store transaction.
-    async fn retrying<T, F, Fut>(&self, mut call: F, lost: &mut bool) -> Result<T, ClaimsError>
+    async fn retrying<T, F, Fut>(&self, call: F, lost: &mut bool) -> Result<T, ClaimsError>
+    where
+        F: FnMut(ClaimsServiceClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        self.retrying_within(self.config.call_timeout, call, lost)
+            .await
+    }
+
+    /// [`Self::retrying`] with each attempt bounded by `call_timeout` instead of the config's.
+    async fn retrying_within<T, F, Fut>(
+        &self,
+        call_timeout: Duration,
+        mut call: F,
+        lost: &mut bool,
+    ) -> Result<T, ClaimsError>
     where
         F: FnMut(ClaimsServiceClient<Channel>) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
@@ -227,22 +242,18 @@ impl ClaimsClient {
         let mut attempt = 0;
         let mut leased_retries = 0;
         loop {
-            let (outcome, hint) = match tokio::time::timeout(
-                self.config.call_timeout,
-                call(self.inner.clone()),
-            )
-            .await
-            {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(status)) => (self.status_error(&status), status::retry_delay(&status)),
-                Err(_) => (
-                    ClaimsError::server_unavailable(format!(
-                        "no answer from {} within {:?} (deadline exceeded)",
-                        self.server, self.config.call_timeout
-                    )),
-                    None,
-                ),
-            };
+            let (outcome, hint) =
+                match tokio::time::timeout(call_timeout, call(self.inner.clone())).await {
+                    Ok(Ok(value)) => return Ok(value),
+                    Ok(Err(status)) => (self.status_error(&status), status::retry_delay(&status)),
+                    Err(_) => (
+                        ClaimsError::server_unavailable(format!(
+                            "no answer from {} within {call_timeout:?} (deadline exceeded)",
+                            self.server
+                        )),
+                        None,
+                    ),
+                };
             if outcome.is_unavailable() {
                 *lost = true;
             }
@@ -283,31 +294,52 @@ impl ClaimsClient {
 
     /// BeginUpdate. A request without a lease id gets one here, before the first attempt.
     pub async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
-        self.begin(request, false).await
+        self.begin(request, false, None).await
+    }
+
+    /// BeginUpdate that waits up to `wait` for the leases holding its claims to end
+    /// (`wait_for_leased`; the server clamps it to its `--max-lease-wait`), in first-come order
+    /// with the other waiters, then decides again: a lease, CLAIM_TAKEN once a holder committed,
+    /// or CLAIM_LEASED when the wait is over. For background jobs (renames, migrations): never
+    /// inside a local transaction, whose locks would be held for the whole wait
+    /// (docs/cell-integration.md). Each attempt may take `wait` beyond the call timeout.
+    pub async fn begin_update_waiting(
+        &self,
+        request: BeginUpdate,
+        wait: Duration,
+    ) -> Result<Lease, ClaimsError> {
+        self.begin(request, false, Some(wait)).await
     }
 
     /// BeginUpdate of a verifier's correction (`restore_correction`): served during a restore
     /// quarantine, since it brings back a claim the cell's records hold (`domain::restore`).
     pub async fn begin_correction(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
-        self.begin(request, true).await
+        self.begin(request, true, None).await
     }
 
     async fn begin(
         &self,
         mut request: BeginUpdate,
         restore_correction: bool,
+        wait: Option<Duration>,
     ) -> Result<Lease, ClaimsError> {
         let lease_id = *request.lease_id.get_or_insert_with(LeaseId::generate);
         let message = pb::BeginUpdateRequest {
             restore_correction,
+            wait_for_leased: wait.map(topology_claims_proto::convert::duration_to_pb),
             ..begin_update_to_pb(&request)
         };
+        // A waiting call tells the server its deadline (grpc-timeout), which bounds the wait.
+        let call_timeout = self.config.call_timeout + wait.unwrap_or_default();
         let mut lost = false;
         let call = |mut c: ClaimsServiceClient<Channel>| {
-            let message = message.clone();
+            let mut message = tonic::Request::new(message.clone());
+            if wait.is_some() {
+                message.set_timeout(call_timeout);
+            }
             async move { c.begin_update(message).await }
         };
-        match self.retrying(call, &mut lost).await {
+        match self.retrying_within(call_timeout, call, &mut lost).await {
             Ok(response) => decode::lease_from_pb(response.get_ref().lease_payload.as_ref(), None),
             Err(refusal) => {
                 if lost && !refusal.is_unavailable() {

@@ -162,6 +162,11 @@ pub struct ServerMetrics {
     pub watch_revision: IntGauge,
     /// From a change (its claim's `updated_at`) to its event being sent to a watcher.
     pub watch_lag: prometheus::Histogram,
+    /// BeginUpdates waiting for a leased claim now, how long waits took, and how they ended
+    /// (`grpc::lease_wait`).
+    pub lease_waiters: IntGauge,
+    pub lease_wait_seconds: prometheus::Histogram,
+    pub lease_wait_outcomes: IntCounterVec,
 }
 
 impl ServerMetrics {
@@ -352,6 +357,36 @@ impl ServerMetrics {
                     .buckets(vec![
                         0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     ]),
+                )
+                .expect("valid metric"),
+            ),
+            lease_waiters: int_gauge(
+                &registry,
+                "topology_claims_lease_waiters",
+                "BeginUpdates waiting for a leased claim now (wait_for_leased; at most \
+                 --max-lease-waiters).",
+            ),
+            lease_wait_seconds: register(
+                &registry,
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "topology_claims_lease_wait_seconds",
+                        "How long BeginUpdates waited for a leased claim, however the wait ended.",
+                    )
+                    .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]),
+                )
+                .expect("valid metric"),
+            ),
+            lease_wait_outcomes: register(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "topology_claims_lease_wait_outcomes_total",
+                        "Waits for a leased claim by how they ended: granted (a lease), refused \
+                         (another refusal, e.g. CLAIM_TAKEN), timed_out (CLAIM_LEASED after the \
+                         wait), over_cap (CLAIM_LEASED at once: --max-lease-waiters reached).",
+                    ),
+                    &["outcome"],
                 )
                 .expect("valid metric"),
             ),

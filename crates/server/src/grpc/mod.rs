@@ -9,6 +9,7 @@ pub mod authz;
 pub mod cell_limits;
 pub mod guard;
 pub mod health;
+pub mod lease_wait;
 pub mod limits;
 pub mod listener;
 pub mod metrics;

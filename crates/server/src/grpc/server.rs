@@ -24,6 +24,7 @@ use crate::grpc::authz::AuthorizeLayer;
 use crate::grpc::cell_limits::{CellLimiter, CellLimits};
 use crate::grpc::guard::RequestGuardLayer;
 use crate::grpc::health::{watch_store, HealthConfig};
+use crate::grpc::lease_wait::{WaitConfig, WaitMetrics, WaitingRoom};
 use crate::grpc::limits::{ServerLimits, MAX_HEALTH_REQUEST_BYTES};
 use crate::grpc::listener::{self, ServerStats};
 use crate::grpc::metrics::MetricsLayer;
@@ -120,6 +121,8 @@ pub struct ServerConfig {
     pub rest: Option<RestConfig>,
     /// The change feed (WatchClaims): watchers, polling, retention.
     pub watch: WatchConfig,
+    /// BeginUpdates waiting for a leased claim (`--max-lease-wait`, `--max-lease-waiters`).
+    pub waits: WaitConfig,
 }
 
 /// The bound `--health-listen` listener, carried in a [`ServerConfig`] (clones share it; the
@@ -163,6 +166,7 @@ impl Default for ServerConfig {
             max_namespaces: topology_claims::domain::DEFAULT_MAX_NAMESPACES,
             rest: Some(RestConfig::default()),
             watch: WatchConfig::default(),
+            waits: WaitConfig::default(),
         }
     }
 }
@@ -245,6 +249,14 @@ pub async fn serve(
         },
         config.metrics.as_deref(),
     );
+    let room = WaitingRoom::new(
+        config.waits,
+        config.metrics.as_deref().map(|m| WaitMetrics {
+            waiters: m.lease_waiters.clone(),
+            wait_seconds: m.lease_wait_seconds.clone(),
+            outcomes: m.lease_wait_outcomes.clone(),
+        }),
+    );
     let claims = ClaimsServiceServer::new(
         ClaimsServiceImpl::new(
             Arc::clone(&store),
@@ -257,7 +269,8 @@ pub async fn serve(
             },
         )
         .with_restore(Arc::clone(&restore))
-        .with_watch(Arc::clone(&watch_hub)),
+        .with_watch(Arc::clone(&watch_hub))
+        .with_waits(Arc::clone(&room)),
     )
     .max_decoding_message_size(max_message_bytes);
     let admin = AdminServiceServer::new(
@@ -270,6 +283,7 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(());
     let (draining_tx, mut draining_rx) = watch::channel(false);
     let health_draining = draining_rx.clone();
+    let waiting = tokio::spawn(room.follow(Arc::clone(&store), watch_hub.head(), stop_rx.clone()));
     let follower = tokio::spawn(watch_hub.run(stop_rx.clone()));
     let gc = tokio::spawn(collect_outcomes_periodically(
         Arc::clone(&store),
@@ -395,6 +409,7 @@ pub async fn serve(
     };
     gc.abort();
     follower.abort();
+    waiting.abort();
     watcher.abort();
     restore_refresher.abort();
     let _ = restore_refresher.await;

@@ -16,6 +16,7 @@ use futures::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::grpc::convert;
+use crate::grpc::lease_wait::{self, WaitConfig, WaitingRoom};
 use crate::grpc::pb;
 use crate::grpc::pb::claims_service_server::ClaimsService;
 use crate::grpc::status::{self, to_status};
@@ -69,6 +70,8 @@ pub struct ClaimsServiceImpl {
     pub restore: Arc<RestoreGate>,
     /// The change feed's follower (`grpc::watch`), poked after this server's writes.
     pub watch: Arc<WatchHub>,
+    /// BeginUpdates waiting for a leased claim (`grpc::lease_wait`).
+    pub waits: Arc<WaitingRoom>,
 }
 
 impl ClaimsServiceImpl {
@@ -82,7 +85,14 @@ impl ClaimsServiceImpl {
             config,
             restore,
             watch,
+            waits: WaitingRoom::new(WaitConfig::default(), None),
         }
+    }
+
+    /// Shares `room` (the server's one, which follows the change feed for its waiters).
+    pub fn with_waits(mut self, room: Arc<WaitingRoom>) -> Self {
+        self.waits = room;
+        self
     }
 
     /// Shares `hub` (the server's one, which follows the log and compacts it).
@@ -159,12 +169,24 @@ impl ClaimsService for ClaimsServiceImpl {
         request: Request<pb::BeginUpdateRequest>,
     ) -> Result<Response<pb::BeginUpdateResponse>, Status> {
         let result: Result<pb::BeginUpdateResponse, ClaimsError> = async {
+            let deadline_left = lease_wait::deadline_left(request.metadata());
             let request = request.into_inner();
             let correction = request.restore_correction;
+            let wait =
+                convert::duration_from_pb(request.wait_for_leased.as_ref(), "wait_for_leased")?;
             let request = convert::begin_update_from_pb(request)?;
             domain::check_batch(&request, self.config.max_batch)?;
             self.restore.check_begin(&request, correction).await?;
-            let lease = self.store.begin_update(request).await?;
+            let lease = match self.store.begin_update(request.clone()).await {
+                Err(refusal) => match self.waits.wait_for(Some(wait), deadline_left) {
+                    Some(wait) => {
+                        let ask = || self.store.begin_update(request.clone());
+                        self.waits.wait(&request, refusal, wait, ask).await
+                    }
+                    None => Err(refusal),
+                },
+                begun => begun,
+            }?;
             self.watch.poke();
             Ok(pb::BeginUpdateResponse {
                 lease_payload: Some(convert::lease_payload_to_pb(&lease)),

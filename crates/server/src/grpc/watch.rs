@@ -123,6 +123,12 @@ impl WatchHub {
         })
     }
 
+    /// The revision through which the log is complete, as this hub last read it; changes as
+    /// the hub reads further (the waiting room follows it).
+    pub fn head(&self) -> watch::Receiver<u64> {
+        self.head.subscribe()
+    }
+
     /// This server wrote: read the head now rather than at the next poll.
     pub fn poke(&self) {
         self.poke.notify_one();

@@ -1,0 +1,248 @@
+//! Waiting for a leased claim (`BeginUpdateRequest.wait_for_leased`) through the real binary,
+//! on the memory, SQLite and PostgreSQL stores: a waiter gets the lease when the holder rolls
+//! back, CLAIM_TAKEN when it commits, CLAIM_LEASED with RetryInfo when nothing happens in time;
+//! three waiters are decided in arrival order and a fourth beyond `--max-lease-waiters` is
+//! answered at once; two batches waiting for each other's claims do not deadlock. Two servers on
+//! one PostgreSQL database: a waiter on one wakes when the holder ends its lease through the
+//! other (the wake-up time over 100 trials is printed).
+#![cfg(unix)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::pg::FreshDb;
+use common::Server;
+use topology_claims::domain::{BeginUpdate, ClaimRecord};
+use topology_claims::error::ClaimsError;
+use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_testkit::fixtures::{cell, creates, username};
+
+fn client(server: &Server) -> ClaimsClient {
+    ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap()
+}
+
+async fn serve(dir: &std::path::Path, store: &str) -> Server {
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        store,
+        "--max-lease-waiters",
+        "3",
+    ]
+    .map(String::from);
+    Server::start_async(dir, args.to_vec()).await
+}
+
+fn names(prefix: &str, values: &[&str]) -> Vec<ClaimRecord> {
+    values
+        .iter()
+        .map(|v| username(&format!("{prefix}-{v}")))
+        .collect()
+}
+
+/// Starts a waiting BeginUpdate of `request` for `wait`; its answer and when it came.
+fn waiting(
+    claims: &ClaimsClient,
+    request: BeginUpdate,
+    wait: Duration,
+) -> tokio::task::JoinHandle<(Result<topology_claims::domain::Lease, ClaimsError>, Instant)> {
+    let claims = claims.clone();
+    tokio::spawn(async move {
+        let answer = claims.begin_update_waiting(request, wait).await;
+        (answer, Instant::now())
+    })
+}
+
+fn is_leased(result: &Result<topology_claims::domain::Lease, ClaimsError>) -> bool {
+    matches!(
+        result.as_ref().map_err(ClaimsError::refusal),
+        Err(ClaimsError::ClaimLeased { .. })
+    )
+}
+
+fn is_taken(result: &Result<topology_claims::domain::Lease, ClaimsError>) -> bool {
+    matches!(
+        result.as_ref().map_err(ClaimsError::refusal),
+        Err(ClaimsError::ClaimTaken { .. })
+    )
+}
+
+/// Every case, on one server.
+async fn cases(claims: &ClaimsClient, prefix: &str) {
+    let (a, b, c, d, e) = (
+        cell("cell-a"),
+        cell("cell-b"),
+        cell("cell-c"),
+        cell("cell-d"),
+        cell("cell-e"),
+    );
+    let wait = Duration::from_secs(3);
+
+    // The holder rolls back after 0.5 s: the waiter gets the lease in 0.5–1.0 s.
+    let x = names(prefix, &["rolled"]);
+    let held = claims.begin_update(creates(&a, &x)).await.unwrap();
+    let started = Instant::now();
+    let waiter = waiting(claims, creates(&b, &x), wait);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    claims.rollback_update(&a, held.lease_id).await.unwrap();
+    let (answer, at) = waiter.await.unwrap();
+    let took = at - started;
+    let lease = answer.expect("the waiter gets the lease");
+    assert!(
+        (Duration::from_millis(500)..Duration::from_millis(1000)).contains(&took),
+        "{took:?}"
+    );
+    claims.rollback_update(&b, lease.lease_id).await.unwrap();
+
+    // The holder commits after 0.5 s: CLAIM_TAKEN in 0.5–1.0 s.
+    let x = names(prefix, &["committed"]);
+    let held = claims.begin_update(creates(&a, &x)).await.unwrap();
+    let started = Instant::now();
+    let waiter = waiting(claims, creates(&b, &x), wait);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    claims.commit_update(&a, held.lease_id).await.unwrap();
+    let (answer, at) = waiter.await.unwrap();
+    let took = at - started;
+    assert!(is_taken(&answer), "{answer:?}");
+    assert!(
+        (Duration::from_millis(500)..Duration::from_millis(1000)).contains(&took),
+        "{took:?}"
+    );
+
+    // Nothing happens: CLAIM_LEASED once the wait is over.
+    let x = names(prefix, &["kept"]);
+    let held = claims.begin_update(creates(&a, &x)).await.unwrap();
+    let started = Instant::now();
+    let answer = claims
+        .begin_update_waiting(creates(&b, &x), Duration::from_secs(1))
+        .await;
+    let took = started.elapsed();
+    assert!(is_leased(&answer), "{answer:?}");
+    assert!(
+        (Duration::from_millis(1000)..Duration::from_millis(2000)).contains(&took),
+        "{took:?}"
+    );
+    claims.rollback_update(&a, held.lease_id).await.unwrap();
+
+    // Three waiters, decided in arrival order; a fourth finds the room full (3) at once.
+    let x = names(prefix, &["queue"]);
+    let held = claims.begin_update(creates(&a, &x)).await.unwrap();
+    let mut queue = Vec::new();
+    for who in [&b, &c, &d] {
+        queue.push(waiting(claims, creates(who, &x), Duration::from_secs(5)));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let started = Instant::now();
+    let full = claims
+        .begin_update_waiting(creates(&e, &x), Duration::from_secs(5))
+        .await;
+    assert!(is_leased(&full), "{full:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    claims.rollback_update(&a, held.lease_id).await.unwrap();
+    let mut queue = queue.into_iter();
+    let (first, _) = queue.next().unwrap().await.unwrap();
+    let first = first.expect("the first waiter gets the lease");
+    assert_eq!(first.cell_id, b);
+    let (second, third) = (queue.next().unwrap(), queue.next().unwrap());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !second.is_finished() && !third.is_finished(),
+        "the later ones keep waiting"
+    );
+    claims.rollback_update(&b, first.lease_id).await.unwrap();
+    let (second, _) = second.await.unwrap();
+    let second = second.expect("the second waiter gets the lease next");
+    assert_eq!(second.cell_id, c);
+    assert!(!third.is_finished());
+    claims.commit_update(&c, second.lease_id).await.unwrap();
+    let (third, _) = third.await.unwrap();
+    assert!(
+        is_taken(&third),
+        "the third gets the new holder's outcome: {third:?}"
+    );
+
+    // Two batches waiting for each other's claims, in opposite orders, do not deadlock.
+    let (p, q) = (
+        username(&format!("{prefix}-p")),
+        username(&format!("{prefix}-q")),
+    );
+    let held = claims
+        .begin_update(creates(&a, &[p.clone(), q.clone()]))
+        .await
+        .unwrap();
+    let one = waiting(claims, creates(&b, &[p.clone(), q.clone()]), wait);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let two = waiting(claims, creates(&c, &[q, p]), wait);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    claims.rollback_update(&a, held.lease_id).await.unwrap();
+    let (one, _) = one.await.unwrap();
+    let one = one.expect("the first batch gets both claims");
+    claims.rollback_update(&b, one.lease_id).await.unwrap();
+    let (two, _) = two.await.unwrap();
+    let two = two.expect("then the second");
+    claims.rollback_update(&c, two.lease_id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_on_the_memory_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), "memory:").await;
+    cases(&client(&server), "mem").await;
+    let _ = tokio::task::spawn_blocking(move || server.stop_with("TERM")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_on_the_sqlite_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("claims.db").display());
+    let server = serve(dir.path(), &store).await;
+    cases(&client(&server), "lite").await;
+    let _ = tokio::task::spawn_blocking(move || server.stop_with("TERM")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_on_postgresql_and_across_two_servers() {
+    let Some(db) = FreshDb::create().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let one = serve(dir.path(), &db.url).await;
+    let two = serve(dir.path(), &db.url).await;
+    let (first, second) = (client(&one), client(&two));
+    cases(&first, "pg").await;
+    // The holder ends its lease through server 1; the waiter waits on server 2.
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+    let mut woke = Vec::new();
+    for trial in 0..100 {
+        let x = vec![username(&format!("across-{trial}"))];
+        let held = first.begin_update(creates(&a, &x)).await.unwrap();
+        let waiter = waiting(&second, creates(&b, &x), Duration::from_secs(3));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        first.rollback_update(&a, held.lease_id).await.unwrap();
+        let released = Instant::now();
+        let (answer, at) = waiter.await.unwrap();
+        let lease = answer.expect("the waiter on the other server gets the lease");
+        woke.push(at.saturating_duration_since(released));
+        second.rollback_update(&b, lease.lease_id).await.unwrap();
+    }
+    woke.sort();
+    let p99 = woke[98];
+    println!(
+        "cross-server wake-up over 100 trials: p50 {:?}, p99 {p99:?}, max {:?}",
+        woke[49], woke[99]
+    );
+    // The objective is 100 ms (--watch-poll-interval 50 ms plus a read); the assertion is loose.
+    assert!(p99 < Duration::from_secs(1), "{woke:?}");
+    let _ = tokio::task::spawn_blocking(move || {
+        one.stop_with("TERM");
+        two.stop_with("TERM");
+    })
+    .await;
+    db.drop_database().await;
+}

@@ -1,0 +1,362 @@
+//! The waiting room of `BeginUpdateRequest.wait_for_leased` (docs/api.md, "Waiting for a leased
+//! claim"; decision 118): a BeginUpdate refused only with CLAIM_LEASED waits here, in its
+//! claims' queues, and asks the store again when it is first in line and one of its claims
+//! changed, until it gets another answer or its wait is over.
+//!
+//! Wake-ups come from the change feed: the room reads the store's log (`ClaimStore::read_events`)
+//! whenever the server's [`WatchHub`] sees the head move (at once after this server's writes,
+//! within `--watch-poll-interval` after another server's) and wakes the first waiter of each
+//! claim that changed. A waiter first in line also asks again every [`FALLBACK`], in case a
+//! change was missed (a failed read), and right after it joins (a change just before it joined).
+//! Waiting costs no store connection, and one queue entry and one `Notify` per waiter.
+//!
+//! Owns the queues' bookkeeping, the timers and the wake-ups; the rules (who waits, how long,
+//! in which order) are `domain::waits`'.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::{Histogram, IntCounterVec, IntGauge};
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use topology_claims::domain::waits::{self, Arrival, WaitQueues};
+use topology_claims::domain::{
+    BeginUpdate, CellId, ClaimKey, EventPosition, EventsQuery, Lease, LeaseId, EVENTS_READ_LIMIT,
+};
+use topology_claims::error::ClaimsError;
+use topology_claims::ports::ClaimStore;
+
+/// A waiter first in line asks again at least this often.
+pub const FALLBACK: Duration = Duration::from_millis(500);
+
+/// The knobs of the waiting room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitConfig {
+    /// `serve --max-lease-wait`.
+    pub max_wait: Duration,
+    /// `serve --max-lease-waiters`.
+    pub max_waiters: usize,
+}
+
+impl Default for WaitConfig {
+    fn default() -> Self {
+        Self {
+            max_wait: waits::DEFAULT_MAX_LEASE_WAIT,
+            max_waiters: waits::DEFAULT_MAX_LEASE_WAITERS,
+        }
+    }
+}
+
+/// The room's metrics (`--metrics-listen`).
+#[derive(Clone)]
+pub struct WaitMetrics {
+    pub waiters: IntGauge,
+    pub wait_seconds: Histogram,
+    pub outcomes: IntCounterVec,
+}
+
+#[derive(Default)]
+struct Room {
+    queues: WaitQueues,
+    next: Arrival,
+    wakers: HashMap<Arrival, Arc<Notify>>,
+    /// A retried request of the same lease keeps its place.
+    by_lease: HashMap<(CellId, LeaseId), (Arrival, usize)>,
+}
+
+/// The server's waiting room.
+pub struct WaitingRoom {
+    config: WaitConfig,
+    room: Mutex<Room>,
+    metrics: Option<WaitMetrics>,
+}
+
+/// How a wait ended, for `topology_claims_lease_wait_outcomes_total{outcome}`.
+fn outcome_label(result: &Result<Lease, ClaimsError>, over_cap: bool) -> &'static str {
+    match result {
+        _ if over_cap => "over_cap",
+        Ok(_) => "granted",
+        Err(error) if waits::blocking_claims(error).is_some() => "timed_out",
+        Err(_) => "refused",
+    }
+}
+
+/// A waiter's place, given back when its wait ends however it ends (also when the caller went
+/// away and the handler was dropped).
+struct Place<'a> {
+    room: &'a WaitingRoom,
+    arrival: Arrival,
+    lease: Option<(CellId, LeaseId)>,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.room.leave(self.arrival, self.lease.as_ref());
+    }
+}
+
+impl WaitingRoom {
+    pub fn new(config: WaitConfig, metrics: Option<WaitMetrics>) -> Arc<Self> {
+        if let Some(metrics) = &metrics {
+            // Every outcome's series is there from the start, at 0.
+            for outcome in ["granted", "refused", "timed_out", "over_cap"] {
+                metrics.outcomes.with_label_values(&[outcome]);
+            }
+        }
+        Arc::new(Self {
+            config,
+            room: Mutex::new(Room::default()),
+            metrics,
+        })
+    }
+
+    fn room(&self) -> std::sync::MutexGuard<'_, Room> {
+        self.room.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How long a request may wait (`None`: not at all), given what is left of its deadline.
+    pub fn wait_for(
+        &self,
+        requested: Option<Duration>,
+        deadline_left: Option<Duration>,
+    ) -> Option<Duration> {
+        waits::lease_wait(requested, self.config.max_wait, deadline_left)
+    }
+
+    /// A place in the room for `request`, unless `--max-lease-waiters` are waiting already.
+    fn enter(&self, request: &BeginUpdate) -> Option<(Arrival, Arc<Notify>)> {
+        let mut room = self.room();
+        let lease = request.lease_id.map(|id| (request.cell_id.clone(), id));
+        if let Some((arrival, holders)) = lease.as_ref().and_then(|l| room.by_lease.get_mut(l)) {
+            *holders += 1;
+            let arrival = *arrival;
+            let notify = room.wakers.get(&arrival).cloned()?;
+            return Some((arrival, notify));
+        }
+        if room.wakers.len() >= self.config.max_waiters {
+            return None;
+        }
+        room.next += 1;
+        let arrival = room.next;
+        let notify = Arc::new(Notify::new());
+        room.wakers.insert(arrival, Arc::clone(&notify));
+        if let Some(lease) = lease {
+            room.by_lease.insert(lease, (arrival, 1));
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics.waiters.set(room.wakers.len() as i64);
+        }
+        Some((arrival, notify))
+    }
+
+    /// `arrival`'s wait ended: out of the queues, and the next in line of each of its claims is
+    /// woken (its turn may have come).
+    fn leave(&self, arrival: Arrival, lease: Option<&(CellId, LeaseId)>) {
+        let mut room = self.room();
+        if let Some(lease) = lease {
+            if let Some((_, holders)) = room.by_lease.get_mut(lease) {
+                *holders -= 1;
+                if *holders > 0 {
+                    // A retry of the same lease still waits in this place.
+                    return;
+                }
+                room.by_lease.remove(lease);
+            }
+        }
+        let claims = room.queues.claims_of(arrival);
+        room.queues.leave(arrival);
+        room.wakers.remove(&arrival);
+        for claim in &claims {
+            wake_first(&room, claim);
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics.waiters.set(room.wakers.len() as i64);
+        }
+    }
+
+    /// Claims changed in the store: their first waiters ask again.
+    pub fn changed<'a>(&self, claims: impl IntoIterator<Item = &'a ClaimKey>) {
+        let room = self.room();
+        for claim in claims {
+            wake_first(&room, claim);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.room().wakers.is_empty()
+    }
+
+    /// Waits for the leases that refused `request` (`refusal`, CLAIM_LEASED only) to end, at
+    /// most `wait`, asking the store again (`ask`) whenever this waiter is first in line and
+    /// its claims changed. Returns the last answer: a lease, another refusal, or CLAIM_LEASED
+    /// when the wait is over (or at once when the room is full).
+    pub async fn wait<F, Fut>(
+        &self,
+        request: &BeginUpdate,
+        refusal: ClaimsError,
+        wait: Duration,
+        ask: F,
+    ) -> Result<Lease, ClaimsError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<Lease, ClaimsError>>,
+    {
+        let started = Instant::now();
+        let Some(mut blocking) = waits::blocking_claims(&refusal) else {
+            return Err(refusal);
+        };
+        let Some((arrival, notify)) = self.enter(request) else {
+            self.count(&Err(refusal.clone()), true, started);
+            return Err(refusal);
+        };
+        let _place = Place {
+            room: self,
+            arrival,
+            lease: request.lease_id.map(|id| (request.cell_id.clone(), id)),
+        };
+        let deadline = started + wait;
+        let mut last = Err(refusal);
+        loop {
+            self.room().queues.wait_for(arrival, blocking.clone());
+            // Not first: wait for the turn (or the end).
+            while !self.room().queues.is_first(arrival) {
+                if tokio::time::timeout_at(deadline, notify.notified())
+                    .await
+                    .is_err()
+                {
+                    self.count(&last, false, started);
+                    return last;
+                }
+            }
+            last = ask().await;
+            match last.as_ref().err().and_then(waits::blocking_claims) {
+                Some(now) if Instant::now() < deadline => blocking = now,
+                _ => {
+                    self.count(&last, false, started);
+                    return last;
+                }
+            }
+            self.room().queues.wait_for(arrival, blocking.clone());
+            let until = deadline.min(Instant::now() + FALLBACK);
+            let _ = tokio::time::timeout_at(until, notify.notified()).await;
+            if Instant::now() >= deadline {
+                self.count(&last, false, started);
+                return last;
+            }
+        }
+    }
+
+    fn count(&self, result: &Result<Lease, ClaimsError>, over_cap: bool, started: Instant) {
+        if let Some(metrics) = &self.metrics {
+            metrics
+                .outcomes
+                .with_label_values(&[outcome_label(result, over_cap)])
+                .inc();
+            if !over_cap {
+                metrics
+                    .wait_seconds
+                    .observe(started.elapsed().as_secs_f64());
+            }
+        }
+    }
+
+    /// Follows the store's log while anyone waits, waking the first waiter of every claim that
+    /// changed. `head` is the change feed's head (`WatchHub::head`); ends when `stop` changes.
+    pub async fn follow(
+        self: Arc<Self>,
+        store: Arc<dyn ClaimStore>,
+        mut head: watch::Receiver<u64>,
+        mut stop: watch::Receiver<()>,
+    ) {
+        let mut from = EventPosition::start_of(*head.borrow() + 1);
+        loop {
+            tokio::select! {
+                changed = head.changed() => if changed.is_err() { return },
+                _ = stop.changed() => return,
+            }
+            let current = *head.borrow();
+            if self.is_empty() {
+                // Nobody waits: a waiter that joins asks once right away, so skipping is safe.
+                from = EventPosition::start_of(current + 1);
+                continue;
+            }
+            loop {
+                let query = EventsQuery {
+                    from,
+                    limit: EVENTS_READ_LIMIT,
+                };
+                let page = match store.read_events(&query).await {
+                    Ok(page) => page,
+                    Err(ClaimsError::WatchCompacted {
+                        compact_revision, ..
+                    }) => {
+                        from = EventPosition::start_of(compact_revision);
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "the waiting room could not read the change feed");
+                        break;
+                    }
+                };
+                let claims: BTreeSet<&ClaimKey> =
+                    page.events.iter().map(|e| &e.claim.record.key).collect();
+                self.changed(claims);
+                if let Some(last) = page.events.last() {
+                    from = last.position.next();
+                }
+                if !page.more {
+                    from = from.max(EventPosition::start_of(page.through + 1));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn wake_first(room: &Room, claim: &ClaimKey) {
+    if let Some(first) = room.queues.first_of(claim) {
+        if let Some(notify) = room.wakers.get(&first) {
+            notify.notify_one();
+        }
+    }
+}
+
+/// What is left of the caller's deadline, from its `grpc-timeout` header (`None`: none sent),
+/// less a margin for the answer to get back in time.
+pub fn deadline_left(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    const MARGIN: Duration = Duration::from_millis(50);
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    let timeout = match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    };
+    Some(timeout.saturating_sub(MARGIN))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_callers_deadline_is_read_from_grpc_timeout_less_a_margin() {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        assert_eq!(deadline_left(&metadata), None);
+        metadata.insert("grpc-timeout", "2S".parse().unwrap());
+        assert_eq!(deadline_left(&metadata), Some(Duration::from_millis(1950)));
+        metadata.insert("grpc-timeout", "1500m".parse().unwrap());
+        assert_eq!(deadline_left(&metadata), Some(Duration::from_millis(1450)));
+        metadata.insert("grpc-timeout", "10m".parse().unwrap());
+        assert_eq!(deadline_left(&metadata), Some(Duration::ZERO));
+        metadata.insert("grpc-timeout", "x".parse().unwrap());
+        assert_eq!(deadline_left(&metadata), None);
+    }
+}
