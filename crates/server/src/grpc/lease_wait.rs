@@ -61,9 +61,11 @@ pub struct WaitMetrics {
 struct Room {
     queues: WaitQueues,
     next: Arrival,
-    wakers: HashMap<Arrival, Arc<Notify>>,
+    /// Per place, the `Notify` of each request waiting in it (more than one: retries of the
+    /// same lease).
+    wakers: HashMap<Arrival, Vec<Arc<Notify>>>,
     /// A retried request of the same lease keeps its place.
-    by_lease: HashMap<(CellId, LeaseId), (Arrival, usize)>,
+    by_lease: HashMap<(CellId, LeaseId), Arrival>,
 }
 
 /// The server's waiting room.
@@ -88,12 +90,14 @@ fn outcome_label(result: &Result<Lease, ClaimsError>, over_cap: bool) -> &'stati
 struct Place<'a> {
     room: &'a WaitingRoom,
     arrival: Arrival,
+    notify: Arc<Notify>,
     lease: Option<(CellId, LeaseId)>,
 }
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
-        self.room.leave(self.arrival, self.lease.as_ref());
+        self.room
+            .leave(self.arrival, &self.notify, self.lease.as_ref());
     }
 }
 
@@ -128,11 +132,14 @@ impl WaitingRoom {
     /// A place in the room for `request`, unless `--max-lease-waiters` are waiting already.
     fn enter(&self, request: &BeginUpdate) -> Option<(Arrival, Arc<Notify>)> {
         let mut room = self.room();
+        let notify = Arc::new(Notify::new());
         let lease = request.lease_id.map(|id| (request.cell_id.clone(), id));
-        if let Some((arrival, holders)) = lease.as_ref().and_then(|l| room.by_lease.get_mut(l)) {
-            *holders += 1;
-            let arrival = *arrival;
-            let notify = room.wakers.get(&arrival).cloned()?;
+        if let Some(arrival) = lease.as_ref().and_then(|l| room.by_lease.get(l)).copied() {
+            // A retry of a request that still waits: the same place, woken with it.
+            room.wakers
+                .entry(arrival)
+                .or_default()
+                .push(Arc::clone(&notify));
             return Some((arrival, notify));
         }
         if room.wakers.len() >= self.config.max_waiters {
@@ -140,10 +147,9 @@ impl WaitingRoom {
         }
         room.next += 1;
         let arrival = room.next;
-        let notify = Arc::new(Notify::new());
-        room.wakers.insert(arrival, Arc::clone(&notify));
+        room.wakers.insert(arrival, vec![Arc::clone(&notify)]);
         if let Some(lease) = lease {
-            room.by_lease.insert(lease, (arrival, 1));
+            room.by_lease.insert(lease, arrival);
         }
         if let Some(metrics) = &self.metrics {
             metrics.waiters.set(room.wakers.len() as i64);
@@ -153,17 +159,17 @@ impl WaitingRoom {
 
     /// `arrival`'s wait ended: out of the queues, and the next in line of each of its claims is
     /// woken (its turn may have come).
-    fn leave(&self, arrival: Arrival, lease: Option<&(CellId, LeaseId)>) {
+    fn leave(&self, arrival: Arrival, notify: &Arc<Notify>, lease: Option<&(CellId, LeaseId)>) {
         let mut room = self.room();
-        if let Some(lease) = lease {
-            if let Some((_, holders)) = room.by_lease.get_mut(lease) {
-                *holders -= 1;
-                if *holders > 0 {
-                    // A retry of the same lease still waits in this place.
-                    return;
-                }
-                room.by_lease.remove(lease);
+        if let Some(wakers) = room.wakers.get_mut(&arrival) {
+            wakers.retain(|n| !Arc::ptr_eq(n, notify));
+            if !wakers.is_empty() {
+                // A retry of the same lease still waits in this place.
+                return;
             }
+        }
+        if let Some(lease) = lease {
+            room.by_lease.remove(lease);
         }
         let claims = room.queues.claims_of(arrival);
         room.queues.leave(arrival);
@@ -214,6 +220,7 @@ impl WaitingRoom {
         let _place = Place {
             room: self,
             arrival,
+            notify: Arc::clone(&notify),
             lease: request.lease_id.map(|id| (request.cell_id.clone(), id)),
         };
         let deadline = started + wait;
@@ -317,7 +324,7 @@ impl WaitingRoom {
 
 fn wake_first(room: &Room, claim: &ClaimKey) {
     if let Some(first) = room.queues.first_of(claim) {
-        if let Some(notify) = room.wakers.get(&first) {
+        for notify in room.wakers.get(&first).into_iter().flatten() {
             notify.notify_one();
         }
     }
