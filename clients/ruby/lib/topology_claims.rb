@@ -81,6 +81,32 @@ module TopologyClaims
       @metrics ||= Metrics.new
     end
 
+    # Within the block, this thread's claims wait up to `seconds` for a claim another cell's
+    # update holds for a moment (CLAIM_LEASED), in first-come order, instead of failing at once:
+    # the server answers when the holder commits (CLAIM_TAKEN: a validation error) or rolls back
+    # (the claim is yours), or CLAIM_LEASED once the wait is over. The server clamps the wait to
+    # its --max-lease-wait (5 s by default).
+    #
+    # For background jobs only. A claim is taken just before the record's transaction commits,
+    # with its row locks held: a wait holds them (and the request thread) for its whole length.
+    # A form must answer at once; a job renaming 10,000 routes may wait.
+    #
+    #   TopologyClaims.with_lease_wait(2.0) { route.update!(path: new_path) }
+    def with_lease_wait(seconds)
+      raise ArgumentError, "with_lease_wait: seconds must be positive, got #{seconds.inspect}" unless seconds.to_f.positive?
+
+      previous = Thread.current[:topology_claims_lease_wait]
+      Thread.current[:topology_claims_lease_wait] = seconds.to_f
+      yield
+    ensure
+      Thread.current[:topology_claims_lease_wait] = previous
+    end
+
+    # The wait of the innermost with_lease_wait on this thread (nil outside one).
+    def lease_wait
+      Thread.current[:topology_claims_lease_wait]
+    end
+
     # The namespaces the server holds (ListNamespaces): AdminV1::Namespace messages with `id`,
     # `normalization` (:NORMALIZATION_PRECIS_USERNAME, …), `max_chars`, `pattern`, `reserved`,
     # `description`, `deprecated` and `version`. A cell's certificate may call it.

@@ -145,6 +145,29 @@ RSpec.shared_examples "a claimable cell" do |adapter|
     cell.client.rollback_update(lease) if lease
   end
 
+  it "waits inside with_lease_wait for another cell's lease to end, and gets the claim when it rolls back" do
+    name = unique("waited")
+    claim = { claim_type: :CLAIM_TYPE_USERNAME, claim_value: name, owner: :OWNER_USER, owner_value: "1",
+              table_name: :TABLE_NAME_USERS, table_record_id: 1 }
+    lease = cell.client.begin_update(creates: [claim]).lease_payload.lease_id
+    holder = Thread.new do
+      sleep 0.5
+      cell.client.rollback_update(lease)
+    end
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    user = other.user.new(username: name)
+    saved = TopologyClaims.with_lease_wait(3.0) { user.save }
+    took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+    holder.join
+    lease = nil
+    expect(saved).to be(true), user.errors.full_messages.inspect
+    expect(took).to be_between(0.45, 2.5)
+    expect(lookup(other, :username, name).first).to eq(other.cell_id)
+    expect(TopologyClaims.lease_wait).to be_nil
+  ensure
+    cell.client.rollback_update(lease) if lease
+  end
+
   it "makes exactly one BeginUpdate for two claimable models saved in one transaction" do
     name = unique("two")
     made = calls do

@@ -395,7 +395,8 @@ module TopologyClaims
       begin
         client.begin_update(creates: batch.creates.values, destroys: batch.destroys.values,
                             updates: batch.updates.values, lease_id: lease_id,
-                            local_transaction: local_transaction.to_s, deadline: config.in_transaction_deadline)
+                            local_transaction: local_transaction.to_s, deadline: config.in_transaction_deadline,
+                            wait_for_leased: TopologyClaims.lease_wait)
       rescue CircuitOpen
         raise # not sent: nothing to clean up
       rescue Unavailable

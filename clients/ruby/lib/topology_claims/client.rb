@@ -29,16 +29,23 @@ module TopologyClaims
     # BeginUpdate. `creates`, `destroys`, `updates` are ClaimRecords (or hashes of their fields).
     # `deadline`: one overall deadline in seconds covering every attempt (the in-transaction
     # order); nil: each attempt has `timeout`, up to `max_attempts`.
+    # `wait_for_leased`: seconds to wait for claims another lease holds (TopologyClaims.with_lease_wait);
+    # each attempt, and `deadline`, get that much longer.
     def begin_update(creates: [], destroys: [], updates: [], lease_id: SecureRandom.uuid,
-                     local_transaction: "", deadline: nil)
+                     local_transaction: "", deadline: nil, wait_for_leased: nil)
       request = V1::BeginUpdateRequest.new(
         cell_id: config.cell_id, lease_id: lease_id, local_transaction: local_transaction.to_s,
         creates_claims: creates.map { |c| record(c) }, destroys_claims: destroys.map { |c| record(c) },
         updates_claims: updates.map { |c| record(c) }
       )
+      wait = wait_for_leased.to_f
+      if wait.positive?
+        request.wait_for_leased = Google::Protobuf::Duration.new(seconds: wait.floor, nanos: ((wait % 1) * 1e9).round)
+        deadline += wait if deadline
+      end
       attempts = { lost: false }
       call(:begin_update, request, deadline: deadline, claims: creates.size + destroys.size + updates.size,
-                                   attempts_seen: attempts)
+                                   attempts_seen: attempts, extra: wait)
     rescue CallError => e
       fence(lease_id, e) if attempts[:lost] && !e.is_a?(Unavailable)
       raise
@@ -124,7 +131,8 @@ module TopologyClaims
 
     # `attempts_seen`: a hash whose :lost is set when an attempt's fate is unknown (no answer, a
     # broken connection, an unavailable store): that attempt may still be applied later.
-    def call(method, request, deadline: nil, claims: 0, attempts: nil, attempts_seen: {}, counted: true)
+    # `extra`: seconds each attempt may take beyond config.timeout (a BeginUpdate that waits).
+    def call(method, request, deadline: nil, claims: 0, attempts: nil, attempts_seen: {}, counted: true, extra: 0)
       rpc = RPC_NAMES.fetch(method)
       what = "#{rpc} to the claims server at #{config.address}"
       stub = stub_for_this_process(ADMIN_RPCS.include?(method) ? :admin : :claims)
@@ -134,7 +142,7 @@ module TopologyClaims
       @breaker.admit(claims) do
         loop do
           attempt += 1
-          per_attempt = config.timeout
+          per_attempt = config.timeout + extra
           if deadline
             remaining = deadline - (monotonic - started)
             per_attempt = [per_attempt, remaining].min
