@@ -13,9 +13,12 @@ use std::time::{Duration, Instant};
 
 use common::pg::FreshDb;
 use common::Server;
+use tonic_types::StatusExt;
 use topology_claims::domain::{BeginUpdate, ClaimRecord, LeaseId, LeasesQuery};
 use topology_claims::error::ClaimsError;
 use topology_claims_client::{ClaimsClient, ClientConfig};
+use topology_claims_proto::pb;
+use topology_claims_proto::pb::claims_service_client::ClaimsServiceClient;
 use topology_claims_testkit::fixtures::{cell, creates, username};
 
 fn client(server: &Server) -> ClaimsClient {
@@ -30,6 +33,8 @@ async fn serve(dir: &std::path::Path, store: &str) -> Server {
         store,
         "--max-lease-waiters",
         "3",
+        "--metrics-listen",
+        "127.0.0.1:0",
     ]
     .map(String::from);
     Server::start_async(dir, args.to_vec()).await
@@ -69,8 +74,20 @@ fn is_taken(result: &Result<topology_claims::domain::Lease, ClaimsError>) -> boo
     )
 }
 
+/// A waiting BeginUpdate over the bare gRPC client: its status, for the details.
+async fn raw_waiting_begin(endpoint: &str, request: &BeginUpdate, wait: Duration) -> tonic::Status {
+    let mut raw = ClaimsServiceClient::connect(endpoint.to_owned())
+        .await
+        .unwrap();
+    let message = pb::BeginUpdateRequest {
+        wait_for_leased: Some(topology_claims_proto::convert::duration_to_pb(wait)),
+        ..topology_claims::codec::begin_update_to_pb(request)
+    };
+    raw.begin_update(message).await.expect_err("refused")
+}
+
 /// Every case, on one server.
-async fn cases(claims: &ClaimsClient, prefix: &str) {
+async fn cases(claims: &ClaimsClient, endpoint: &str, prefix: &str) {
     let (a, b, c, d, e) = (
         cell("cell-a"),
         cell("cell-b"),
@@ -111,19 +128,41 @@ async fn cases(claims: &ClaimsClient, prefix: &str) {
         "{took:?}"
     );
 
-    // Nothing happens: CLAIM_LEASED once the wait is over.
+    // Nothing happens: CLAIM_LEASED with RetryInfo once the wait is over.
     let x = names(prefix, &["kept"]);
     let held = claims.begin_update(creates(&a, &x)).await.unwrap();
     let started = Instant::now();
-    let answer = claims
-        .begin_update_waiting(creates(&b, &x), Duration::from_secs(1))
-        .await;
+    let status = raw_waiting_begin(endpoint, &creates(&b, &x), Duration::from_secs(1)).await;
     let took = started.elapsed();
-    assert!(is_leased(&answer), "{answer:?}");
+    let details = status.get_error_details();
+    assert_eq!(
+        details.error_info().map(|i| i.reason.as_str()),
+        Some("CLAIM_LEASED"),
+        "{status:?}"
+    );
+    assert!(details.retry_info().is_some(), "{status:?}");
     assert!(
         (Duration::from_millis(1000)..Duration::from_millis(2000)).contains(&took),
         "{took:?}"
     );
+    // The caller's deadline wins over a longer wait: CLAIM_LEASED just before it.
+    let started = Instant::now();
+    let mut raw = ClaimsServiceClient::connect(endpoint.to_owned())
+        .await
+        .unwrap();
+    let mut message = tonic::Request::new(pb::BeginUpdateRequest {
+        wait_for_leased: Some(topology_claims_proto::convert::duration_to_pb(wait)),
+        ..topology_claims::codec::begin_update_to_pb(&creates(&b, &x))
+    });
+    message.set_timeout(Duration::from_millis(700));
+    let status = raw.begin_update(message).await.expect_err("refused");
+    let took = started.elapsed();
+    let reason = status
+        .get_error_details()
+        .error_info()
+        .map(|i| i.reason.clone());
+    assert_eq!(reason.as_deref(), Some("CLAIM_LEASED"), "{status:?}");
+    assert!(took < Duration::from_millis(700), "{took:?}");
     claims.rollback_update(&a, held.lease_id).await.unwrap();
 
     // Three waiters, decided in arrival order; a fourth finds the room full (3) at once.
@@ -220,7 +259,25 @@ async fn cases(claims: &ClaimsClient, prefix: &str) {
 async fn waiting_on_the_memory_store() {
     let dir = tempfile::tempdir().unwrap();
     let server = serve(dir.path(), "memory:").await;
-    cases(&client(&server), "mem").await;
+    cases(&client(&server), &server.endpoint(), "mem").await;
+    // Every way a wait ends was counted, and nobody waits now.
+    let metrics = server.child.metrics_addr(common::PATIENCE).unwrap();
+    let scraped = common::scrape(metrics);
+    let outcome = |o: &str| {
+        common::value(
+            &scraped,
+            "topology_claims_lease_wait_outcomes_total",
+            &[("outcome", o)],
+        )
+    };
+    assert!(outcome("granted") >= Some(4.0), "{scraped}");
+    assert!(outcome("refused") >= Some(2.0), "{scraped}");
+    assert!(outcome("timed_out") >= Some(2.0), "{scraped}");
+    assert_eq!(outcome("over_cap"), Some(1.0), "{scraped}");
+    assert_eq!(
+        common::value(&scraped, "topology_claims_lease_waiters", &[]),
+        Some(0.0)
+    );
     let _ = tokio::task::spawn_blocking(move || server.stop_with("TERM")).await;
 }
 
@@ -229,7 +286,7 @@ async fn waiting_on_the_sqlite_store() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("claims.db").display());
     let server = serve(dir.path(), &store).await;
-    cases(&client(&server), "lite").await;
+    cases(&client(&server), &server.endpoint(), "lite").await;
     let _ = tokio::task::spawn_blocking(move || server.stop_with("TERM")).await;
 }
 
@@ -242,7 +299,7 @@ async fn waiting_on_postgresql_and_across_two_servers() {
     let one = serve(dir.path(), &db.url).await;
     let two = serve(dir.path(), &db.url).await;
     let (first, second) = (client(&one), client(&two));
-    cases(&first, "pg").await;
+    cases(&first, &one.endpoint(), "pg").await;
     // The holder ends its lease through server 1; the waiter waits on server 2.
     let (a, b) = (cell("cell-a"), cell("cell-b"));
     let mut woke = Vec::new();
@@ -359,6 +416,51 @@ async fn a_thousand_waiters_on_one_claim_cost_little_and_all_get_the_holders_out
     println!(
         "every waiter had CLAIM_TAKEN {:?} after the commit",
         committed.elapsed()
+    );
+    let _ = tokio::task::spawn_blocking(move || server.stop_with("TERM")).await;
+}
+
+/// Every ask of a waiting BeginUpdate passes the restore gate again: a store marked restored
+/// while a create waited refuses it (RESTORE_QUARANTINE) when the holder rolls back, rather
+/// than hand it a claim the restore may have lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_meets_a_restore_marked_while_it_waited() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), "memory:").await;
+    let claims = client(&server);
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+    let x = vec![username("restored-meanwhile")];
+    let held = claims.begin_update(creates(&a, &x)).await.unwrap();
+    let waiter = waiting(&claims, creates(&b, &x), Duration::from_secs(5));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let endpoint = server.endpoint();
+    let marked = {
+        let dir = dir.path().to_owned();
+        tokio::task::spawn_blocking(move || {
+            common::run(
+                &dir,
+                &[
+                    "admin",
+                    "--server",
+                    &endpoint,
+                    "mark-restored",
+                    "--backup-time",
+                    "2026-01-01T00:00:00Z",
+                    "--reason",
+                    "drill",
+                    "--yes",
+                ],
+            )
+        })
+        .await
+        .unwrap()
+    };
+    assert!(marked.status.success(), "{}", common::text(&marked.stderr));
+    claims.rollback_update(&a, held.lease_id).await.unwrap();
+    let (answer, _) = waiter.await.unwrap();
+    assert!(
+        matches!(answer, Err(ClaimsError::RestoreQuarantine { .. })),
+        "{answer:?}"
     );
     let _ = tokio::task::spawn_blocking(move || server.stop_with("TERM")).await;
 }

@@ -51,6 +51,12 @@ pub struct UpdateConfig {
     /// connection). Default 200 ms, as GitLab's Cells ADR 021. On expiry the local transaction
     /// is rolled back and the caller gets `ServerUnavailable`.
     pub in_transaction_deadline: Duration,
+    /// In the pre-flight order ([`PendingUpdate::begin`]), wait this long for claims other
+    /// leases hold (`wait_for_leased`; `ClaimsClient::begin_update_waiting`) instead of
+    /// failing with CLAIM_LEASED at once: for background jobs. `None` (the default): do not
+    /// wait. Never used by [`PendingUpdate::begin_in_transaction`], whose local transaction
+    /// holds its locks while BeginUpdate runs.
+    pub lease_wait: Option<Duration>,
 }
 
 impl Default for UpdateConfig {
@@ -60,6 +66,7 @@ impl Default for UpdateConfig {
             safety_margin: Duration::from_secs(60),
             renew_every: Some(Duration::from_secs(120)),
             in_transaction_deadline: Duration::from_millis(200),
+            lease_wait: None,
         }
     }
 }
@@ -182,8 +189,13 @@ impl PendingUpdate {
         config: UpdateConfig,
     ) -> Result<Self, ClaimsError> {
         request.lease_id.get_or_insert_with(LeaseId::generate);
-        let call = client.begin_update(request.clone());
-        match Self::begin_unsettled(client, call, &request, config).await {
+        let call = async {
+            match config.lease_wait {
+                Some(wait) => client.begin_update_waiting(request.clone(), wait).await,
+                None => client.begin_update(request.clone()).await,
+            }
+        };
+        match Self::begin_unsettled(client, call, &request, config.clone()).await {
             Ok(pending) => Ok(pending),
             Err(failure) => Err(failure.settle().await),
         }

@@ -339,6 +339,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         tally: Arc::clone(&tally),
         injector: Arc::clone(&injector),
         update,
+        lease_wait: Duration::from_millis(200),
         sabotage: args.sabotage,
         drifted: Default::default(),
         recovery: Arc::new(Recovery::default()),
@@ -826,6 +827,10 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         ),
         ("proxy connections", proxy.connections().to_string()),
         ("router cache", router_line),
+        (
+            "lease waits",
+            crate::cell::lease_waits_line(cells_n, args.pg_cells),
+        ),
     ];
     if faults.contains(&FaultKind::StoreRestore) {
         let refused = tally

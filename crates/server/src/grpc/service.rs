@@ -180,7 +180,12 @@ impl ClaimsService for ClaimsServiceImpl {
             let lease = match self.store.begin_update(request.clone()).await {
                 Err(refusal) => match self.waits.wait_for(Some(wait), deadline_left) {
                     Some(wait) => {
-                        let ask = || self.store.begin_update(request.clone());
+                        // Each ask is a BeginUpdate of its own: the restore gate too (a restore
+                        // may have been marked while it waited).
+                        let ask = || async {
+                            self.restore.check_begin(&request, correction).await?;
+                            self.store.begin_update(request.clone()).await
+                        };
                         self.waits.wait(&request, refusal, wait, ask).await
                     }
                     None => Err(refusal),
