@@ -333,10 +333,7 @@ async fn waiting_on_postgresql_and_across_two_servers() {
 
 /// The resident set of process `pid`, in bytes.
 fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024
+    topology_claims_harness::proc_stats::rss_kib(pid).expect("the server's RSS") * 1024
 }
 
 /// p99 of 300 BeginUpdate + RollbackUpdate pairs of cell-z's own claims (none is waited for).
@@ -359,16 +356,7 @@ async fn unrelated_p99(claims: &ClaimsClient, round: &str) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_waiters_on_one_claim_cost_little_and_all_get_the_holders_outcome() {
     let dir = tempfile::tempdir().unwrap();
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--store",
-        "memory:",
-        "--max-lease-wait",
-        "30s",
-    ]
-    .map(String::from);
-    let server = Server::start_async(dir.path(), args.to_vec()).await;
+    let server = Server::start_memory(dir.path(), &["--max-lease-wait", "30s"]).await;
     // 20 connections: each carries at most --max-streams (100) calls at once.
     let connections: Vec<ClaimsClient> = (0..20).map(|_| client(&server)).collect();
     let claims = &connections[0];

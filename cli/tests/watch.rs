@@ -155,16 +155,7 @@ async fn the_watch_command_prints_every_change_and_resumes_from_a_revision() {
 #[tokio::test]
 async fn a_watch_from_below_the_retention_is_refused_with_watch_compacted() {
     let dir = tempfile::tempdir().unwrap();
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--store",
-        "memory:",
-        "--watch-retention",
-        "2s",
-    ]
-    .map(String::from);
-    let server = Server::start_async(dir.path(), args.to_vec()).await;
+    let server = Server::start_memory(dir.path(), &["--watch-retention", "2s"]).await;
     let claims = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
     let a = cell("cell-a");
     let lease = claims
@@ -218,10 +209,7 @@ async fn a_watch_from_below_the_retention_is_refused_with_watch_compacted() {
 
 /// The resident set of process `pid`, in bytes.
 fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024
+    topology_claims_harness::proc_stats::rss_kib(pid).expect("the server's RSS") * 1024
 }
 
 /// Begin + commit of 1,000 new usernames `{prefix}-0` … for cell-a; how long the pair took.

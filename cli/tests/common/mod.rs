@@ -96,6 +96,15 @@ impl Server {
         .expect("the serve start task")
     }
 
+    /// A server on `memory:` listening on a free loopback port, with `extra` flags.
+    pub async fn start_memory(dir: &Path, extra: &[&str]) -> Server {
+        let mut args: Vec<String> = ["--listen", "127.0.0.1:0", "--store", "memory:"]
+            .map(String::from)
+            .to_vec();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        Server::start_async(dir, args).await
+    }
+
     pub fn endpoint(&self) -> String {
         self.child.endpoint()
     }
