@@ -87,7 +87,8 @@ async fn cache_agrees_with_the_store_after_random_traffic(store: Arc<dyn ClaimSt
             .await;
         let agrees = match &truth {
             Ok(view) => {
-                view.cell_id.as_str() == owner.cell_id && super_state(view.state) == owner.state
+                view.cell_id.as_str() == owner.cell_id
+                    && router_cache::state_name(view.state) == owner.state
             }
             Err(ClaimsError::ClaimNotFound { .. }) => false,
             Err(other) => panic!("{other}"),
@@ -103,15 +104,6 @@ async fn cache_agrees_with_the_store_after_random_traffic(store: Arc<dyn ClaimSt
         held.len()
     );
     follower.abort();
-}
-
-fn super_state(state: topology_claims::ClaimState) -> &'static str {
-    match state {
-        topology_claims::ClaimState::Active => "active",
-        topology_claims::ClaimState::Creating => "creating",
-        topology_claims::ClaimState::Destroying => "destroying",
-        topology_claims::ClaimState::Updating => "updating",
-    }
 }
 
 #[tokio::test]

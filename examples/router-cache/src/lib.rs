@@ -329,7 +329,8 @@ pub const SILENCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(3)
 /// How long the cache waits before re-opening a stream that ended or failed.
 pub const RECONNECT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
-fn state_name(state: topology_claims_client::ClaimState) -> &'static str {
+/// A claim state as the REST answer names it (`active`, `creating`, …).
+pub fn state_name(state: topology_claims_client::ClaimState) -> &'static str {
     use topology_claims_client::ClaimState::*;
     match state {
         Active => "active",

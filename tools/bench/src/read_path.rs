@@ -14,13 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use topology_claims::{BeginUpdate, CellId, ClaimKey, ClaimState, ClaimType};
 use topology_claims_client::{ClaimsClient, ClientConfig, WatchRequest};
 
+use crate::stats::Latency;
 use crate::systems::System;
 use crate::workload::signup_claims;
 use crate::BenchArgs;
@@ -79,18 +79,6 @@ fn username(name: &str) -> ClaimKey {
     ClaimKey::new(ClaimType::Username, name.to_owned())
 }
 
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000, 3).unwrap_or_else(|e| unreachable!("{e}"))
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
-}
-
-fn ms(h: &Histogram<u64>, q: f64) -> f64 {
-    h.value_at_quantile(q) as f64 / 1000.0
-}
-
 /// Runs both measurements on every service the bench started.
 pub async fn run(args: &BenchArgs, systems: &[System]) -> Result<(), String> {
     let mut measured = 0;
@@ -115,28 +103,28 @@ pub async fn run(args: &BenchArgs, systems: &[System]) -> Result<(), String> {
         println!("\n== {label}: lookups, gRPC LookupClaim against REST GET ==");
         println!("clients  kind   lookups/s    p50 ms    p99 ms   REST p99 / gRPC p99");
         for &clients in &args.clients {
-            let (mut grpc, mut rest) = ((0, histogram()), (0, histogram()));
+            let (mut grpc, mut rest) = ((0, Latency::default()), (0, Latency::default()));
             for _ in 0..args.rounds {
                 for (rest_kind, into) in [(false, &mut grpc), (true, &mut rest)] {
                     let _ = segment(endpoint, &names, clients, args.warmup, rest_kind).await?;
                     let (n, h) =
                         segment(endpoint, &names, clients, args.duration, rest_kind).await?;
                     into.0 += n;
-                    into.1.add(&h).map_err(|e| e.to_string())?;
+                    into.1.merge(&h);
                 }
             }
             let seconds = args.duration.as_secs_f64() * f64::from(args.rounds);
             for (kind, (n, h)) in [("gRPC", &grpc), ("REST", &rest)] {
                 let ratio = if kind == "REST" {
-                    format!("{:.2}", ms(h, 0.99) / ms(&grpc.1, 0.99).max(0.001))
+                    format!("{:.2}", h.ms(0.99) / grpc.1.ms(0.99).max(0.001))
                 } else {
                     String::new()
                 };
                 println!(
                     "{clients:>7}  {kind:<5} {:>10.0} {:>9.2} {:>9.2}   {ratio}",
                     *n as f64 / seconds,
-                    ms(h, 0.5),
-                    ms(h, 0.99)
+                    h.ms(0.5),
+                    h.ms(0.99)
                 );
             }
         }
@@ -175,7 +163,7 @@ async fn segment(
     clients: usize,
     length: Duration,
     rest: bool,
-) -> Result<(u64, Histogram<u64>), String> {
+) -> Result<(u64, Latency), String> {
     let names = Arc::new(names.to_vec());
     let deadline = Instant::now() + length;
     let mut tasks = Vec::new();
@@ -183,7 +171,7 @@ async fn segment(
         let names = Arc::clone(&names);
         let endpoint = endpoint.to_owned();
         tasks.push(tokio::spawn(async move {
-            let mut h = histogram();
+            let mut h = Latency::default();
             let mut n = 0u64;
             let grpc = ClaimsClient::connect_lazy(&endpoint, ClientConfig::default())
                 .map_err(|e| e.to_string())?;
@@ -210,18 +198,17 @@ async fn segment(
                         .await
                         .map_err(|e| format!("LookupClaim {name}: {e}"))?;
                 }
-                h.record(micros(started.elapsed()))
-                    .map_err(|e| e.to_string())?;
+                h.record(started.elapsed());
                 n += 1;
             }
             Ok::<_, String>((n, h))
         }));
     }
-    let mut total = (0, histogram());
+    let mut total = (0, Latency::default());
     for task in tasks {
         let (n, h) = task.await.map_err(|e| e.to_string())??;
         total.0 += n;
-        total.1.add(&h).map_err(|e| e.to_string())?;
+        total.1.merge(&h);
     }
     Ok(total)
 }
@@ -298,14 +285,12 @@ async fn watch_lag(label: &str, endpoint: &str, args: &BenchArgs) -> Result<(), 
     follower.abort();
     let committed = committed.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let mut lag = histogram();
+    let mut lag = Latency::default();
     let mut missing = 0;
     for (name, answered) in &committed {
         match seen.get(name) {
             // An event may arrive before the answer does: no lag.
-            Some(at) => lag
-                .record(micros(at.saturating_duration_since(*answered)))
-                .map_err(|e| e.to_string())?,
+            Some(at) => lag.record(at.saturating_duration_since(*answered)),
             None => missing += 1,
         }
     }
@@ -316,9 +301,9 @@ async fn watch_lag(label: &str, endpoint: &str, args: &BenchArgs) -> Result<(), 
          {missing} events missing",
         committed.len() as f64 / elapsed.as_secs_f64(),
         committed.len(),
-        ms(&lag, 0.5),
-        ms(&lag, 0.99),
-        lag.max() as f64 / 1000.0
+        lag.ms(0.5),
+        lag.ms(0.99),
+        lag.ms(1.0)
     );
     if missing > 0 {
         return Err(format!(

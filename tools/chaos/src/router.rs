@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use router_cache::{Owner, RouterCache};
+use router_cache::{state_name, Owner, RouterCache};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use topology_claims::{ClaimState, ClaimsError};
+use topology_claims::ClaimsError;
 use topology_claims_client::{ClaimsClient, WatchRequest};
 
 use crate::invariants::Violation;
@@ -44,15 +44,6 @@ pub struct Router {
     stop: watch::Sender<bool>,
     violations: Arc<Mutex<Vec<Violation>>>,
     checks: Arc<AtomicU64>,
-}
-
-fn state_name(state: ClaimState) -> &'static str {
-    match state {
-        ClaimState::Active => "active",
-        ClaimState::Creating => "creating",
-        ClaimState::Destroying => "destroying",
-        ClaimState::Updating => "updating",
-    }
 }
 
 fn agrees(owner: &Owner, view: &topology_claims::domain::ClaimView) -> bool {
