@@ -5,13 +5,14 @@
 //! after a call, the call's changes become one revision of the event log (one counter: the
 //! mutex orders every call, so revisions are in the order calls took effect).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::domain::waits::{Arrival, LineAhead, WaitLineRows};
 use crate::domain::{
     check_watch_start, events, group, BeginUpdate, CellId, Claim, ClaimEvent, ClaimKey, ClaimsPage,
     ClaimsQuery, DecommissionStep, EventPosition, EventsPage, EventsQuery, GroupOp, GroupResults,
@@ -20,11 +21,15 @@ use crate::domain::{
     StoredNamespace, Tables, Timestamp,
 };
 use crate::error::ClaimsError;
-use crate::ports::{ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, SystemClock};
+use crate::ports::{
+    ClaimStore, Clock, LocalLease, LocalLeaseStore, LocalLock, SystemClock, WaitLine,
+};
 
 /// A [`ClaimStore`] over [`Tables`] behind a mutex.
 pub struct MemoryClaimStore {
     state: Mutex<State>,
+    /// The lease waiters' line (`WaitLine`): not part of the tables a snapshot copies.
+    line: Mutex<WaitLineRows>,
     clock: Arc<dyn Clock>,
 }
 
@@ -123,6 +128,7 @@ impl MemoryClaimStore {
                 tables,
                 log: EventLog::default(),
             }),
+            line: Mutex::default(),
             clock,
         }
     }
@@ -130,6 +136,10 @@ impl MemoryClaimStore {
     /// A copy of the whole state (for tests and debugging).
     pub fn snapshot(&self) -> Tables {
         self.lock().clone()
+    }
+
+    fn line(&self) -> MutexGuard<'_, WaitLineRows> {
+        self.line.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn lock(&self) -> Locked<'_> {
@@ -143,6 +153,33 @@ impl MemoryClaimStore {
             guard,
             now: self.clock.now(),
         }
+    }
+}
+
+#[async_trait]
+impl WaitLine for MemoryClaimStore {
+    async fn join_wait_line(
+        &self,
+        ticket: Option<Arrival>,
+        claims: &BTreeSet<ClaimKey>,
+        ttl: Duration,
+    ) -> Result<Arrival, ClaimsError> {
+        let now = self.clock.now();
+        Ok(self.line().join(ticket, claims, ttl, now))
+    }
+
+    async fn line_ahead(
+        &self,
+        ticket: Arrival,
+        claims: &BTreeSet<ClaimKey>,
+    ) -> Result<LineAhead, ClaimsError> {
+        let now = self.clock.now();
+        Ok(self.line().ahead(ticket, claims, now))
+    }
+
+    async fn leave_wait_line(&self, ticket: Arrival) -> Result<(), ClaimsError> {
+        self.line().leave(ticket);
+        Ok(())
     }
 }
 

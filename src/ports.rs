@@ -5,11 +5,13 @@
 //! transaction. Adapters implement them by reading rows, asking `crate::domain` for the decision
 //! and writing it; they must not decide protocol questions themselves.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
+use crate::domain::waits::{Arrival, LineAhead};
 use crate::domain::{
     BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep, EventsPage,
     EventsQuery, GroupAnswer, GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage,
@@ -18,6 +20,51 @@ use crate::domain::{
 };
 use crate::error::ClaimsError;
 
+/// The store-wide line of lease waiters (`BeginUpdateRequest.wait_for_leased`,
+/// `domain::waits`, docs/decisions/119): the order in which waiters on every server sharing the
+/// store are decided. Each method is one short store transaction; waiters hold no connection in
+/// between. A store keeps one place per ticket, with its claims and an expiry of the store's
+/// clock (`domain::WaitLineRows` is the reference).
+///
+/// The defaults answer `Unsupported`, for test doubles that never serve waiters (the server's
+/// waiting room then answers a waiting BeginUpdate at once); every store `serve` runs on, and
+/// every wrapper of one, implements all three (the conformance suite's wait-line cases).
+#[async_trait]
+pub trait WaitLine: Send + Sync {
+    /// Joins the line for `claims` until the store's clock plus `ttl`: a new ticket, larger than
+    /// every ticket given before, when `ticket` is `None`; else `ticket`'s claims are replaced
+    /// and its place kept. Removes other tickets' expired places.
+    async fn join_wait_line(
+        &self,
+        _ticket: Option<Arrival>,
+        _claims: &BTreeSet<ClaimKey>,
+        _ttl: Duration,
+    ) -> Result<Arrival, ClaimsError> {
+        Err(no_wait_line())
+    }
+
+    /// The store's clock and the latest expiry among the tickets before `ticket` that wait for
+    /// any of `claims` (`domain::LineAhead`).
+    async fn line_ahead(
+        &self,
+        _ticket: Arrival,
+        _claims: &BTreeSet<ClaimKey>,
+    ) -> Result<LineAhead, ClaimsError> {
+        Err(no_wait_line())
+    }
+
+    /// `ticket` leaves the line (nothing happens if it is not there).
+    async fn leave_wait_line(&self, _ticket: Arrival) -> Result<(), ClaimsError> {
+        Err(no_wait_line())
+    }
+}
+
+fn no_wait_line() -> ClaimsError {
+    ClaimsError::Unsupported {
+        what: "this store keeps no wait line".to_owned(),
+    }
+}
+
 /// The service's store. Every method is one atomic store transaction; contention inside the
 /// store (serialization failures, deadlocks, aborts) is retried by the adapter, so callers only
 /// see protocol errors, `Unavailable` or `Internal`.
@@ -25,7 +72,7 @@ use crate::error::ClaimsError;
 /// Object-safe (through `async_trait`) because the server picks the adapter at run time from
 /// the store URL and holds it as `Arc<dyn ClaimStore>`.
 #[async_trait]
-pub trait ClaimStore: Send + Sync + 'static {
+pub trait ClaimStore: WaitLine + Send + Sync + 'static {
     /// Leases every claim of the batch, or changes nothing. Retrying with the same client-chosen
     /// lease id and content returns the same lease.
     async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError>;

@@ -10,6 +10,7 @@ async fn store() -> (MemoryClaimStore, ()) {
 
 topology_claims_testkit::claim_store_conformance!(store, model_cases = 256);
 topology_claims_testkit::claim_store_watch_conformance!(store);
+topology_claims_testkit::claim_store_wait_line_conformance!(store);
 
 /// The same suite through the group-commit combiner.
 mod grouped {
@@ -19,6 +20,7 @@ mod grouped {
 
     topology_claims_testkit::claim_store_conformance!(store, model_cases = 256);
     topology_claims_testkit::claim_store_watch_conformance!(store);
+    topology_claims_testkit::claim_store_wait_line_conformance!(store);
 }
 
 struct Fixture(MemoryLocalLeaseStore);

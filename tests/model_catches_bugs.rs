@@ -14,6 +14,8 @@ use topology_claims::{
 /// Answers OK to a commit of a lease it does not know instead of LEASE_NOT_FOUND.
 struct ForgivingCommits(MemoryClaimStore);
 
+impl topology_claims::ports::WaitLine for ForgivingCommits {}
+
 #[async_trait]
 impl ClaimStore for ForgivingCommits {
     async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {

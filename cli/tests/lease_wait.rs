@@ -323,12 +323,52 @@ async fn waiting_on_postgresql_and_across_two_servers() {
     );
     // The objective is 100 ms (--watch-poll-interval 50 ms plus a read); the assertion is loose.
     assert!(p99 < Duration::from_secs(1), "{woke:?}");
+    first_come_first_served_across(&first, &second).await;
     let _ = tokio::task::spawn_blocking(move || {
         one.stop_with("TERM");
         two.stop_with("TERM");
     })
     .await;
     db.drop_database().await;
+}
+
+/// Three waiters in turn on server 1, server 2 and server 1 are decided in that order: the
+/// store's wait line orders them, not each server's queue (where the third, on the releasing
+/// server, would hear of the release first).
+async fn first_come_first_served_across(one: &ClaimsClient, two: &ClaimsClient) {
+    let (a, b, c, d) = (
+        cell("cell-a"),
+        cell("cell-b"),
+        cell("cell-c"),
+        cell("cell-d"),
+    );
+    let x = names("pg", &["across-queue"]);
+    let held = one.begin_update(creates(&a, &x)).await.unwrap();
+    let wait = Duration::from_secs(5);
+    let first = waiting(one, creates(&b, &x), wait);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = waiting(two, creates(&c, &x), wait);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let third = waiting(one, creates(&d, &x), wait);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    one.rollback_update(&a, held.lease_id).await.unwrap();
+    let (lease, _) = first.await.unwrap();
+    let lease = lease.expect("the first waiter (server 1) gets the lease");
+    assert_eq!(lease.cell_id, b);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!second.is_finished() && !third.is_finished());
+    // Released through server 1: its own waiter hears first, and must let server 2's go.
+    one.rollback_update(&b, lease.lease_id).await.unwrap();
+    let (lease, _) = second.await.unwrap();
+    let lease = lease.expect("the second waiter (server 2) gets the lease next");
+    assert_eq!(lease.cell_id, c);
+    assert!(!third.is_finished(), "the third keeps waiting");
+    two.commit_update(&c, lease.lease_id).await.unwrap();
+    let (third, _) = third.await.unwrap();
+    assert!(
+        is_taken(&third),
+        "the third gets the new holder's outcome: {third:?}"
+    );
 }
 
 /// The resident set of process `pid`, in bytes.

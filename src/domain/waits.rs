@@ -12,13 +12,20 @@
 //!   earliest waiter of all is always free to ask: batches that wait on each other's claims
 //!   cannot deadlock, and a later waiter never overtakes an earlier one on a shared claim.
 //!
+//! - across servers: the arrival number is a ticket of the store's wait line
+//!   (`ports::WaitLine`), given out in increasing order by the store all servers share; before it
+//!   asks, a waiter first in its server's queues also looks in the store's line, and asks only
+//!   when no earlier, unexpired ticket waits for any of its claims ([`LineAhead::first_in_line`]).
+//!   A server that died mid-wait holds no one up for longer than its waiters' waits plus
+//!   [`LINE_MARGIN`].
+//!
 //! Owns the rules. Must not do I/O or hold a clock: the server's waiting room holds the queues
-//! and the timers.
+//! and the timers, the store holds the line.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use crate::domain::ClaimKey;
+use crate::domain::{ClaimKey, Timestamp};
 use crate::error::ClaimsError;
 
 /// `serve --max-lease-wait`: the longest any BeginUpdate waits for a leased claim.
@@ -58,8 +65,82 @@ pub fn blocking_claims(error: &ClaimsError) -> Option<BTreeSet<ClaimKey>> {
         .collect()
 }
 
-/// A waiter's place: its arrival number (smaller came first).
+/// A waiter's place: its arrival number (smaller came first), the ticket the store's wait line
+/// gave it.
 pub type Arrival = u64;
+
+/// How long a place in the store's wait line outlives the wait it was taken for, so a server
+/// that died mid-wait holds the others up for at most its waiters' waits plus this.
+pub const LINE_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long a place in the store's line is kept for a wait of `wait`.
+pub fn line_ttl(wait: Duration) -> Duration {
+    wait.saturating_add(LINE_MARGIN)
+}
+
+/// What the store's wait line holds ahead of a ticket on its claims (`WaitLine::line_ahead`):
+/// the store's clock, and the latest expiry among the earlier tickets that wait for any of
+/// those claims (`None`: no earlier ticket).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LineAhead {
+    pub now: Timestamp,
+    pub latest_expiry: Option<Timestamp>,
+}
+
+impl LineAhead {
+    /// Whether the ticket may ask the store again: every earlier ticket on its claims expired
+    /// (its server died or forgot it), or there is none.
+    pub fn first_in_line(&self) -> bool {
+        self.latest_expiry.is_none_or(|at| at <= self.now)
+    }
+}
+
+/// The store's wait line as rows, per ticket its claims and expiry: the memory store's line and
+/// the reference the other stores' (`lease_waits` tables) are proven against.
+#[derive(Debug, Default)]
+pub struct WaitLineRows {
+    last: Arrival,
+    rows: BTreeMap<Arrival, (BTreeSet<ClaimKey>, Timestamp)>,
+}
+
+impl WaitLineRows {
+    /// Joins the line for `claims` until `now + ttl`: a new ticket, larger than every earlier
+    /// one, when `ticket` is `None`; else `ticket`'s claims are replaced and its place kept.
+    /// Expired places of other tickets go.
+    pub fn join(
+        &mut self,
+        ticket: Option<Arrival>,
+        claims: &BTreeSet<ClaimKey>,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Arrival {
+        self.rows
+            .retain(|t, (_, expires_at)| Some(*t) == ticket || *expires_at > now);
+        let ticket = ticket.unwrap_or_else(|| {
+            self.last += 1;
+            self.last
+        });
+        self.rows
+            .insert(ticket, (claims.clone(), now.saturating_add(ttl)));
+        ticket
+    }
+
+    /// What waits ahead of `ticket` on `claims`.
+    pub fn ahead(&self, ticket: Arrival, claims: &BTreeSet<ClaimKey>, now: Timestamp) -> LineAhead {
+        let latest_expiry = self
+            .rows
+            .range(..ticket)
+            .filter(|(_, (waits_for, _))| !waits_for.is_disjoint(claims))
+            .map(|(_, (_, expires_at))| *expires_at)
+            .max();
+        LineAhead { now, latest_expiry }
+    }
+
+    /// `ticket` leaves the line.
+    pub fn leave(&mut self, ticket: Arrival) {
+        self.rows.remove(&ticket);
+    }
+}
 
 /// The queues of the claims waited for: per claim, the arrivals of its waiters, in order.
 #[derive(Debug, Default)]
@@ -203,5 +284,30 @@ mod tests {
         assert!(q.is_first(5));
         assert_eq!(q.first_of(&key("x")), Some(2));
         assert_eq!(q.len(), 3);
+    }
+
+    #[test]
+    fn the_stores_line_orders_tickets_and_forgets_the_expired() {
+        let now = Timestamp::from_unix_micros(1_000_000);
+        let ttl = Duration::from_secs(2);
+        let mut line = WaitLineRows::default();
+        let a = line.join(None, &keys(&["x"]), ttl, now);
+        let b = line.join(None, &keys(&["x", "y"]), ttl, now);
+        let c = line.join(None, &keys(&["y"]), ttl, now);
+        assert!(a < b && b < c);
+        assert!(line.ahead(a, &keys(&["x"]), now).first_in_line());
+        assert!(!line.ahead(b, &keys(&["x", "y"]), now).first_in_line());
+        assert!(!line.ahead(c, &keys(&["y"]), now).first_in_line());
+        line.leave(a);
+        assert!(line.ahead(b, &keys(&["x", "y"]), now).first_in_line());
+        // b now waits for x alone, and keeps its place: c is first on y.
+        assert_eq!(line.join(Some(b), &keys(&["x"]), ttl, now), b);
+        assert!(line.ahead(c, &keys(&["y"]), now).first_in_line());
+        // Past b's expiry, nobody waits for b.
+        let later = now.saturating_add(ttl);
+        assert!(line.ahead(c, &keys(&["x", "y"]), later).first_in_line());
+        let d = line.join(None, &keys(&["x"]), ttl, later);
+        assert!(d > c && line.ahead(d, &keys(&["x"]), later).first_in_line());
+        assert_eq!(line.rows.len(), 1, "the expired places went with d's join");
     }
 }

@@ -126,6 +126,8 @@ impl MeddlingStore {
     }
 }
 
+impl topology_claims::ports::WaitLine for MeddlingStore {}
+
 #[async_trait]
 impl ClaimStore for MeddlingStore {
     async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {

@@ -34,6 +34,7 @@ mod sql;
 mod store;
 pub mod tls;
 pub mod transfer;
+mod wait_line;
 mod watch;
 
 /// The statements of a BeginUpdate + CommitUpdate pair, exactly as the adapter runs them, for

@@ -53,6 +53,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0007_claim_events",
         sql: include_str!("../migrations/0007_claim_events.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_lease_waits",
+        sql: include_str!("../migrations/0008_lease_waits.sql"),
+    },
 ];
 
 /// Advisory lock class (first key of the two-key form) of schema migrations; the second key is
@@ -739,6 +744,35 @@ WHERE topology_claims_locks.holder = EXCLUDED.holder
    OR topology_claims_locks.expires_at < clock_timestamp()";
 pub const LOCAL_UNLOCK: &str =
     "DELETE FROM topology_claims_locks WHERE name = $1::text AND holder = $2::text";
+
+/// `WaitLine::join_wait_line`, one statement: ticket `$1` (NULL: the next of
+/// `lease_wait_tickets`) waits for the claims `($2[i], $3[i])` until the store's clock plus `$4`
+/// µs. Its rows for other claims, and other tickets' expired rows, are deleted (the two deletes
+/// and the upsert touch disjoint rows, as one statement's parts must). Returns the ticket.
+pub const JOIN_WAIT_LINE: &str = "\
+WITH t AS (SELECT coalesce($1::bigint, nextval('lease_wait_tickets')) AS ticket),
+gone AS (
+    DELETE FROM lease_waits AS w USING t
+    WHERE (w.ticket <> t.ticket AND w.expires_at <= statement_timestamp())
+       OR (w.ticket = t.ticket AND (w.namespace, w.claim_key) NOT IN
+           (SELECT * FROM unnest($2::text[], $3::text[])))),
+kept AS (
+    INSERT INTO lease_waits (namespace, claim_key, ticket, expires_at)
+    SELECT u.namespace, u.claim_key, t.ticket,
+           statement_timestamp() + $4::bigint * interval '1 microsecond'
+    FROM unnest($2::text[], $3::text[]) AS u(namespace, claim_key), t
+    ON CONFLICT (namespace, claim_key, ticket) DO UPDATE SET expires_at = EXCLUDED.expires_at)
+SELECT ticket FROM t";
+
+/// `WaitLine::line_ahead`: the store's clock, and the latest expiry of the tickets before `$1`
+/// that wait for any of the claims `($2[i], $3[i])` (NULL: none).
+pub const LINE_AHEAD: &str = "\
+SELECT statement_timestamp(), max(w.expires_at) FROM lease_waits AS w
+WHERE w.ticket < $1::bigint
+  AND (w.namespace, w.claim_key) IN (SELECT * FROM unnest($2::text[], $3::text[]))";
+
+/// `WaitLine::leave_wait_line`: ticket `$1`'s rows.
+pub const LEAVE_WAIT_LINE: &str = "DELETE FROM lease_waits WHERE ticket = $1::bigint";
 
 #[cfg(test)]
 mod tests {

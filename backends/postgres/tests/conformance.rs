@@ -16,6 +16,7 @@ async fn store() -> (PostgresClaimStore, ()) {
 
 topology_claims_testkit::claim_store_conformance!(store);
 topology_claims_testkit::claim_store_watch_conformance!(store);
+topology_claims_testkit::claim_store_wait_line_conformance!(store);
 
 /// The same suite through the group-commit combiner.
 mod grouped {
@@ -25,6 +26,7 @@ mod grouped {
 
     topology_claims_testkit::claim_store_conformance!(store);
     topology_claims_testkit::claim_store_watch_conformance!(store);
+    topology_claims_testkit::claim_store_wait_line_conformance!(store);
 }
 
 struct Fixture {

@@ -17,6 +17,7 @@ const ALL_MIGRATIONS: &[&str] = &[
     "0005_namespaces",
     "0006_open_names",
     "0007_claim_events",
+    "0008_lease_waits",
 ];
 
 /// The migrations of the release before namespaces, as it applied them.

@@ -30,6 +30,7 @@ mod rows;
 mod schema;
 mod store;
 mod transaction;
+mod wait_line;
 mod watch;
 
 pub use config::{

@@ -239,6 +239,27 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             ) PRIMARY KEY (id)",
         ],
     },
+    // The store-wide line of lease waiters (decision 119): lease_wait_tickets' one row (id 0)
+    // holds the last ticket given, and every join reads and writes it, so tickets grow in the
+    // order waiters joined. One lease_waits row per (claim, ticket) waited for; expires_at is
+    // when the waiter's server is presumed gone, and the next join deletes it.
+    Migration {
+        version: 9,
+        name: "0009_lease_waits",
+        statements: &[
+            "CREATE TABLE IF NOT EXISTS lease_wait_tickets (
+                id INT64 NOT NULL,
+                last INT64 NOT NULL,
+            ) PRIMARY KEY (id)",
+            "CREATE TABLE IF NOT EXISTS lease_waits (
+                namespace STRING(63) NOT NULL,
+                claim_key STRING(MAX) NOT NULL,
+                ticket INT64 NOT NULL,
+                expires_at TIMESTAMP NOT NULL,
+            ) PRIMARY KEY (namespace, claim_key, ticket)",
+            "CREATE INDEX IF NOT EXISTS lease_waits_by_ticket ON lease_waits (ticket)",
+        ],
+    },
 ];
 
 /// How many values `lease_outcomes.decided_shard` takes (`0..OUTCOME_SHARDS`).

@@ -12,6 +12,7 @@ async fn store() -> (SpannerClaimStore, ()) {
 
 topology_claims_testkit::claim_store_conformance!(store, model_cases = 8);
 topology_claims_testkit::claim_store_watch_conformance!(store);
+topology_claims_testkit::claim_store_wait_line_conformance!(store);
 
 /// The same suite through the group-commit combiner.
 mod grouped {

@@ -218,7 +218,8 @@ fn migrate_creates_the_database_once_and_is_idempotent() {
                 "0005_restore_epochs",
                 "0006_namespaces",
                 "0007_open_names",
-                "0008_change_feed"
+                "0008_change_feed",
+                "0009_lease_waits"
             ]
         );
         let again = topology_claims_spanner::migrate(&url, options.clone(), true)
@@ -260,7 +261,8 @@ fn pending_migrations_are_refused_or_applied_through_update_database_ddl() {
                     "0005_restore_epochs".into(),
                     "0006_namespaces".into(),
                     "0007_open_names".into(),
-                    "0008_change_feed".into()
+                    "0008_change_feed".into(),
+                    "0009_lease_waits".into()
                 ]
             }
         );

@@ -92,6 +92,7 @@ mod restore;
 mod rows;
 mod store;
 pub mod transfer;
+mod wait_line;
 mod watch;
 
 use std::path::Path;

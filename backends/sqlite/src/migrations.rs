@@ -60,6 +60,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0008_claim_events",
         sql: include_str!("../migrations/0008_claim_events.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_lease_waits",
+        sql: include_str!("../migrations/0009_lease_waits.sql"),
+    },
 ];
 
 const CREATE_SCHEMA_MIGRATIONS: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -118,7 +118,7 @@ impl SqliteClaimStore {
     }
 
     /// Runs one write transaction (with the bounded retry) on a blocking thread.
-    async fn write<T, F>(&self, op: F) -> Result<T, ClaimsError>
+    pub(crate) async fn write<T, F>(&self, op: F) -> Result<T, ClaimsError>
     where
         T: Send + 'static,
         F: FnMut(&Connection, Timestamp) -> Result<T, StoreError> + Send + 'static,
@@ -131,7 +131,7 @@ impl SqliteClaimStore {
     }
 
     /// Runs one read transaction (with the bounded retry) on a blocking thread.
-    async fn read<T, F>(&self, op: F) -> Result<T, ClaimsError>
+    pub(crate) async fn read<T, F>(&self, op: F) -> Result<T, ClaimsError>
     where
         T: Send + 'static,
         F: FnMut(&Connection, Timestamp) -> Result<T, StoreError> + Send + 'static,

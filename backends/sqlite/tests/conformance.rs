@@ -19,6 +19,7 @@ async fn store() -> (SqliteClaimStore, TempDir) {
 
 topology_claims_testkit::claim_store_conformance!(store);
 topology_claims_testkit::claim_store_watch_conformance!(store);
+topology_claims_testkit::claim_store_wait_line_conformance!(store);
 
 /// The same suite through the group-commit combiner.
 mod grouped {
@@ -31,6 +32,7 @@ mod grouped {
 
     topology_claims_testkit::claim_store_conformance!(store);
     topology_claims_testkit::claim_store_watch_conformance!(store);
+    topology_claims_testkit::claim_store_wait_line_conformance!(store);
 }
 
 /// A cell's SQLite database: the store under test plus the application's own connection, on

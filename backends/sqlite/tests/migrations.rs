@@ -18,6 +18,7 @@ const ALL_MIGRATIONS: &[&str] = &[
     "0006_namespaces",
     "0007_open_names",
     "0008_claim_events",
+    "0009_lease_waits",
 ];
 
 fn temp_dir() -> TempDir {

@@ -25,7 +25,7 @@
 //! store transaction itself fails (after the adapter's own retries), every call in it gets that
 //! error, exactly what a lone call would have got; nothing of the batch committed.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,13 +35,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::oneshot;
 
+use topology_claims::domain::waits::{Arrival, LineAhead};
 use topology_claims::domain::{
     self, BeginUpdate, CellId, Claim, ClaimKey, ClaimsPage, ClaimsQuery, DecommissionStep,
     GroupAnswer, GroupOp, GroupResults, Lease, LeaseId, LeaseSummary, LeasesPage, LeasesQuery,
     SlotGrant, SlotHolder, SlotLimit,
 };
 use topology_claims::error::ClaimsError;
-use topology_claims::ports::{run_alone, ClaimStore, PoolStatus};
+use topology_claims::ports::{run_alone, ClaimStore, PoolStatus, WaitLine};
 
 /// How the combiner batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -377,6 +378,31 @@ fn group_size(claims: impl Iterator<Item = usize>, max: usize, max_claims: usize
         total += weight;
     }
     n
+}
+
+/// The wait line is the store's; nothing of it is grouped.
+#[async_trait]
+impl WaitLine for GroupCommit {
+    async fn join_wait_line(
+        &self,
+        ticket: Option<Arrival>,
+        claims: &BTreeSet<ClaimKey>,
+        ttl: Duration,
+    ) -> Result<Arrival, ClaimsError> {
+        self.shared.store.join_wait_line(ticket, claims, ttl).await
+    }
+
+    async fn line_ahead(
+        &self,
+        ticket: Arrival,
+        claims: &BTreeSet<ClaimKey>,
+    ) -> Result<LineAhead, ClaimsError> {
+        self.shared.store.line_ahead(ticket, claims).await
+    }
+
+    async fn leave_wait_line(&self, ticket: Arrival) -> Result<(), ClaimsError> {
+        self.shared.store.leave_wait_line(ticket).await
+    }
 }
 
 #[async_trait]

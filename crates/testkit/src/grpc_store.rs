@@ -202,6 +202,9 @@ impl GrpcClaimStore {
     }
 }
 
+/// The wait line is the server's own (its waiting room); a client cannot reach it.
+impl topology_claims::ports::WaitLine for GrpcClaimStore {}
+
 #[async_trait]
 impl ClaimStore for GrpcClaimStore {
     /// A WatchClaims from the query's revision, read until the first progress response (the

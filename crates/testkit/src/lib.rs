@@ -214,6 +214,23 @@ macro_rules! claim_store_watch_conformance {
     };
 }
 
+/// The lease waiters' line cases (`conformance::wait_line`), for every store `serve` runs on
+/// (not the gRPC suite: the line is the server's own).
+#[macro_export]
+macro_rules! claim_store_wait_line_conformance {
+    ($factory:path) => {
+        mod claim_store_wait_line_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__claim_store_cases!(
+                $factory;
+                the_wait_line_orders_waiters_by_ticket_on_their_claims,
+                an_expired_place_in_the_wait_line_holds_no_one_up,
+            );
+        }
+    };
+}
+
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __claim_store_cases {

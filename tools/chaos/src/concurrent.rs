@@ -292,6 +292,8 @@ fn snapshot_of(tables: &Tables) -> GroupSnapshot {
     }
 }
 
+impl topology_claims::ports::WaitLine for Broken {}
+
 #[async_trait]
 impl ClaimStore for Broken {
     async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {

@@ -60,8 +60,7 @@ pub struct WaitMetrics {
 #[derive(Default)]
 struct Room {
     queues: WaitQueues,
-    next: Arrival,
-    /// Per place, the `Notify` of each request waiting in it (more than one: retries of the
+    /// Per place (its ticket in the store's wait line), the `Notify` of each request waiting in it (more than one: retries of the
     /// same lease).
     wakers: HashMap<Arrival, Vec<Arc<Notify>>>,
     /// A retried request of the same lease keeps its place.
@@ -86,18 +85,45 @@ fn outcome_label(result: &Result<Lease, ClaimsError>, over_cap: bool) -> &'stati
 }
 
 /// A waiter's place, given back when its wait ends however it ends (also when the caller went
-/// away and the handler was dropped).
+/// away and the handler was dropped: then its ticket leaves the store's line from a task of its
+/// own).
 struct Place<'a> {
     room: &'a WaitingRoom,
     arrival: Arrival,
     notify: Arc<Notify>,
     lease: Option<(CellId, LeaseId)>,
+    store: Arc<dyn ClaimStore>,
+    /// Whether the ticket already left the store's line.
+    left_line: bool,
 }
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
-        self.room
+        let emptied = self
+            .room
             .leave(self.arrival, &self.notify, self.lease.as_ref());
+        if emptied && !self.left_line {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let (store, ticket) = (Arc::clone(&self.store), self.arrival);
+                runtime.spawn(async move { leave_line(&*store, ticket).await });
+            }
+        }
+    }
+}
+
+/// How a waiter got in.
+enum Entry {
+    Place(Arrival, Arc<Notify>),
+    /// `--max-lease-waiters` wait already.
+    Full,
+    /// The store's line could not be joined.
+    NoLine(ClaimsError),
+}
+
+async fn leave_line(store: &dyn ClaimStore, ticket: Arrival) {
+    if let Err(error) = store.leave_wait_line(ticket).await {
+        // Its place expires (waits::LINE_MARGIN after its wait) and the next join deletes it.
+        tracing::debug!(%error, ticket, "a lease waiter could not leave the store's wait line");
     }
 }
 
@@ -129,43 +155,80 @@ impl WaitingRoom {
         waits::lease_wait(requested, self.config.max_wait, deadline_left)
     }
 
-    /// A place in the room for `request`, unless `--max-lease-waiters` are waiting already.
-    fn enter(&self, request: &BeginUpdate) -> Option<(Arrival, Arc<Notify>)> {
-        let mut room = self.room();
+    /// A place in the room for a request waiting for `blocking`: its ticket in the store's line,
+    /// unless `--max-lease-waiters` are waiting already. A retry of a request that still waits
+    /// (the same lease) shares its place and is woken with it.
+    async fn enter(
+        &self,
+        store: &dyn ClaimStore,
+        lease: Option<&(CellId, LeaseId)>,
+        blocking: &BTreeSet<ClaimKey>,
+        wait: Duration,
+    ) -> Entry {
         let notify = Arc::new(Notify::new());
-        let lease = request.lease_id.map(|id| (request.cell_id.clone(), id));
-        if let Some(arrival) = lease.as_ref().and_then(|l| room.by_lease.get(l)).copied() {
-            // A retry of a request that still waits: the same place, woken with it.
-            room.wakers
-                .entry(arrival)
-                .or_default()
-                .push(Arc::clone(&notify));
-            return Some((arrival, notify));
+        {
+            let mut room = self.room();
+            if let Some(arrival) = lease.and_then(|l| room.by_lease.get(l)).copied() {
+                room.wakers
+                    .entry(arrival)
+                    .or_default()
+                    .push(Arc::clone(&notify));
+                return Entry::Place(arrival, notify);
+            }
+            if room.wakers.len() >= self.config.max_waiters {
+                return Entry::Full;
+            }
         }
-        if room.wakers.len() >= self.config.max_waiters {
-            return None;
+        let ticket = match store
+            .join_wait_line(None, blocking, waits::line_ttl(wait))
+            .await
+        {
+            Ok(ticket) => ticket,
+            Err(error) => return Entry::NoLine(error),
+        };
+        let entered = {
+            let mut room = self.room();
+            let entered = room.wakers.len() < self.config.max_waiters;
+            if entered {
+                room.wakers.insert(ticket, vec![Arc::clone(&notify)]);
+                if let Some(lease) = lease {
+                    room.by_lease.insert(lease.clone(), ticket);
+                }
+                if let Some(metrics) = &self.metrics {
+                    metrics.waiters.set(room.wakers.len() as i64);
+                }
+            }
+            entered
+        };
+        if !entered {
+            leave_line(store, ticket).await;
+            return Entry::Full;
         }
-        room.next += 1;
-        let arrival = room.next;
-        room.wakers.insert(arrival, vec![Arc::clone(&notify)]);
-        if let Some(lease) = lease {
-            room.by_lease.insert(lease, arrival);
-        }
-        if let Some(metrics) = &self.metrics {
-            metrics.waiters.set(room.wakers.len() as i64);
-        }
-        Some((arrival, notify))
+        Entry::Place(ticket, notify)
+    }
+
+    /// Whether `arrival`'s place holds no other request (a retry of the same lease).
+    fn alone_in(&self, arrival: Arrival) -> bool {
+        self.room()
+            .wakers
+            .get(&arrival)
+            .is_none_or(|wakers| wakers.len() <= 1)
     }
 
     /// `arrival`'s wait ended: out of the queues, and the next in line of each of its claims is
-    /// woken (its turn may have come).
-    fn leave(&self, arrival: Arrival, notify: &Arc<Notify>, lease: Option<&(CellId, LeaseId)>) {
+    /// woken (its turn may have come). `false` while a retry of the same lease still waits in
+    /// the place.
+    fn leave(
+        &self,
+        arrival: Arrival,
+        notify: &Arc<Notify>,
+        lease: Option<&(CellId, LeaseId)>,
+    ) -> bool {
         let mut room = self.room();
         if let Some(wakers) = room.wakers.get_mut(&arrival) {
             wakers.retain(|n| !Arc::ptr_eq(n, notify));
             if !wakers.is_empty() {
-                // A retry of the same lease still waits in this place.
-                return;
+                return false;
             }
         }
         if let Some(lease) = lease {
@@ -180,6 +243,7 @@ impl WaitingRoom {
         if let Some(metrics) = &self.metrics {
             metrics.waiters.set(room.wakers.len() as i64);
         }
+        true
     }
 
     /// Claims changed in the store: their first waiters ask again.
@@ -195,11 +259,13 @@ impl WaitingRoom {
     }
 
     /// Waits for the leases that refused `request` (`refusal`, CLAIM_LEASED only) to end, at
-    /// most `wait`, asking the store again (`ask`) whenever this waiter is first in line and
-    /// its claims changed. Returns the last answer: a lease, another refusal, or CLAIM_LEASED
-    /// when the wait is over (or at once when the room is full).
+    /// most `wait`, asking the store again (`ask`) whenever this waiter is first in line, here
+    /// and in the store's line, and its claims changed. Returns the last answer: a lease,
+    /// another refusal, or CLAIM_LEASED when the wait is over (or at once when the room is
+    /// full or the store's line cannot be joined).
     pub async fn wait<F, Fut>(
         &self,
+        store: &Arc<dyn ClaimStore>,
         request: &BeginUpdate,
         refusal: ClaimsError,
         wait: Duration,
@@ -213,46 +279,81 @@ impl WaitingRoom {
         let Some(mut blocking) = waits::blocking_claims(&refusal) else {
             return Err(refusal);
         };
-        let Some((arrival, notify)) = self.enter(request) else {
-            self.count(&Err(refusal.clone()), true, started);
-            return Err(refusal);
+        let lease = request.lease_id.map(|id| (request.cell_id.clone(), id));
+        let (arrival, notify) = match self.enter(&**store, lease.as_ref(), &blocking, wait).await {
+            Entry::Place(arrival, notify) => (arrival, notify),
+            Entry::Full => {
+                self.count(&Err(refusal.clone()), true, started);
+                return Err(refusal);
+            }
+            Entry::NoLine(error) => {
+                tracing::warn!(%error, "a lease waiter could not join the store's wait line: answered CLAIM_LEASED at once");
+                self.count(&Err(refusal.clone()), false, started);
+                return Err(refusal);
+            }
         };
-        let _place = Place {
+        let mut place = Place {
             room: self,
             arrival,
             notify: Arc::clone(&notify),
-            lease: request.lease_id.map(|id| (request.cell_id.clone(), id)),
+            lease,
+            store: Arc::clone(store),
+            left_line: false,
         };
         let deadline = started + wait;
         let mut last = Err(refusal);
-        loop {
+        let result = loop {
             self.room().queues.wait_for(arrival, blocking.clone());
-            // Not first: wait for the turn (or the end).
+            // Not first here: wait for the turn (or the end).
             while !self.room().queues.is_first(arrival) {
                 if tokio::time::timeout_at(deadline, notify.notified())
                     .await
                     .is_err()
                 {
-                    self.count(&last, false, started);
-                    return last;
+                    break;
                 }
             }
-            last = ask().await;
-            match last.as_ref().err().and_then(waits::blocking_claims) {
-                Some(now) if Instant::now() < deadline => blocking = now,
-                _ => {
-                    self.count(&last, false, started);
-                    return last;
+            if Instant::now() >= deadline {
+                break last;
+            }
+            // First here; an earlier ticket of another server may still wait for these claims.
+            let first = match store.line_ahead(arrival, &blocking).await {
+                Ok(ahead) => ahead.first_in_line(),
+                Err(error) => {
+                    tracing::debug!(%error, "a lease waiter could not read the store's wait line");
+                    true
+                }
+            };
+            if first {
+                last = ask().await;
+                match last.as_ref().err().and_then(waits::blocking_claims) {
+                    Some(now) if Instant::now() < deadline => {
+                        if now != blocking {
+                            let ttl = waits::line_ttl(deadline - Instant::now());
+                            if let Err(error) = store.join_wait_line(Some(arrival), &now, ttl).await
+                            {
+                                tracing::debug!(%error, "a lease waiter could not move in the store's wait line");
+                            }
+                            blocking = now;
+                        }
+                    }
+                    _ => break last,
                 }
             }
-            self.room().queues.wait_for(arrival, blocking.clone());
             let until = deadline.min(Instant::now() + FALLBACK);
             let _ = tokio::time::timeout_at(until, notify.notified()).await;
             if Instant::now() >= deadline {
-                self.count(&last, false, started);
-                return last;
+                break last;
             }
+        };
+        self.count(&result, false, started);
+        // Out of the store's line before the next waiter here is woken, so it finds the way free.
+        if self.alone_in(arrival) {
+            leave_line(&**store, arrival).await;
+            place.left_line = true;
         }
+        drop(place);
+        result
     }
 
     fn count(&self, result: &Result<Lease, ClaimsError>, over_cap: bool, started: Instant) {

@@ -186,7 +186,9 @@ impl ClaimsService for ClaimsServiceImpl {
                             self.restore.check_begin(&request, correction).await?;
                             self.store.begin_update(request.clone()).await
                         };
-                        self.waits.wait(&request, refusal, wait, ask).await
+                        self.waits
+                            .wait(&self.store, &request, refusal, wait, ask)
+                            .await
                     }
                     None => Err(refusal),
                 },

@@ -22,6 +22,7 @@ mod renew;
 mod restore;
 mod slots;
 mod updates;
+mod wait_line;
 mod watch;
 
 pub use admin::*;
@@ -37,6 +38,7 @@ pub use renew::*;
 pub use restore::*;
 pub use slots::*;
 pub use updates::*;
+pub use wait_line::*;
 pub use watch::*;
 
 /// Who holds `key` and in which state, or `None` when the store says CLAIM_NOT_FOUND.
