@@ -65,6 +65,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0009_lease_waits",
         sql: include_str!("../migrations/0009_lease_waits.sql"),
     },
+    Migration {
+        version: 10,
+        name: "0010_watch_event_count",
+        sql: include_str!("../migrations/0010_watch_event_count.sql"),
+    },
 ];
 
 const CREATE_SCHEMA_MIGRATIONS: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (

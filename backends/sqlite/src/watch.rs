@@ -62,8 +62,11 @@ fn finish_revision(tx: &Connection, now: Timestamp) -> Result<(), StoreError> {
         )?
         .execute([now.as_unix_micros()])?;
     if recorded > 0 {
-        tx.prepare_cached("UPDATE watch_head SET revision = revision + 1")?
-            .execute([])?;
+        tx.prepare_cached(
+            "UPDATE watch_head SET revision = revision + 1, events = events + \
+             (SELECT COUNT(*) FROM claim_events WHERE revision = watch_head.revision + 1)",
+        )?
+        .execute([])?;
     }
     Ok(())
 }
@@ -86,7 +89,14 @@ pub(crate) fn read(tx: &Connection, query: &EventsQuery) -> Result<EventsPage, S
     Ok(EventsPage::cut(events, query, bounds.current))
 }
 
-/// `ClaimStore::compact_events`: whole revisions, oldest first.
+/// Most events one compaction pass removes: a pass holds the one writer, so a large backlog
+/// goes in passes the server runs back to back (`WatchHub`), with requests between them.
+pub(crate) const COMPACT_BATCH: u64 = 5_000;
+
+/// `ClaimStore::compact_events`: whole revisions, oldest first, at most about [`COMPACT_BATCH`]
+/// events a pass. Every read is proportional to what the pass removes, never to the log's size:
+/// the log's length is `watch_head.events`, and the revisions past the retention are found by
+/// walking `watch_revisions` from the oldest.
 pub(crate) fn compact(
     tx: &Connection,
     now: Timestamp,
@@ -94,22 +104,27 @@ pub(crate) fn compact(
     max_events: u64,
 ) -> Result<u64, StoreError> {
     let cutoff = now.saturating_sub(retention).as_unix_micros();
-    let count = |sql: &str, param: i64| -> Result<u64, StoreError> {
-        let n: i64 = tx
-            .prepare_cached(sql)?
-            .query_row([param], |row| row.get(0))?;
-        Ok(u64::try_from(n).unwrap_or_default())
-    };
-    let older = count(
-        "SELECT COUNT(*) FROM claim_events WHERE revision <= \
-         (SELECT COALESCE(MAX(revision), 0) FROM watch_revisions WHERE recorded_at < ?1)",
-        cutoff,
-    )?;
+    let unsigned = |n: i64| u64::try_from(n).unwrap_or_default();
     let kept: i64 = tx
-        .prepare_cached("SELECT COUNT(*) FROM claim_events")?
+        .prepare_cached("SELECT events FROM watch_head")?
         .query_row([], |row| row.get(0))?;
-    let kept = u64::try_from(kept).unwrap_or_default();
-    let remove = events::events_to_compact(older, kept, max_events);
+    // The newest revision recorded before the cutoff: the one before the first recorded at or
+    // after it (or the last, when every one is older).
+    let old_through: i64 = tx
+        .prepare_cached(
+            "SELECT COALESCE((SELECT revision - 1 FROM watch_revisions \
+                              WHERE recorded_at >= ?1 ORDER BY revision LIMIT 1), \
+                             (SELECT MAX(revision) FROM watch_revisions), 0)",
+        )?
+        .query_row([cutoff], |row| row.get(0))?;
+    let older: i64 = tx
+        .prepare_cached(&format!(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM claim_events WHERE revision <= ?1 LIMIT {})",
+            COMPACT_BATCH + 1
+        ))?
+        .query_row([old_through], |row| row.get(0))?;
+    let remove =
+        events::events_to_compact(unsigned(older), unsigned(kept), max_events).min(COMPACT_BATCH);
     if remove == 0 {
         return Ok(0);
     }
@@ -126,8 +141,11 @@ pub(crate) fn compact(
         .execute([through])?;
     tx.prepare_cached("DELETE FROM watch_revisions WHERE revision <= ?1")?
         .execute([through])?;
-    tx.prepare_cached("UPDATE watch_head SET compacted_through = MAX(compacted_through, ?1)")?
-        .execute([through])?;
+    tx.prepare_cached(
+        "UPDATE watch_head SET compacted_through = MAX(compacted_through, ?1), \
+         events = MAX(events - ?2, 0)",
+    )?
+    .execute((through, i64::try_from(removed).unwrap_or(i64::MAX)))?;
     Ok(removed as u64)
 }
 
@@ -163,7 +181,7 @@ pub(crate) fn fence_watchers(restored: &std::path::Path, old_head: u64) -> Resul
         .and_then(|()| {
             conn.execute(
                 "UPDATE watch_head SET revision = MAX(revision, ?1) + 1, \
-                 compacted_through = MAX(revision, ?1) + 1",
+                 compacted_through = MAX(revision, ?1) + 1, events = 0",
                 [old],
             )
         })

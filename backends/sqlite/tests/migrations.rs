@@ -19,6 +19,7 @@ const ALL_MIGRATIONS: &[&str] = &[
     "0007_open_names",
     "0008_claim_events",
     "0009_lease_waits",
+    "0010_watch_event_count",
 ];
 
 fn temp_dir() -> TempDir {

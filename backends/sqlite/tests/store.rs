@@ -252,3 +252,48 @@ async fn a_restore_refuses_every_watch_from_before_it() {
     let later = write(store.clone(), "new@example.com").await;
     assert!(later > head + 1, "{later} after a head of {head}");
 }
+
+/// A backlog larger than one compaction pass goes in several bounded passes, and the log's
+/// length the store keeps (`watch_head.events`) stays the count of the events it holds.
+#[tokio::test]
+async fn compaction_removes_a_backlog_in_bounded_passes_and_keeps_its_count() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("claims.db");
+    let store = SqliteClaimStore::open(&path, MigrationPolicy::Apply)
+        .await
+        .unwrap();
+    let a = cell("cell-a");
+    // 7 revisions of 1,000 creates, each then committed: 14,000 events.
+    for batch in 0..7 {
+        let names: Vec<_> = (0..1000)
+            .map(|i| username(&format!("backlog-{batch}-{i}")))
+            .collect();
+        let lease = store.begin_update(creates(&a, &names)).await.unwrap();
+        store.commit_update(&a, lease.lease_id).await.unwrap();
+    }
+    let count = |path: &std::path::Path| {
+        let conn = Connection::open(path).unwrap();
+        let kept: i64 = conn
+            .query_row("SELECT events FROM watch_head", [], |r| r.get(0))
+            .unwrap();
+        let actual: i64 = conn
+            .query_row("SELECT COUNT(*) FROM claim_events", [], |r| r.get(0))
+            .unwrap();
+        (kept, actual)
+    };
+    assert_eq!(count(&path), (14_000, 14_000));
+    let retention = std::time::Duration::from_secs(3600);
+    let mut passes = Vec::new();
+    loop {
+        let removed = store.compact_events(retention, 1_500).await.unwrap();
+        if removed == 0 {
+            break;
+        }
+        passes.push(removed);
+        let (kept, actual) = count(&path);
+        assert_eq!(kept, actual, "after passes {passes:?}");
+    }
+    // Whole revisions of 1,000, at most 5,000 events a pass: 5,000, 5,000, 3,000.
+    assert_eq!(passes, [5_000, 5_000, 3_000]);
+    assert_eq!(count(&path), (1_000, 1_000));
+}
