@@ -136,7 +136,8 @@ pub(crate) async fn report_pass(
     view: &RestoreView,
     report: &mut VerifyReport,
 ) -> Result<Option<u32>, ClaimsError> {
-    let unclean = report.corrections_failed + report.restored_leases_failed;
+    let unclean =
+        report.corrections_failed + report.restored_leases_failed + report.restore_unsettled;
     if !report.finished || unclean > 0 {
         tracing::warn!(
             epoch = view.epoch,

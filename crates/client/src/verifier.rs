@@ -501,6 +501,10 @@ impl<S: ClaimSource> Verifier<S> {
                 extras.held_unmatched(&claim.record.key);
                 continue;
             }
+            if restore_mark.is_some() && theirs.as_ref().is_some_and(|t| t.2 != ClaimState::Active)
+            {
+                report.restore_unsettled += 1;
+            }
             match theirs {
                 None => {
                     // Until its create (or the update of a moved claim) is through, the key

@@ -58,6 +58,11 @@ pub struct VerifyReport {
     pub restored_leases_committed: u64,
     pub restored_leases_rolled_back: u64,
     pub restored_leases_failed: u64,
+    /// In a restore pass: local records whose claim the service shows in a lease not yet ended
+    /// (a correction whose commit was lost, a lease the backup caught in flight). The pass does
+    /// not report until they settle: if the lease were rolled back after the report, the record
+    /// would be left without its claim and this cell could no longer correct it before the lift.
+    pub restore_unsettled: u64,
     /// The restore epoch whose pass this run reported, if it did.
     pub restore_reported: Option<u64>,
     /// False when the time budget ran out (the cursor is saved).
@@ -93,6 +98,9 @@ impl std::fmt::Display for VerifyReport {
                 self.restored_leases_rolled_back,
                 self.restored_leases_failed
             )?;
+        }
+        if self.restore_unsettled > 0 {
+            write!(f, " restore_unsettled={}", self.restore_unsettled)?;
         }
         if let Some(epoch) = self.restore_reported {
             write!(f, " reported_restore_pass={epoch}")?;
