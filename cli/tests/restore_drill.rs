@@ -674,3 +674,64 @@ async fn a_lease_recorded_locally_is_left_to_the_reconciler_after_a_restore() {
     drop(client);
     stop_server(server).await;
 }
+
+/// A cell reports its restore pass only when every record's claim is settled: a claim still
+/// held by a lease (here a correction begun and not yet ended, as when a fault loses its
+/// commit) makes the pass unclean, since a rollback after the report would leave the record
+/// without its claim and the cell unable to correct it before the lift. The run after the
+/// lease ended reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_pass_reports_only_once_its_records_claims_are_settled() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let store = Store::Sqlite(dir.join("claims.db"));
+    let server = start_server(dir, &store.url(), &[]).await;
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let mut a = Cell::open(dir, "cell-a");
+    a.sign_up(&client, "kept").await.unwrap();
+    let backup_time = prost_types::Timestamp::from(std::time::SystemTime::now()).to_string();
+    let backup = dir.join("claims.backup");
+    store.backup(dir, &backup).await;
+    a.sign_up(&client, "lost").await.unwrap();
+    drop(client);
+    stop_server(server).await;
+    store.restore(dir, &backup).await;
+    let server = start_server(dir, &store.url(), &[]).await;
+    let endpoint = server.endpoint();
+    let client = ClaimsClient::connect_lazy(&endpoint, ClientConfig::default()).unwrap();
+    let mark = mark_restored(dir, &endpoint, &backup_time).await;
+    assert!(mark.status.success(), "mark-restored failed");
+
+    let id: i64 = a
+        .conn
+        .query_row("SELECT id FROM users WHERE name = 'lost'", [], |r| r.get(0))
+        .unwrap();
+    let correction = client
+        .begin_correction(creates(&a.id, &[username(id, "lost")]))
+        .await
+        .unwrap();
+    let said = |out: &Output| format!("{}{}", text(&out.stdout), text(&out.stderr));
+    let verified = verify_once(dir, &endpoint, &a).await;
+    assert!(verified.status.success(), "{}", said(&verified));
+    let first = said(&verified);
+    assert!(
+        first.contains("restore_unsettled=1") && !first.contains("reported_restore_pass"),
+        "{first}"
+    );
+    client
+        .commit_update(&a.id, correction.lease_id)
+        .await
+        .unwrap();
+    let verified = verify_once(dir, &endpoint, &a).await;
+    let second = said(&verified);
+    assert!(
+        verified.status.success() && second.contains("reported_restore_pass="),
+        "{second}"
+    );
+    assert_eq!(
+        owner(&client, "lost").await,
+        Some(("cell-a".to_owned(), ClaimState::Active))
+    );
+    drop(client);
+    stop_server(server).await;
+}

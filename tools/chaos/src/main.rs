@@ -609,11 +609,20 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
         .clone();
     let explained = restore_check::with_touched(&drifted, &touched, cells_n);
     let mut unexplained = Vec::new();
-    // Every cell's repair pass comes before any cell's last pass. After a store restore, twice:
-    // a cell's correction may wait on another cell's lease that predates the restore, which only
-    // that cell's verifier ends.
+    // A probe client per cell: RenewLease and ListOutstandingLeases of a cell need its identity
+    // under TLS (LookupClaim is allowed to every cell).
+    let probes = (0..cells_n).map(&client).collect::<Result<Vec<_>, _>>()?;
+    // Every cell's repair pass comes before any cell's last pass. After a store restore, three
+    // rounds: a cell's correction may wait on another cell's lease that predates the restore,
+    // which only that cell's verifier ends; and a fix a cell needs after it reported its pass is
+    // an ordinary create, refused until the quarantine lifts (once every cell reported), so the
+    // third round runs once every cell's view shows the lift.
     let mut repairs = BTreeMap::new();
-    for _ in 0..if window.is_some() { 2 } else { 1 } {
+    let rounds = if window.is_some() { 3 } else { 1 };
+    for round in 1..=rounds {
+        if window.is_some() && round == rounds {
+            restore::final_views(&probes).await;
+        }
         for (index, verifier) in &stopped_verifiers {
             let repair = verify::final_pass(verifier).await;
             if let Ok(report) = &repair {
@@ -638,9 +647,6 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
     }
 
     // 4. Probes: each lease's final fate and each key's final claim, into the history.
-    // A probe client per cell: RenewLease and ListOutstandingLeases of a cell need its identity
-    // under TLS (LookupClaim is allowed to every cell).
-    let probes = (0..cells_n).map(&client).collect::<Result<Vec<_>, _>>()?;
     let probe = &probes[0];
     let leases: Vec<Event> = history
         .snapshot()
