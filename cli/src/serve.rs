@@ -392,6 +392,12 @@ struct LimitArgs {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_anonymous_connections: Option<u32>,
 
+    /// Most TLS handshakes in flight from one peer address; one more connection from it is
+    /// closed at once. Default: 1/8 of --max-connections.
+    #[arg(long, env = "TOPOLOGY_CLAIMS_MAX_HANDSHAKES_PER_ADDRESS",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_handshakes_per_address: Option<u32>,
+
     /// A new connection must finish its TLS handshake and send the HTTP/2 client preface within
     /// this of its accept (a total deadline). Units: ms, s, m.
     #[arg(long, env = "TOPOLOGY_CLAIMS_HANDSHAKE_TIMEOUT", default_value = "10s",
@@ -462,6 +468,10 @@ impl LimitArgs {
             ),
             request_bytes_anonymous: self.max_anonymous_request_bytes as usize,
             max_anonymous_connections: self.max_anonymous_connections.map_or_else(
+                || ServerLimits::default_anonymous_connections(self.max_connections as usize),
+                |n| n as usize,
+            ),
+            max_handshakes_per_address: self.max_handshakes_per_address.map_or_else(
                 || ServerLimits::default_anonymous_connections(self.max_connections as usize),
                 |n| n as usize,
             ),

@@ -379,6 +379,58 @@ async fn callers_without_a_certificate_cannot_take_the_cells_connections() {
     drop(open);
 }
 
+/// Before its TLS handshake a caller has no identity: a peer that opens connections and never
+/// finishes a handshake holds at most `--max-handshakes-per-address` of the places (1/8 of
+/// `--max-connections` by default); its others are closed at once, and a cell connecting from
+/// another address keeps getting in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_finish_their_handshake_cannot_take_the_cells_places() {
+    let pki = Pki::new();
+    pki.cell("cell-1");
+    let server = pki.start_with(&["--max-connections", "64"]);
+    let addr: std::net::SocketAddr = server.addr.parse().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..72 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        held.push(socket.connect(addr).await.unwrap());
+    }
+    let mut open = 0;
+    for stream in &mut held {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(300), stream.read(&mut byte)).await;
+        if read.is_err() {
+            open += 1;
+        }
+    }
+    let started = Instant::now();
+    let (mut ok, tried) = (0, 20);
+    for _ in 0..tried {
+        if let Ok(channel) = pki.channel(&server, Some("cell-1")).await {
+            let answer = ClaimsServiceClient::new(channel)
+                .lookup_claim(pb::LookupClaimRequest {
+                    claim_type: 2,
+                    claim_value: "nobody".into(),
+                    ..Default::default()
+                })
+                .await;
+            if answer.is_err_and(|s| s.code() == Code::NotFound) {
+                ok += 1;
+            }
+        }
+    }
+    let took = started.elapsed();
+    println!(
+        "72 connections from 127.0.0.2 that never start TLS: {open} held open; cell-1's new \
+         connections from 127.0.0.1 {ok}/{tried} OK in {took:?}"
+    );
+    assert!(open <= 8, "{open} handshakes held from one address");
+    assert!(ok * 10 >= tried * 8, "{ok}/{tried} of cell-1's connections");
+    // Waiting for the attacker's places to free would take the whole --handshake-timeout (10 s).
+    assert!(took < Duration::from_secs(5), "cell-1 waited {took:?}");
+    drop(held);
+}
+
 /// A TLS connection over `--max-connections` is refused after its handshake with a GOAWAY that
 /// names the limit, which the client can read (it was written in plaintext before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

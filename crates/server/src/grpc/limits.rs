@@ -33,6 +33,11 @@ pub struct ServerLimits {
     /// Most TLS connections without a verified identity at once (`--max-anonymous-connections`,
     /// default 1/8 of `--max-connections`); one more is told GOAWAY naming the flag.
     pub max_anonymous_connections: usize,
+    /// Most TLS handshakes in flight from one peer address (`--max-handshakes-per-address`,
+    /// default 1/8 of `--max-connections`): before its handshake a caller has no identity, so a
+    /// peer that opens connections and never finishes their handshakes holds at most this many
+    /// of the `--max-connections` places; one more is closed at once.
+    pub max_handshakes_per_address: usize,
     /// Largest header block a client may send (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE).
     pub max_header_list_bytes: u32,
     /// A new connection must complete its TLS handshake (if any) and send a valid HTTP/2
@@ -70,6 +75,7 @@ impl Default for ServerLimits {
             request_bytes_per_cell: 16 * 1024 * 1024,
             request_bytes_anonymous: DEFAULT_ANONYMOUS_REQUEST_BYTES,
             max_anonymous_connections: 512 / 8,
+            max_handshakes_per_address: 512 / 8,
             max_header_list_bytes: 16 * 1024,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
@@ -142,6 +148,14 @@ impl ServerLimits {
             return bad(format!(
                 "--max-anonymous-connections ({}) must lie in 1..=--max-connections ({})",
                 self.max_anonymous_connections, self.max_connections
+            ));
+        }
+        if self.max_handshakes_per_address == 0
+            || self.max_handshakes_per_address > self.max_connections
+        {
+            return bad(format!(
+                "--max-handshakes-per-address ({}) must lie in 1..=--max-connections ({})",
+                self.max_handshakes_per_address, self.max_connections
             ));
         }
         for (flag, value) in [

@@ -4,6 +4,9 @@
 //!   (ENHANCE_YOUR_CALM, with a reason) and closed, so the client sees why instead of hanging in
 //!   the listen backlog (at most 64 refusals are written at once; past that, closed at once). On
 //!   a TLS listener the GOAWAY is sent after the handshake, inside TLS, so the client reads it;
+//! - at most `max_handshakes_per_address` TLS handshakes in flight from one peer address; one
+//!   more connection from it is closed at once, so a peer that never finishes its handshakes
+//!   (it has no identity yet) holds only that many of the `max_connections` places;
 //! - at most `max_anonymous_connections` TLS connections without a verified identity; one more
 //!   is told GOAWAY naming `--max-anonymous-connections` right after its handshake, so callers
 //!   without a certificate can never take the cells' places;
@@ -105,6 +108,12 @@ pub fn incoming(
         failures_since_success: 0,
         accept_log: RateLimitedLog::default(),
         refuse_log: Arc::new(RateLimitedLog::default()),
+        handshakes: tls.as_ref().map(|_| {
+            Arc::new(HandshakeSlots {
+                per_address: limits.max_handshakes_per_address,
+                counts: std::sync::Mutex::default(),
+            })
+        }),
     };
     let anonymous = Anonymous {
         permits: Arc::new(Semaphore::new(limits.max_anonymous_connections)),
@@ -155,18 +164,67 @@ struct Anonymous {
     log: Arc<RateLimitedLog>,
 }
 
+/// The TLS handshakes in flight per peer address (`--max-handshakes-per-address`).
+struct HandshakeSlots {
+    per_address: usize,
+    counts: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One handshake's place, given back when the handshake ends (or the connection is dropped).
+struct HandshakeSlot {
+    slots: Arc<HandshakeSlots>,
+    address: std::net::IpAddr,
+}
+
+impl HandshakeSlots {
+    fn counts(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<std::net::IpAddr, usize>> {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A place for a handshake from `address`, unless it has `per_address` in flight already.
+    fn take(self: &Arc<Self>, address: std::net::IpAddr) -> Option<HandshakeSlot> {
+        let mut counts = self.counts();
+        let count = counts.entry(address).or_default();
+        if *count >= self.per_address {
+            return None;
+        }
+        *count += 1;
+        Some(HandshakeSlot {
+            slots: Arc::clone(self),
+            address,
+        })
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut counts = self.slots.counts();
+        if let Some(count) = counts.get_mut(&self.address) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.address);
+            }
+        }
+    }
+}
+
 /// The TLS handshake of one connection, by the connection's handshake deadline; `None` (logged
 /// at debug) when it fails (a client with a certificate of another CA, an expired one, or plain
 /// HTTP/2), or when a caller without a verified identity finds no place left (told GOAWAY).
 async fn handshake(
-    conn: LimitedConn,
+    mut conn: LimitedConn,
     tls: &ServerTls,
     anonymous: &Anonymous,
 ) -> Option<ServerConn> {
     let mut info = conn.info.clone();
     let deadline = conn.handshake_deadline;
+    let slot = conn.handshake_slot.take();
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-    match tokio::time::timeout_at(deadline, acceptor.accept(conn)).await {
+    let accepted = tokio::time::timeout_at(deadline, acceptor.accept(conn)).await;
+    drop(slot);
+    match accepted {
         Ok(Ok(mut stream)) => {
             info.caller = tls.caller(stream.get_ref().1.peer_certificates());
             let place = if matches!(info.caller, Caller::Verified(_)) {
@@ -454,6 +512,8 @@ struct Acceptor {
     failures_since_success: u64,
     accept_log: RateLimitedLog,
     refuse_log: Arc<RateLimitedLog>,
+    /// On a TLS listener: the handshakes in flight per peer address.
+    handshakes: Option<Arc<HandshakeSlots>>,
 }
 
 impl Acceptor {
@@ -471,9 +531,30 @@ impl Acceptor {
                     self.failures_since_success = 0;
                     // Small request/response messages: Nagle's algorithm would only add latency.
                     let _ = tcp.set_nodelay(true);
+                    let slot = match &self.handshakes {
+                        Some(slots) => match slots.take(peer.ip()) {
+                            Some(slot) => Some(slot),
+                            None => {
+                                ServerStats::count(&self.stats.connections_refused);
+                                if let Some(held_back) = self.refuse_log.ready() {
+                                    tracing::warn!(
+                                        %peer,
+                                        max_handshakes_per_address = slots.per_address,
+                                        refused_since_last_line = held_back,
+                                        "connection closed: --max-handshakes-per-address \
+                                         reached (handshakes in flight from this address)"
+                                    );
+                                }
+                                continue;
+                            }
+                        },
+                        None => None,
+                    };
                     match Arc::clone(&self.connections).try_acquire_owned() {
                         Ok(permit) => {
-                            return LimitedConn::new(tcp, permit, &self.limits, &self.stats)
+                            let mut conn = LimitedConn::new(tcp, permit, &self.limits, &self.stats);
+                            conn.handshake_slot = slot;
+                            return conn;
                         }
                         Err(_) => {
                             ServerStats::count(&self.stats.connections_refused);
@@ -576,6 +657,8 @@ async fn say_goaway<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, reason: &str)
 pub struct LimitedConn {
     io: TcpStream,
     _permit: OwnedSemaphorePermit,
+    /// Its place among its address's handshakes in flight, until the TLS handshake ends.
+    handshake_slot: Option<HandshakeSlot>,
     info: ConnInfo,
     /// The accept + `--handshake-timeout`: by then TLS and the HTTP/2 preface must be done.
     handshake_deadline: tokio::time::Instant,
@@ -606,6 +689,7 @@ impl LimitedConn {
         Self {
             io,
             _permit: permit,
+            handshake_slot: None,
             info,
             handshake_deadline: tokio::time::Instant::now() + limits.handshake_timeout,
             handshake_timeout: limits.handshake_timeout,
