@@ -51,7 +51,7 @@ async fn an_online_backup_restores_every_claim_committed_before_it_and_nothing_i
     assert!(output.status.success(), "{}", text(&output.stderr));
     let said = text(&output.stdout);
     assert!(said.starts_with("backup written: "), "{said}");
-    assert!(said.contains("schema 0008_claim_events"), "{said}");
+    assert!(said.contains("schema 0010_watch_event_count"), "{said}");
 
     // Never overwritten.
     let again = run(&d, &args);

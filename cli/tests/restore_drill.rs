@@ -615,6 +615,31 @@ async fn verify_once(dir: &Path, endpoint: &str, cell: &Cell) -> Output {
     .await
 }
 
+/// A backup of `store` now: its time (for `mark-restored`) and its file.
+async fn take_backup(dir: &Path, store: &Store) -> (String, PathBuf) {
+    let backup_time = prost_types::Timestamp::from(std::time::SystemTime::now()).to_string();
+    let backup = dir.join("claims.backup");
+    store.backup(dir, &backup).await;
+    (backup_time, backup)
+}
+
+/// Stops `server`, restores `backup` and serves it again, marked restored: the new server and
+/// a client of it.
+async fn restore_and_mark(
+    dir: &Path,
+    store: &Store,
+    server: Server,
+    (backup_time, backup): &(String, PathBuf),
+) -> (Server, ClaimsClient) {
+    stop_server(server).await;
+    store.restore(dir, backup).await;
+    let server = start_server(dir, &store.url(), &[]).await;
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let mark = mark_restored(dir, &server.endpoint(), backup_time).await;
+    assert!(mark.status.success(), "mark-restored failed");
+    (server, client)
+}
+
 /// A lease that predates the restore and is recorded locally (its local transaction committed)
 /// is the reconciler's, even when the cell's records no longer imply its claim: the verifier
 /// that runs first leaves it, the reconciler commits it (no "lost" claim), and the next
@@ -633,17 +658,10 @@ async fn a_lease_recorded_locally_is_left_to_the_reconciler_after_a_restore() {
     a.conn
         .execute("DELETE FROM users WHERE name = 'forgotten'", [])
         .unwrap();
-    let backup_time = prost_types::Timestamp::from(std::time::SystemTime::now()).to_string();
-    let backup = dir.join("claims.backup");
-    store.backup(dir, &backup).await;
+    let backup = take_backup(dir, &store).await;
     drop(client);
-    stop_server(server).await;
-    store.restore(dir, &backup).await;
-    let server = start_server(dir, &store.url(), &[]).await;
+    let (server, client) = restore_and_mark(dir, &store, server, &backup).await;
     let endpoint = server.endpoint();
-    let client = ClaimsClient::connect_lazy(&endpoint, ClientConfig::default()).unwrap();
-    let mark = mark_restored(dir, &endpoint, &backup_time).await;
-    assert!(mark.status.success(), "mark-restored failed");
 
     let verified = verify_once(dir, &endpoint, &a).await;
     assert!(verified.status.success(), "{}", text(&verified.stderr));
@@ -689,18 +707,11 @@ async fn a_restore_pass_reports_only_once_its_records_claims_are_settled() {
     let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
     let mut a = Cell::open(dir, "cell-a");
     a.sign_up(&client, "kept").await.unwrap();
-    let backup_time = prost_types::Timestamp::from(std::time::SystemTime::now()).to_string();
-    let backup = dir.join("claims.backup");
-    store.backup(dir, &backup).await;
+    let backup = take_backup(dir, &store).await;
     a.sign_up(&client, "lost").await.unwrap();
     drop(client);
-    stop_server(server).await;
-    store.restore(dir, &backup).await;
-    let server = start_server(dir, &store.url(), &[]).await;
+    let (server, client) = restore_and_mark(dir, &store, server, &backup).await;
     let endpoint = server.endpoint();
-    let client = ClaimsClient::connect_lazy(&endpoint, ClientConfig::default()).unwrap();
-    let mark = mark_restored(dir, &endpoint, &backup_time).await;
-    assert!(mark.status.success(), "mark-restored failed");
 
     let id: i64 = a
         .conn

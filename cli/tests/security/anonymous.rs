@@ -320,6 +320,26 @@ async fn goaway_reason(stream: &mut TlsStream<TcpStream>) -> Option<String> {
     None
 }
 
+/// How many of `tried` new connections of cell-1 are served (a LookupClaim answered).
+async fn new_cell_connections(pki: &Pki, server: &Server, tried: u32) -> u32 {
+    let mut ok = 0;
+    for _ in 0..tried {
+        if let Ok(channel) = pki.channel(server, Some("cell-1")).await {
+            let answer = ClaimsServiceClient::new(channel)
+                .lookup_claim(pb::LookupClaimRequest {
+                    claim_type: 2,
+                    claim_value: "nobody".into(),
+                    ..Default::default()
+                })
+                .await;
+            if answer.is_err_and(|s| s.code() == Code::NotFound) {
+                ok += 1;
+            }
+        }
+    }
+    ok
+}
+
 /// With `--max-connections 64` a certificate-less caller holding 72 TLS connections keeps at
 /// most 8 (`--max-anonymous-connections`, 1/8 by default); the others are told why inside TLS,
 /// and a cell's new connections keep succeeding.
@@ -349,21 +369,7 @@ async fn callers_without_a_certificate_cannot_take_the_cells_connections() {
             open.push(stream);
         }
     }
-    let (mut ok, tried) = (0, 20);
-    for _ in 0..tried {
-        if let Ok(channel) = pki.channel(&server, Some("cell-1")).await {
-            let answer = ClaimsServiceClient::new(channel)
-                .lookup_claim(pb::LookupClaimRequest {
-                    claim_type: 2,
-                    claim_value: "nobody".into(),
-                    ..Default::default()
-                })
-                .await;
-            if answer.is_err_and(|s| s.code() == Code::NotFound) {
-                ok += 1;
-            }
-        }
-    }
+    let (ok, tried) = (new_cell_connections(&pki, &server, 20).await, 20);
     // One more certificate-less connection is told which limit it met.
     let mut extra = pki.tls(&server.addr, None).await.unwrap();
     let reason = goaway_reason(&mut extra).await.unwrap_or_default();
@@ -404,21 +410,7 @@ async fn connections_that_never_finish_their_handshake_cannot_take_the_cells_pla
         }
     }
     let started = Instant::now();
-    let (mut ok, tried) = (0, 20);
-    for _ in 0..tried {
-        if let Ok(channel) = pki.channel(&server, Some("cell-1")).await {
-            let answer = ClaimsServiceClient::new(channel)
-                .lookup_claim(pb::LookupClaimRequest {
-                    claim_type: 2,
-                    claim_value: "nobody".into(),
-                    ..Default::default()
-                })
-                .await;
-            if answer.is_err_and(|s| s.code() == Code::NotFound) {
-                ok += 1;
-            }
-        }
-    }
+    let (ok, tried) = (new_cell_connections(&pki, &server, 20).await, 20);
     let took = started.elapsed();
     println!(
         "72 connections from 127.0.0.2 that never start TLS: {open} held open; cell-1's new \
