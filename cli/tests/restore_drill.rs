@@ -640,6 +640,16 @@ async fn restore_and_mark(
     (server, client)
 }
 
+/// A SQLite store served, a client of it, and cell-a holding the committed claim "kept".
+async fn served_sqlite_with_kept(dir: &Path) -> (Store, Server, ClaimsClient, Cell) {
+    let store = Store::Sqlite(dir.join("claims.db"));
+    let server = start_server(dir, &store.url(), &[]).await;
+    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
+    let mut a = Cell::open(dir, "cell-a");
+    a.sign_up(&client, "kept").await.unwrap();
+    (store, server, client, a)
+}
+
 /// A lease that predates the restore and is recorded locally (its local transaction committed)
 /// is the reconciler's, even when the cell's records no longer imply its claim: the verifier
 /// that runs first leaves it, the reconciler commits it (no "lost" claim), and the next
@@ -648,11 +658,7 @@ async fn restore_and_mark(
 async fn a_lease_recorded_locally_is_left_to_the_reconciler_after_a_restore() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let store = Store::Sqlite(dir.join("claims.db"));
-    let server = start_server(dir, &store.url(), &[]).await;
-    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
-    let mut a = Cell::open(dir, "cell-a");
-    a.sign_up(&client, "kept").await.unwrap();
+    let (store, server, client, mut a) = served_sqlite_with_kept(dir).await;
     // Committed locally, not yet on the service; then the record goes behind the gem's back.
     let forgotten = a.begin_local(&client, "forgotten").await.unwrap();
     a.conn
@@ -702,11 +708,7 @@ async fn a_lease_recorded_locally_is_left_to_the_reconciler_after_a_restore() {
 async fn a_restore_pass_reports_only_once_its_records_claims_are_settled() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let store = Store::Sqlite(dir.join("claims.db"));
-    let server = start_server(dir, &store.url(), &[]).await;
-    let client = ClaimsClient::connect_lazy(&server.endpoint(), ClientConfig::default()).unwrap();
-    let mut a = Cell::open(dir, "cell-a");
-    a.sign_up(&client, "kept").await.unwrap();
+    let (store, server, client, mut a) = served_sqlite_with_kept(dir).await;
     let backup = take_backup(dir, &store).await;
     a.sign_up(&client, "lost").await.unwrap();
     drop(client);
