@@ -142,6 +142,8 @@ impl MemoryClaimStore {
         self.line.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The tables, and the time read under their lock: every operation stamps its changes with
+    /// that `now`, so stamps follow the order in which the changes were made.
     fn lock(&self) -> Locked<'_> {
         // A panic while holding the lock cannot leave Tables half-updated in a way later calls
         // could not read, so a poisoned lock is still usable.
@@ -186,13 +188,15 @@ impl WaitLine for MemoryClaimStore {
 #[async_trait]
 impl ClaimStore for MemoryClaimStore {
     async fn begin_update(&self, request: BeginUpdate) -> Result<Lease, ClaimsError> {
-        let now = self.clock.now();
-        self.lock().begin_update(request, LeaseId::generate(), now)
+        let mut tables = self.lock();
+        let now = tables.now;
+        tables.begin_update(request, LeaseId::generate(), now)
     }
 
     async fn commit_update(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<(), ClaimsError> {
-        let now = self.clock.now();
-        self.lock().commit_update(cell_id, lease_id, now)
+        let mut tables = self.lock();
+        let now = tables.now;
+        tables.commit_update(cell_id, lease_id, now)
     }
 
     async fn rollback_update(
@@ -201,22 +205,24 @@ impl ClaimStore for MemoryClaimStore {
         lease_id: LeaseId,
         unrenewed_for: Option<Duration>,
     ) -> Result<(), ClaimsError> {
-        let now = self.clock.now();
-        self.lock()
-            .rollback_update(cell_id, lease_id, unrenewed_for, now)
+        let mut tables = self.lock();
+        let now = tables.now;
+        tables.rollback_update(cell_id, lease_id, unrenewed_for, now)
     }
 
     async fn renew_lease(&self, cell_id: &CellId, lease_id: LeaseId) -> Result<Lease, ClaimsError> {
-        let now = self.clock.now();
-        self.lock().renew_lease(cell_id, lease_id, now)
+        let mut tables = self.lock();
+        let now = tables.now;
+        tables.renew_lease(cell_id, lease_id, now)
     }
 
     async fn list_outstanding_leases(
         &self,
         query: &LeasesQuery,
     ) -> Result<LeasesPage, ClaimsError> {
-        let now = self.clock.now();
-        Ok(self.lock().list_outstanding_leases(query, now))
+        let mut tables = self.lock();
+        let now = tables.now;
+        Ok(tables.list_outstanding_leases(query, now))
     }
 
     async fn list_claims(&self, query: &ClaimsQuery) -> Result<ClaimsPage, ClaimsError> {
@@ -252,8 +258,9 @@ impl ClaimStore for MemoryClaimStore {
     }
 
     async fn collect_outcomes(&self, retention: Duration) -> Result<u64, ClaimsError> {
-        let now = self.clock.now();
-        Ok(self.lock().collect_outcomes(now, retention))
+        let mut tables = self.lock();
+        let now = tables.now;
+        Ok(tables.collect_outcomes(now, retention))
     }
 
     async fn count_claims(&self) -> Result<Vec<(NamespaceId, u64)>, ClaimsError> {
@@ -261,8 +268,9 @@ impl ClaimStore for MemoryClaimStore {
     }
 
     async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
-        let now = self.clock.now();
-        Ok(self.lock().lease_summary(now))
+        let mut tables = self.lock();
+        let now = tables.now;
+        Ok(tables.lease_summary(now))
     }
 
     async fn decommission_step(
@@ -271,8 +279,9 @@ impl ClaimStore for MemoryClaimStore {
         batch: usize,
         dry_run: bool,
     ) -> Result<DecommissionStep, ClaimsError> {
-        let now = self.clock.now();
-        self.lock().decommission_step(cell_id, batch, dry_run, now)
+        let mut tables = self.lock();
+        let now = tables.now;
+        tables.decommission_step(cell_id, batch, dry_run, now)
     }
 
     async fn restore_state(&self) -> Result<Option<RestoreEpoch>, ClaimsError> {
@@ -280,8 +289,9 @@ impl ClaimStore for MemoryClaimStore {
     }
 
     async fn mark_restored(&self, request: &MarkRestored) -> Result<RestoreEpoch, ClaimsError> {
-        let now = self.clock.now();
-        self.lock().mark_restored(request, now)
+        let mut tables = self.lock();
+        let now = tables.now;
+        tables.mark_restored(request, now)
     }
 
     async fn report_verification_pass(
@@ -289,13 +299,15 @@ impl ClaimStore for MemoryClaimStore {
         cell_id: &CellId,
         epoch: u64,
     ) -> Result<RestoreEpoch, ClaimsError> {
-        let now = self.clock.now();
-        self.lock().report_verification_pass(cell_id, epoch, now)
+        let mut tables = self.lock();
+        let now = tables.now;
+        tables.report_verification_pass(cell_id, epoch, now)
     }
 
     async fn lift_quarantine(&self, epoch: u64, reason: &str) -> Result<RestoreEpoch, ClaimsError> {
-        let now = self.clock.now();
-        self.lock().lift_quarantine(epoch, reason, now)
+        let mut tables = self.lock();
+        let now = tables.now;
+        tables.lift_quarantine(epoch, reason, now)
     }
 
     async fn acquire_verification_slot(
@@ -303,8 +315,9 @@ impl ClaimStore for MemoryClaimStore {
         holder: &SlotHolder,
         limit: SlotLimit,
     ) -> Result<SlotGrant, ClaimsError> {
-        let now = self.clock.now();
-        self.lock().acquire_verification_slot(holder, limit, now)
+        let mut tables = self.lock();
+        let now = tables.now;
+        tables.acquire_verification_slot(holder, limit, now)
     }
 
     async fn release_verification_slot(&self, holder: &SlotHolder) -> Result<bool, ClaimsError> {
@@ -353,8 +366,8 @@ impl ClaimStore for MemoryClaimStore {
     async fn run_group(&self, ops: &[GroupOp]) -> Result<GroupResults, ClaimsError> {
         // The whole state is at hand: the group is one lock, each operation decided in order
         // by the reference semantics (`domain::group::apply_op`).
-        let now = self.clock.now();
         let mut tables = self.lock();
+        let now = tables.now;
         Ok(ops
             .iter()
             .map(|op| group::apply_op(&mut tables, op, now))
