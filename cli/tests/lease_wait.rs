@@ -286,7 +286,47 @@ async fn waiting_on_the_sqlite_store() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("claims.db").display());
     let server = serve(dir.path(), &store).await;
-    cases(&client(&server), &server.endpoint(), "lite").await;
+    let claims = client(&server);
+    cases(&claims, &server.endpoint(), "lite").await;
+
+    // A store whose wait line cannot be written (its table dropped under the server): a waiter
+    // is answered CLAIM_LEASED at once, counted as `no_line`, and never waits.
+    let db = dir.path().join("claims.db");
+    tokio::task::spawn_blocking(move || {
+        let conn = rusqlite::Connection::open(db).unwrap();
+        conn.busy_timeout(Duration::from_secs(5)).unwrap();
+        conn.execute_batch("DROP TABLE lease_waits").unwrap();
+    })
+    .await
+    .unwrap();
+    let (a, b) = (cell("cell-a"), cell("cell-b"));
+    let name = username("lite-no-line");
+    let held = claims
+        .begin_update(creates(&a, std::slice::from_ref(&name)))
+        .await
+        .unwrap();
+    let asked = Instant::now();
+    let refused = claims
+        .begin_update_waiting(creates(&b, &[name]), Duration::from_secs(20))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ClaimsError::ClaimLeased { .. }),
+        "{refused:?}"
+    );
+    assert!(asked.elapsed() < Duration::from_secs(10), "it did not wait");
+    claims.rollback_update(&a, held.lease_id).await.unwrap();
+    let metrics = server.child.metrics_addr(common::PATIENCE).unwrap();
+    let scraped = common::scrape(metrics);
+    assert_eq!(
+        common::value(
+            &scraped,
+            "topology_claims_lease_wait_outcomes_total",
+            &[("outcome", "no_line")],
+        ),
+        Some(1.0),
+        "{scraped}"
+    );
     let _ = tokio::task::spawn_blocking(move || server.stop_with("TERM")).await;
 }
 

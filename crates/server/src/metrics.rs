@@ -384,7 +384,8 @@ impl ServerMetrics {
                         "topology_claims_lease_wait_outcomes_total",
                         "Waits for a leased claim by how they ended: granted (a lease), refused \
                          (another refusal, e.g. CLAIM_TAKEN), timed_out (CLAIM_LEASED after the \
-                         wait), over_cap (CLAIM_LEASED at once: --max-lease-waiters reached).",
+                         wait), over_cap (CLAIM_LEASED at once: --max-lease-waiters reached), no_line \
+                         (CLAIM_LEASED at once: the store's wait line could not be joined).",
                     ),
                     &["outcome"],
                 )

@@ -74,10 +74,20 @@ pub struct WaitingRoom {
     metrics: Option<WaitMetrics>,
 }
 
+/// A wait refused before it began.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unwaited {
+    /// `--max-lease-waiters` wait already.
+    OverCap,
+    /// The store's wait line could not be joined.
+    NoLine,
+}
+
 /// How a wait ended, for `topology_claims_lease_wait_outcomes_total{outcome}`.
-fn outcome_label(result: &Result<Lease, ClaimsError>, over_cap: bool) -> &'static str {
+fn outcome_label(result: &Result<Lease, ClaimsError>, unwaited: Option<Unwaited>) -> &'static str {
     match result {
-        _ if over_cap => "over_cap",
+        _ if unwaited == Some(Unwaited::OverCap) => "over_cap",
+        _ if unwaited == Some(Unwaited::NoLine) => "no_line",
         Ok(_) => "granted",
         Err(error) if waits::blocking_claims(error).is_some() => "timed_out",
         Err(_) => "refused",
@@ -131,7 +141,7 @@ impl WaitingRoom {
     pub fn new(config: WaitConfig, metrics: Option<WaitMetrics>) -> Arc<Self> {
         if let Some(metrics) = &metrics {
             // Every outcome's series is there from the start, at 0.
-            for outcome in ["granted", "refused", "timed_out", "over_cap"] {
+            for outcome in ["granted", "refused", "timed_out", "over_cap", "no_line"] {
                 metrics.outcomes.with_label_values(&[outcome]);
             }
         }
@@ -283,12 +293,12 @@ impl WaitingRoom {
         let (arrival, notify) = match self.enter(&**store, lease.as_ref(), &blocking, wait).await {
             Entry::Place(arrival, notify) => (arrival, notify),
             Entry::Full => {
-                self.count(&Err(refusal.clone()), true, started);
+                self.count(&Err(refusal.clone()), Some(Unwaited::OverCap), started);
                 return Err(refusal);
             }
             Entry::NoLine(error) => {
                 tracing::warn!(%error, "a lease waiter could not join the store's wait line: answered CLAIM_LEASED at once");
-                self.count(&Err(refusal.clone()), false, started);
+                self.count(&Err(refusal.clone()), Some(Unwaited::NoLine), started);
                 return Err(refusal);
             }
         };
@@ -346,7 +356,7 @@ impl WaitingRoom {
                 break last;
             }
         };
-        self.count(&result, false, started);
+        self.count(&result, None, started);
         // Out of the store's line before the next waiter here is woken, so it finds the way free.
         if self.alone_in(arrival) {
             leave_line(&**store, arrival).await;
@@ -356,13 +366,18 @@ impl WaitingRoom {
         result
     }
 
-    fn count(&self, result: &Result<Lease, ClaimsError>, over_cap: bool, started: Instant) {
+    fn count(
+        &self,
+        result: &Result<Lease, ClaimsError>,
+        unwaited: Option<Unwaited>,
+        started: Instant,
+    ) {
         if let Some(metrics) = &self.metrics {
             metrics
                 .outcomes
-                .with_label_values(&[outcome_label(result, over_cap)])
+                .with_label_values(&[outcome_label(result, unwaited)])
                 .inc();
-            if !over_cap {
+            if unwaited.is_none() {
                 metrics
                     .wait_seconds
                     .observe(started.elapsed().as_secs_f64());
