@@ -220,7 +220,7 @@ impl ClaimStore for MemoryClaimStore {
         &self,
         query: &LeasesQuery,
     ) -> Result<LeasesPage, ClaimsError> {
-        let mut tables = self.lock();
+        let tables = self.lock();
         let now = tables.now;
         Ok(tables.list_outstanding_leases(query, now))
     }
@@ -268,7 +268,7 @@ impl ClaimStore for MemoryClaimStore {
     }
 
     async fn lease_summary(&self) -> Result<LeaseSummary, ClaimsError> {
-        let mut tables = self.lock();
+        let tables = self.lock();
         let now = tables.now;
         Ok(tables.lease_summary(now))
     }

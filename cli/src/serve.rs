@@ -172,6 +172,14 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     group_max_claims: u32,
 
+    /// Large calls (BeginUpdates of more than --group-max-claims claims, and the ends of their
+    /// leases) in store transactions at once; large begins take turns one at a time whatever
+    /// it is. 1: a small call waits behind at most one large transaction. More gives a bulk load
+    /// more throughput at the small calls' expense (docs/benchmarks.md, "Fairness").
+    #[arg(long, env = "TOPOLOGY_CLAIMS_GROUP_LARGE_PARALLELISM", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    group_large_parallelism: u32,
+
     /// Group-commit store transactions in flight at once; more requests queue and share the
     /// next ones. Fewer means larger groups and less store CPU per call. 0: this machine's CPU
     /// count, at most what the store can run at once (PostgreSQL --pg-pool-size, the Spanner
@@ -606,6 +614,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         let config = GroupConfig {
             max: args.group_max as usize,
             max_claims: args.group_max_claims as usize,
+            large_parallelism: args.group_large_parallelism as usize,
             parallelism: Some(if args.group_parallelism > 0 {
                 args.group_parallelism as usize
             } else {
@@ -622,6 +631,7 @@ async fn run_inner(args: ServeArgs) -> Result<(), String> {
         tracing::info!(
             group_max = config.max,
             group_max_claims = config.max_claims,
+            group_large_parallelism = config.large_parallelism,
             parallelism = group.parallelism(),
             "group commit on"
         );

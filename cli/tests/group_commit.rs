@@ -189,7 +189,14 @@ async fn small_cell_beside_large_batches(store: &str) -> (f64, f64, usize, usize
     let dir = tempfile::tempdir().unwrap();
     let server = tokio::task::spawn_blocking({
         let (dir, store) = (dir.path().to_owned(), store.to_owned());
-        move || Server::start(&dir, &["--listen", "127.0.0.1:0", "--store", &store])
+        // More flags for the benchmark's A/B (docs/benchmarks.md, "Fairness"), e.g.
+        // `--group-large-parallelism 8`; none in the test run.
+        let extra = std::env::var("TOPOLOGY_CLAIMS_TEST_FAIRNESS_FLAGS").unwrap_or_default();
+        move || {
+            let mut args = vec!["--listen", "127.0.0.1:0", "--store", &store];
+            args.extend(extra.split_whitespace());
+            Server::start(&dir, &args)
+        }
     })
     .await
     .unwrap();

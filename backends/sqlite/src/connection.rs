@@ -121,11 +121,15 @@ fn switch_to_wal(conn: &Connection) -> rusqlite::Result<String> {
     }
 }
 
-/// The one connection, shared by clones of a store. A `std` mutex, not an async one: it is only
-/// ever locked on a blocking thread, for the span of one transaction.
+/// The one connection, shared by clones of a store. A `std` mutex, locked only on a blocking
+/// thread for the span of one transaction, behind a first-come-first-served turn taken in async
+/// code: callers reach the connection in the order they asked, and a waiting caller holds no
+/// blocking thread. (A `std` mutex alone lets a newcomer overtake a woken waiter, so a small
+/// call could wait behind several large transactions; issue 34.)
 #[derive(Clone)]
 pub(crate) struct SharedConnection {
     conn: Arc<Mutex<Connection>>,
+    turn: Arc<tokio::sync::Mutex<()>>,
     path: Arc<PathBuf>,
 }
 
@@ -133,6 +137,7 @@ impl SharedConnection {
     pub(crate) fn new(conn: Connection, path: PathBuf) -> Self {
         Self {
             conn: Arc::new(Mutex::new(conn)),
+            turn: Arc::new(tokio::sync::Mutex::new(())),
             path: Arc::new(path),
         }
     }
@@ -150,9 +155,15 @@ impl SharedConnection {
         F: FnOnce(&mut Connection) -> Result<T, ClaimsError> + Send + 'static,
     {
         let conn = Arc::clone(&self.conn);
-        tokio::task::spawn_blocking(move || work(&mut lock(&conn)))
-            .await
-            .map_err(|e| ClaimsError::internal(format!("SQLite worker thread failed: {e}")))?
+        // Tokio's mutex queues its waiters in order. The turn moves into the blocking closure,
+        // so it is held until the transaction ends even if the caller goes away.
+        let turn = Arc::clone(&self.turn).lock_owned().await;
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            work(&mut lock(&conn))
+        })
+        .await
+        .map_err(|e| ClaimsError::internal(format!("SQLite worker thread failed: {e}")))?
     }
 }
 

@@ -17,9 +17,10 @@
 //! never in a group and never in a worker's slot, and so do the CommitUpdate and RollbackUpdate
 //! of its lease (the lease ids of such leases are remembered, up to [`LARGE_LEASES_KEPT`]); and
 //! a group stops taking calls at `--group-max-claims` claims. Large begins take turns, one at a
-//! time. So a small call shares its transaction with at most that many claims of others, finds
-//! a worker that is not busy with a large batch, and waits in the store's lock queue behind at
-//! most one large begin (decision 104).
+//! time, and large calls of any kind run at most `--group-large-parallelism` (default 1) at
+//! once. So a small call shares its transaction with at most that many claims of others, finds
+//! a worker that is not busy with a large batch, and by default waits behind at most one large
+//! transaction (decision 104).
 //!
 //! Every call gets its own answer: a refusal (CLAIM_TAKEN, …) is that call's alone. When the
 //! store transaction itself fails (after the adapter's own retries), every call in it gets that
@@ -55,6 +56,9 @@ pub struct GroupConfig {
     /// Most claims in one group; a BeginUpdate with more runs alone, beside the groups
     /// (`--group-max-claims`).
     pub max_claims: usize,
+    /// Most such large calls (begins, and the ends of their leases) in store transactions at
+    /// once (`--group-large-parallelism`); large begins take turns one at a time whatever it is.
+    pub large_parallelism: usize,
     /// A group of one call runs the store's own BeginUpdate / CommitUpdate / RollbackUpdate
     /// transaction (tuned for one operation: on PostgreSQL at most 11 statements instead of a
     /// group's 13) rather than `run_group`. `false` sends every call through `run_group` (the suites
@@ -67,6 +71,7 @@ impl Default for GroupConfig {
         Self {
             max: domain::DEFAULT_GROUP_MAX,
             max_claims: domain::DEFAULT_GROUP_MAX_CLAIMS,
+            large_parallelism: 1,
             parallelism: None,
             lone_direct: true,
         }
@@ -137,6 +142,11 @@ struct Shared {
     /// whole key stripes on PostgreSQL, and the store's lock queue would put a small call
     /// behind every large one queued before it.
     large_turn: tokio::sync::Semaphore,
+    /// Every large call, begin or end, holds one of `--group-large-parallelism` slots while it
+    /// runs (a begin takes its turn first). With one slot large calls reach the store one by
+    /// one, and a small call waits behind at most one of them: not behind every large end
+    /// queued at SQLite's one connection, nor beside several on PostgreSQL's CPUs.
+    large_slots: tokio::sync::Semaphore,
     parallelism: usize,
     lone_direct: bool,
     queue: Mutex<Queue>,
@@ -183,6 +193,7 @@ impl GroupCommit {
                 max_claims: config.max_claims.max(1),
                 large: Mutex::default(),
                 large_turn: tokio::sync::Semaphore::new(1),
+                large_slots: tokio::sync::Semaphore::new(config.large_parallelism.max(1)),
                 parallelism,
                 lone_direct: config.lone_direct,
                 queue: Mutex::default(),
@@ -217,15 +228,31 @@ impl GroupCommit {
         if let Some(observe) = &self.shared.observer {
             observe(1);
         }
-        let answer = match &op {
-            GroupOp::Begin { .. } => {
-                let _turn = self.shared.large_turn.acquire().await.map_err(|_| {
-                    ClaimsError::internal("BeginUpdate: the large batches' turn was closed")
-                })?;
-                run_alone(&*self.shared.store, &op).await
-            }
-            _ => run_alone(&*self.shared.store, &op).await,
+        let closed = || {
+            ClaimsError::internal(format!(
+                "{}: the large batches' turn was closed",
+                op.method()
+            ))
         };
+        // The begins' turn first, then a slot; ends take only a slot, so no two calls wait for
+        // each other's.
+        let _turn = match &op {
+            GroupOp::Begin { .. } => Some(
+                self.shared
+                    .large_turn
+                    .acquire()
+                    .await
+                    .map_err(|_| closed())?,
+            ),
+            _ => None,
+        };
+        let _slot = self
+            .shared
+            .large_slots
+            .acquire()
+            .await
+            .map_err(|_| closed())?;
+        let answer = run_alone(&*self.shared.store, &op).await;
         let mut large = self.shared.large.lock().unwrap_or_else(|p| p.into_inner());
         match (&op, &answer) {
             (GroupOp::Begin { .. }, Ok(GroupAnswer::Begun(lease))) => {
