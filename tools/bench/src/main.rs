@@ -276,6 +276,7 @@ fn main() -> ExitCode {
 
 async fn run(args: BenchArgs) -> ExitCode {
     let mut cleanup = Cleanup::default();
+    procs::flush_dirty_pages();
     let result = run_inner(args, &mut cleanup).await;
     cleanup.run().await;
     match result {

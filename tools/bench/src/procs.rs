@@ -30,3 +30,36 @@ pub fn start_server(store_url: &str, extra: &[String]) -> Result<ServeChild, Str
         .stderr(Stdio::inherit());
     ServeChild::start(command)
 }
+
+/// Writes back what other processes left dirty in the page cache (`sync`) before measuring.
+/// Otherwise the kernel writes it back about 30 s later (`vm.dirty_expire_centisecs`), in the
+/// middle of a step, and the store's fsyncs queue behind it: right after a release build, a
+/// 60–80 ms stall that failed an SLO step at 400 pairs/s (docs/benchmarks.md, "A stall found").
+pub fn flush_dirty_pages() {
+    let dirty = dirty_kib();
+    let started = std::time::Instant::now();
+    match std::process::Command::new("sync").status() {
+        Ok(status) if status.success() => {
+            if let Some(kib) = dirty.filter(|kib| *kib >= 1024) {
+                eprintln!(
+                    "bench: wrote back {} MiB of dirty pages before measuring ({:.1} s)",
+                    kib / 1024,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        }
+        Ok(status) => eprintln!(
+            "bench: warning: `sync` failed ({status}); a later write-back may stall a step"
+        ),
+        Err(error) => eprintln!(
+            "bench: warning: could not run `sync` ({error}); a later write-back may stall a step"
+        ),
+    }
+}
+
+/// `Dirty:` of /proc/meminfo, in KiB (Linux only).
+fn dirty_kib() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("Dirty:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
