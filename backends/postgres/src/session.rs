@@ -219,6 +219,12 @@ impl Session<'_> {
         sql::BEGIN
     }
 
+    /// [`Session::begin_transaction`] for the lease transactions ([`sql::BEGIN_LEASE`]).
+    pub fn begin_lease_transaction(&mut self) -> &'static str {
+        self.in_transaction = true;
+        sql::BEGIN_LEASE
+    }
+
     /// Marks the transaction finished (its `COMMIT` was acknowledged).
     pub fn committed(&mut self) {
         self.in_transaction = false;

@@ -265,7 +265,7 @@ impl PostgresClaimStore {
             [&request.cell_id],
             CellMode::Shared,
         );
-        let begin = session.begin_transaction();
+        let begin = session.begin_lease_transaction();
         let client = session.client()?;
         let cell = request.cell_id.as_str();
         // Flight 1: open the transaction and lock + read everything the decision needs. The
@@ -388,7 +388,7 @@ impl PostgresClaimStore {
         let cells: Vec<&str> = reads.cells.iter().map(CellId::as_str).collect();
         let ids = rows::lease_ids(&reads.lease_ids);
         let keys = KeyArrays::sorted(&reads.keys);
-        let begin = session.begin_transaction();
+        let begin = session.begin_lease_transaction();
         let client = session.client()?;
         // Flight 1: every lock, then every row the decision needs (the shared cell locks come
         // before the marks are read: "why a cell lock").
@@ -508,7 +508,7 @@ impl PostgresClaimStore {
                 .await?;
         let id = lease_id.as_uuid();
         let locks = AdvisoryLocks::lease(lease_id);
-        let begin = session.begin_transaction();
+        let begin = session.begin_lease_transaction();
         let client = session.client()?;
         let (_, _, time_row, lease_row, outcome_row, _) = tokio::try_join!(
             biased;
@@ -577,7 +577,7 @@ impl PostgresClaimStore {
             .await?;
         let id = lease_id.as_uuid();
         let locks = AdvisoryLocks::lease(lease_id);
-        let begin = session.begin_transaction();
+        let begin = session.begin_lease_transaction();
         let client = session.client()?;
         let (_, _, lease_row, outcome_row) = tokio::try_join!(
             biased;
