@@ -162,45 +162,6 @@ impl Shared {
         // The queue is consistent between statements; a panic elsewhere cannot tear it.
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
-
-    /// Takes a transaction slot for a lone call when nothing is queued and one is free.
-    fn take_idle_slot(&self) -> bool {
-        let mut queue = self.lock();
-        if queue.pending.is_empty() && queue.running < self.parallelism {
-            queue.running += 1;
-            true
-        } else {
-            false
-        }
-    }
-}
-
-/// The slot of a lone call run in its caller's task ([`GroupCommit::submit`]). On drop (the
-/// call ended, or its caller went away) the slot is given back; calls queued meanwhile, which
-/// found every slot taken and started no worker, get one now.
-struct DirectSlot(Arc<Shared>);
-
-impl Drop for DirectSlot {
-    fn drop(&mut self) {
-        let restart = {
-            let mut queue = self.0.lock();
-            if queue.pending.is_empty() {
-                queue.running -= 1;
-                false
-            } else {
-                // The slot passes to a worker for the queued calls.
-                true
-            }
-        };
-        if restart {
-            match tokio::runtime::Handle::try_current() {
-                Ok(handle) => {
-                    handle.spawn(work(self.0.clone()));
-                }
-                Err(_) => self.0.lock().running -= 1,
-            }
-        }
-    }
 }
 
 /// A [`ClaimStore`] that group-commits BeginUpdate, CommitUpdate and RollbackUpdate of the store
@@ -314,18 +275,6 @@ impl GroupCommit {
     }
 
     async fn submit(&self, op: GroupOp) -> Result<GroupAnswer, ClaimsError> {
-        // A lone call (nothing queued, a slot free) runs its own transaction in the caller's
-        // task: no worker to spawn and no reply to hand over. It holds a slot like a worker, and
-        // gives it back (starting a worker for calls queued meanwhile) when it ends or its caller
-        // goes away, which cancels only its own transaction, as with `--group-commit=off`.
-        if self.shared.lone_direct && self.shared.take_idle_slot() {
-            let _slot = DirectSlot(self.shared.clone());
-            self.shared.stats.record(1);
-            if let Some(observe) = &self.shared.observer {
-                observe(1);
-            }
-            return run_alone(&*self.shared.store, &op).await;
-        }
         let method = op.method();
         let (reply, answer) = oneshot::channel();
         let start_worker = {
@@ -340,7 +289,10 @@ impl GroupCommit {
         };
         if start_worker {
             // A task of its own: a caller that goes away (deadline, disconnect) must not cancel
-            // a transaction that carries other callers' operations.
+            // a transaction that carries other callers' operations, nor a lone call's: a store
+            // transaction dropped half-way holds the Spanner emulator's single lock (decision
+            // 120: running lone calls in the caller's task was tried and the chaos campaign
+            // caught it).
             tokio::spawn(work(self.shared.clone()));
         }
         answer.await.map_err(|_| {
@@ -690,69 +642,5 @@ mod tests {
         assert_eq!(group_size([1000, 1].into_iter(), 64, 256), 1);
         assert_eq!(group_size([1, 1000, 1].into_iter(), 64, 256), 1);
         assert_eq!(group_size(std::iter::empty(), 64, 256), 0);
-    }
-
-    fn one_slot_combiner() -> GroupCommit {
-        let store = Arc::new(topology_claims::memory::MemoryClaimStore::new());
-        let config = GroupConfig {
-            parallelism: Some(1),
-            ..GroupConfig::default()
-        };
-        GroupCommit::new(store, config)
-    }
-
-    fn commit_of_unknown_lease() -> GroupOp {
-        GroupOp::Commit {
-            cell_id: CellId::parse("cell-a").expect("a valid cell id"),
-            lease_id: LeaseId::generate(),
-        }
-    }
-
-    #[tokio::test]
-    async fn a_lone_calls_slot_is_given_back_or_passed_to_a_worker_for_calls_queued_meanwhile() {
-        let combiner = one_slot_combiner();
-        let shared = &combiner.shared;
-
-        // A lone call runs in its caller's task and gives its slot back.
-        let answer = combiner.submit(commit_of_unknown_lease()).await;
-        assert!(
-            matches!(answer, Err(ClaimsError::LeaseNotFound { .. })),
-            "{answer:?}"
-        );
-        assert_eq!(shared.lock().running, 0);
-        assert_eq!(shared.stats.batches.load(Ordering::Relaxed), 1);
-
-        // While a lone call holds the only slot, the next call queues and starts no worker.
-        assert!(shared.take_idle_slot());
-        let slot = DirectSlot(shared.clone());
-        assert!(!shared.take_idle_slot(), "the only slot is taken");
-        let queued = tokio::spawn({
-            let combiner = combiner.clone();
-            async move { combiner.submit(commit_of_unknown_lease()).await }
-        });
-        while shared.lock().pending.is_empty() {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(shared.lock().running, 1, "no worker beside the lone call");
-
-        // The lone call ends (or its caller goes away: the same drop): its slot passes to a
-        // worker, which answers the queued call and then gives the slot back.
-        drop(slot);
-        let answer = tokio::time::timeout(Duration::from_secs(5), queued)
-            .await
-            .expect("the queued call is answered")
-            .expect("its task ends");
-        assert!(
-            matches!(answer, Err(ClaimsError::LeaseNotFound { .. })),
-            "{answer:?}"
-        );
-        for _ in 0..1000 {
-            if shared.lock().running == 0 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(shared.lock().running, 0, "the worker gave the slot back");
-        assert!(shared.take_idle_slot(), "the slot is free again");
     }
 }
