@@ -34,7 +34,8 @@ pub fn start_server(store_url: &str, extra: &[String]) -> Result<ServeChild, Str
 /// Writes back what other processes left dirty in the page cache (`sync`) before measuring.
 /// Otherwise the kernel writes it back about 30 s later (`vm.dirty_expire_centisecs`), in the
 /// middle of a step, and the store's fsyncs queue behind it: right after a release build, a
-/// 60–80 ms stall that failed an SLO step at 400 pairs/s (docs/benchmarks.md, "A stall found").
+/// 60–80 ms stall that failed an SLO step at 400 pairs/s (docs/benchmarks.md, "Found
+/// (2026-11-28): the kernel writing back another process's dirty pages").
 pub fn flush_dirty_pages() {
     let dirty = dirty_kib();
     let started = std::time::Instant::now();
