@@ -4,10 +4,11 @@
 //! changed, until it gets another answer or its wait is over.
 //!
 //! Wake-ups come from the change feed: the room reads the store's log (`ClaimStore::read_events`)
-//! whenever the server's [`WatchHub`] sees the head move (at once after this server's writes,
-//! within `--watch-poll-interval` after another server's) and wakes the first waiter of each
-//! claim that changed. A waiter first in line also asks again every [`FALLBACK`], in case a
-//! change was missed (a failed read), and right after it joins (a change just before it joined).
+//! whenever the server's [`WatchHub`] sees the head move (at once after this server's writes
+//! while anyone waits, within `--watch-poll-interval` after another server's) and wakes the
+//! first waiter of each claim that changed. A waiter first in line also asks again every
+//! [`FALLBACK`], in case a change was missed (a failed read), and right after it joins (a change
+//! just before it joined).
 //! Waiting costs no store connection, and one queue entry and one `Notify` per waiter.
 //!
 //! Owns the queues' bookkeeping, the timers and the wake-ups; the rules (who waits, how long,
@@ -264,7 +265,8 @@ impl WaitingRoom {
         }
     }
 
-    fn is_empty(&self) -> bool {
+    /// Nobody waits here.
+    pub fn is_empty(&self) -> bool {
         self.room().wakers.is_empty()
     }
 

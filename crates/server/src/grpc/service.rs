@@ -107,6 +107,15 @@ impl ClaimsServiceImpl {
         self
     }
 
+    /// This server wrote: the change feed's follower reads the head at once if anyone follows
+    /// it here (a watcher, a waiter); else at its next poll (`--watch-poll-interval`), which
+    /// saves a lone caller two store reads per write.
+    fn wrote(&self) {
+        if self.watch.has_watchers() || !self.waits.is_empty() {
+            self.watch.poke();
+        }
+    }
+
     /// When the claim of a `ClaimLeased` refusal was leased (its row's `updated_at`), read once
     /// more from the store; `None` when it is no longer leased or the read fails.
     async fn leased_since(&self, error: &ClaimsError) -> Option<domain::Timestamp> {
@@ -194,7 +203,7 @@ impl ClaimsService for ClaimsServiceImpl {
                 },
                 begun => begun,
             }?;
-            self.watch.poke();
+            self.wrote();
             Ok(pb::BeginUpdateResponse {
                 lease_payload: Some(convert::lease_payload_to_pb(&lease)),
             })
@@ -218,7 +227,7 @@ impl ClaimsService for ClaimsServiceImpl {
                 let (cell_id, lease_id) =
                     convert::lease_ref_from_pb(&request.cell_id, &request.lease_id)?;
                 self.store.commit_update(&cell_id, lease_id).await?;
-                self.watch.poke();
+                self.wrote();
                 Ok(pb::CommitUpdateResponse {})
             }
             .await,
@@ -236,7 +245,7 @@ impl ClaimsService for ClaimsServiceImpl {
                 self.store
                     .rollback_update(&cell_id, lease_id, unrenewed_for)
                     .await?;
-                self.watch.poke();
+                self.wrote();
                 Ok(pb::RollbackUpdateResponse {})
             }
             .await,

@@ -2,7 +2,7 @@
 //!
 //! One [`WatchHub`] per server follows the store's log: a task reads where the log is complete
 //! (`ClaimStore::read_events`) every `--watch-poll-interval`, and at once after this server's
-//! own writes, and publishes that revision. Each stream waits for it to pass its position,
+//! own writes while a stream or a lease waiter follows it, and publishes that revision. Each stream waits for it to pass its position,
 //! then reads its own pages of the log from the store and sends them; it reads only when the
 //! previous response was taken, so a watcher that stops reading holds one page at most (gRPC
 //! flow control backs up into its channel of one response). The hub also compacts the log
@@ -127,6 +127,11 @@ impl WatchHub {
     /// the hub reads further (the waiting room follows it).
     pub fn head(&self) -> watch::Receiver<u64> {
         self.head.subscribe()
+    }
+
+    /// A stream follows the log through this hub now.
+    pub fn has_watchers(&self) -> bool {
+        self.watchers.available_permits() < self.config.max_watchers
     }
 
     /// This server wrote: read the head now rather than at the next poll.
