@@ -166,6 +166,12 @@ impl Shared {
     }
 }
 
+/// Whether the lease transaction of a connection's `uses`-th reuse drops its cached plans: not
+/// on a fresh connection (it has none), then once every [`sql::REPLAN_EVERY`] uses.
+fn replans_at(uses: usize) -> bool {
+    uses > 0 && uses % sql::REPLAN_EVERY == 0
+}
+
 /// Full-jitter exponential backoff: uniform in [0, min(200 ms, 2 ms · 2^attempt)].
 fn backoff(attempt: u32) -> Duration {
     let cap_micros = (2_000u64 << attempt.min(10)).min(200_000);
@@ -220,9 +226,19 @@ impl Session<'_> {
     }
 
     /// [`Session::begin_transaction`] for the lease transactions ([`sql::BEGIN_LEASE`]).
+    /// Every [`sql::REPLAN_EVERY`] uses of the connection it also drops the connection's cached
+    /// plans ([`sql::BEGIN_LEASE_REPLANNED`]).
     pub fn begin_lease_transaction(&mut self) -> &'static str {
         self.in_transaction = true;
-        sql::BEGIN_LEASE
+        let uses = self
+            .client
+            .as_ref()
+            .map_or(0, |client| Object::metrics(client).recycle_count);
+        if replans_at(uses) {
+            sql::BEGIN_LEASE_REPLANNED
+        } else {
+            sql::BEGIN_LEASE
+        }
     }
 
     /// Marks the transaction finished (its `COMMIT` was acknowledged).
@@ -261,5 +277,26 @@ impl Drop for Session<'_> {
             // No runtime to roll back on: close the connection instead.
             Err(_) => drop(Object::take(client)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_drops_its_plans_once_every_replan_every_uses_and_never_when_fresh() {
+        assert!(!replans_at(0));
+        let replanned: Vec<usize> = (0..=3 * sql::REPLAN_EVERY)
+            .filter(|&uses| replans_at(uses))
+            .collect();
+        assert_eq!(
+            replanned,
+            [
+                sql::REPLAN_EVERY,
+                2 * sql::REPLAN_EVERY,
+                3 * sql::REPLAN_EVERY
+            ]
+        );
     }
 }

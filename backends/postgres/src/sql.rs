@@ -184,6 +184,16 @@ pub const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 /// `SET LOCAL` ends with the transaction; listings and scans keep the server's own choice.
 pub const BEGIN_LEASE: &str =
     "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL plan_cache_mode = force_generic_plan";
+/// [`BEGIN_LEASE`] that first drops the connection's cached plans (`DISCARD PLANS`), sent every
+/// [`REPLAN_EVERY`] uses of a connection: a plan is made from the table sizes of its time, and a
+/// server started on an empty store would otherwise keep, for the life of its connections,
+/// plans made for empty tables (a scan of the whole `claims` table per BeginUpdate where an
+/// index lookup is right; PostgreSQL replans by itself only after an `ANALYZE`, and autovacuum
+/// may be off). The statements stay prepared; the next execution of each plans it again.
+pub const BEGIN_LEASE_REPLANNED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; DISCARD PLANS; \
+     SET LOCAL plan_cache_mode = force_generic_plan";
+/// How many uses of a pooled connection between two [`BEGIN_LEASE_REPLANNED`].
+pub const REPLAN_EVERY: usize = 500;
 pub const COMMIT: &str = "COMMIT";
 pub const ROLLBACK: &str = "ROLLBACK";
 
