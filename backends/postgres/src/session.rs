@@ -169,7 +169,7 @@ impl Shared {
 /// Whether the lease transaction of a connection's `uses`-th reuse drops its cached plans: not
 /// on a fresh connection (it has none), then once every [`sql::REPLAN_EVERY`] uses.
 fn replans_at(uses: usize) -> bool {
-    uses > 0 && uses % sql::REPLAN_EVERY == 0
+    uses > 0 && uses.is_multiple_of(sql::REPLAN_EVERY)
 }
 
 /// Full-jitter exponential backoff: uniform in [0, min(200 ms, 2 ms · 2^attempt)].
