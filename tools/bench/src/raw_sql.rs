@@ -311,6 +311,10 @@ impl SqlConn {
                         &cell,
                         id,
                         &op,
+                        &a.displays,
+                        &a.namespaces,
+                        &a.owner_type_names,
+                        &a.source_tables,
                     ],
                 )
                 .await

@@ -132,6 +132,15 @@ fn smoke_run_reports_every_system_it_measured_as_json_and_a_plot() {
             );
         }
     }
+    // A measured system that completed no pair is broken, not slow (the raw-SQL baselines once
+    // sent the claims insert four parameters short and reported only failures).
+    for row in results.iter().filter(|row| row["scenario"] == "unique") {
+        assert!(
+            row["pairs"].as_u64().unwrap_or(0) > 0,
+            "{} completed no pair in the unique scenario: {row:#}",
+            row["system"]
+        );
+    }
     if systems.contains(&"postgres") {
         let ratios = report["ratios"].as_array().expect("ratios is a list");
         assert!(
