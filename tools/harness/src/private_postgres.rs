@@ -34,6 +34,12 @@ pub struct PrivatePostgres {
 impl PrivatePostgres {
     /// Creates and starts the cluster. Takes a few seconds (`initdb`).
     pub fn start() -> Result<PrivatePostgres, String> {
+        Self::start_with_settings("")
+    }
+
+    /// [`PrivatePostgres::start`] with more lines for `postgresql.conf` (e.g.
+    /// `shared_preload_libraries = 'pg_stat_statements'`).
+    pub fn start_with_settings(extra: &str) -> Result<PrivatePostgres, String> {
         let bin = pg_bin_dir()?;
         let as_postgres = running_as_root();
         let dir = std::env::temp_dir().join(format!(
@@ -75,7 +81,7 @@ impl PrivatePostgres {
         )?;
         let settings = format!(
             "\n# topology-claims private cluster\nport = {port}\nlisten_addresses = '127.0.0.1'\n\
-             unix_socket_directories = '{}'\nmax_connections = 100\nfsync = on\n",
+             unix_socket_directories = '{}'\nmax_connections = 100\nfsync = on\n{extra}\n",
             path_str(&data)?
         );
         // Appended as the cluster's owner would: the file is theirs.
