@@ -2,11 +2,12 @@
 //!
 //! One [`WatchHub`] per server follows the store's log: a task reads where the log is complete
 //! (`ClaimStore::read_events`) every `--watch-poll-interval`, and at once after this server's
-//! own writes while a stream or a lease waiter follows it, and publishes that revision. Each stream waits for it to pass its position,
-//! then reads its own pages of the log from the store and sends them; it reads only when the
-//! previous response was taken, so a watcher that stops reading holds one page at most (gRPC
-//! flow control backs up into its channel of one response). The hub also compacts the log
-//! (`--watch-retention`, `--watch-max-events`) and caps the watchers (`--max-watchers`).
+//! own writes while a stream or a lease waiter follows it, and publishes that revision. Each
+//! stream waits for it to pass its position, then reads its own pages of the log from the
+//! store and sends them; it reads only when the previous response was taken, so a watcher that
+//! stops reading holds one page at most (gRPC flow control backs up into its channel of one
+//! response). The hub also compacts the log (`--watch-retention`, `--watch-max-events`) and
+//! caps the watchers (`--max-watchers`).
 //!
 //! Owns streaming, batching and pacing; the rules of reading the log are `domain::events`'.
 
