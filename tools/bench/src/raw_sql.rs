@@ -168,7 +168,19 @@ fn reason(error: &topology_claims_postgres::tokio_postgres::Error) -> Reason {
         Some(code) if *code == SqlState::T_R_DEADLOCK_DETECTED => "DEADLOCK".into(),
         Some(code) if *code == SqlState::T_R_SERIALIZATION_FAILURE => "SERIALIZATION".into(),
         Some(code) => format!("SQLSTATE_{}", code.code()),
-        None => "CONNECTION".into(),
+        None => {
+            // Not the database's refusal: a lost connection, or a statement the bench sent
+            // wrong. Said once with its text (a broken baseline names its cause); later ones
+            // are only counted.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!(
+                    "bench: raw-SQL baseline: {error} (counted as CONNECTION; later ones only \
+                     counted)"
+                );
+            });
+            "CONNECTION".into()
+        }
     }
 }
 
