@@ -60,9 +60,9 @@ pub use resolve::{
     ADOPTION_PENDING_VERSION,
 };
 pub use restore::{
-    check_quarantine, decide_lift, decide_mark_restored, decide_report, decide_restored_lease,
-    lease_predates_restore, quarantine_active, MarkRestored, ReportPlan, RestoreEpoch, RestoreView,
-    RestoredLeaseAction, RESTORE_QUARANTINE_RETRY_AFTER,
+    check_granted, check_quarantine, decide_lift, decide_mark_restored, decide_report,
+    decide_restored_lease, lease_predates_restore, quarantine_active, MarkRestored, ReportPlan,
+    RestoreEpoch, RestoreView, RestoredLeaseAction, RESTORE_QUARANTINE_RETRY_AFTER,
 };
 pub use slots::{
     decide_acquire, decide_release, slot_ttl, AcquirePlan, SlotCap, SlotGrant, SlotHolder,

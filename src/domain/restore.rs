@@ -255,6 +255,36 @@ pub fn check_quarantine(
     }
 }
 
+/// After the store granted `lease` for `request`, which passed [`check_quarantine`]: whether
+/// the grant must be undone. The quarantine's look-up of a create's claim runs before the
+/// store transaction, and the store grants no create of a claim that exists. So a lease begun
+/// after the mark, under an active quarantine, that creates claims the look-up found, was
+/// granted because a claim went away in between (a pre-restore lease that a verifier rolled
+/// back meanwhile): a create of an absent claim, refused as the look-up would have refused it.
+/// A correction, a request without creates, and a replay of a lease begun before the mark
+/// stand.
+pub fn check_granted(
+    current: Option<&RestoreEpoch>,
+    enabled: bool,
+    request: &BeginUpdate,
+    correction: bool,
+    lease: &Lease,
+) -> Result<(), ClaimsError> {
+    let Some(state) = current.filter(|_| quarantine_active(current, enabled)) else {
+        return Ok(());
+    };
+    match request.creates.first() {
+        Some(record) if !correction && lease.created_at > state.marked_at => {
+            Err(ClaimsError::RestoreQuarantine {
+                claim: record.key.clone(),
+                epoch: state.epoch,
+                retry_after: RESTORE_QUARANTINE_RETRY_AFTER,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Whether `lease` was outstanding when the restore of `restore` was marked: its cell may have
 /// committed it after the backup, so its staleness proves nothing.
 pub fn lease_predates_restore(lease: &Lease, restore: Option<&RestoreView>) -> bool {
@@ -525,5 +555,43 @@ mod tests {
         let update = lease(begin(&[], &[], &["u"]), 1);
         assert_eq!(decide_restored_lease(&update, held(&["u"])), Commit);
         assert_eq!(decide_restored_lease(&update, held(&[])), RollBack);
+    }
+
+    #[test]
+    fn a_create_granted_after_the_look_up_found_its_claim_is_undone_during_the_quarantine() {
+        let mut state = mark(&["a", "b"]);
+        let request = begin(&["gone"], &[], &[]);
+        // Begun after the mark (200 s) while quarantined: the claim went away after the look-up.
+        let granted = lease(request.clone(), 250);
+        let error = check_granted(Some(&state), true, &request, false, &granted).unwrap_err();
+        assert!(
+            matches!(&error, ClaimsError::RestoreQuarantine { claim, epoch: 1, .. } if claim.value == "gone"),
+            "{error:?}"
+        );
+        // A correction, a request without creates, a replay of a lease begun before the mark,
+        // an unenforced quarantine: the grant stands.
+        check_granted(Some(&state), true, &request, true, &granted).unwrap();
+        let destroy = begin(&[], &["old"], &[]);
+        check_granted(
+            Some(&state),
+            true,
+            &destroy,
+            false,
+            &lease(destroy.clone(), 250),
+        )
+        .unwrap();
+        check_granted(
+            Some(&state),
+            true,
+            &request,
+            false,
+            &lease(request.clone(), 150),
+        )
+        .unwrap();
+        check_granted(Some(&state), false, &request, false, &granted).unwrap();
+        check_granted(None, true, &request, false, &granted).unwrap();
+        // Lifted: creates are free again.
+        state.lifted = Some((at(400), "lifted".into()));
+        check_granted(Some(&state), true, &request, false, &granted).unwrap();
     }
 }

@@ -16,7 +16,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::metrics::ServerMetrics;
-use topology_claims::domain::{self, BeginUpdate, CellId, ClaimKey, RestoreEpoch, RestoreView};
+use topology_claims::domain::{
+    self, BeginUpdate, CellId, ClaimKey, Lease, RestoreEpoch, RestoreView,
+};
 use topology_claims::error::ClaimsError;
 use topology_claims::ports::ClaimStore;
 
@@ -140,6 +142,34 @@ impl RestoreGate {
         })
     }
 
+    /// The quarantine rule after the store granted `lease` (`domain::check_granted`): a create
+    /// whose claim went away between [`RestoreGate::check_begin`]'s look-up and the store
+    /// transaction is rolled back here (the cell has not heard of it, so its local transaction
+    /// aborts) and refused with RESTORE_QUARANTINE. A rollback that fails is left to the cell's
+    /// reconciler: the lease has no local row, and goes stale.
+    pub async fn check_granted(
+        &self,
+        request: &BeginUpdate,
+        correction: bool,
+        lease: Lease,
+    ) -> Result<Lease, ClaimsError> {
+        let state = self.current();
+        let Err(refusal) =
+            domain::check_granted(state.as_ref(), self.enforce, request, correction, &lease)
+        else {
+            return Ok(lease);
+        };
+        if let Err(error) = self
+            .store
+            .rollback_update(&request.cell_id, lease.lease_id, None)
+            .await
+        {
+            tracing::warn!(%error, lease_id = %lease.lease_id, cell_id = %request.cell_id,
+                "rolling back a create granted during the restore quarantine failed; the cell's reconciler rolls it back");
+        }
+        Err(refusal)
+    }
+
     /// Reads the epoch every `interval` until `stop` is dropped. A failed read keeps the last
     /// epoch (logged once per outage, like the health watcher).
     pub async fn refresh_periodically(
@@ -200,6 +230,65 @@ mod tests {
             reported: Default::default(),
             lifted: None,
         }
+    }
+
+    fn create(cell: &str, value: &str) -> BeginUpdate {
+        use topology_claims::domain::{ClaimRecord, ClaimType, OwnerType, TableName};
+        BeginUpdate {
+            cell_id: CellId::parse(cell).unwrap(),
+            lease_id: None,
+            creates: vec![ClaimRecord {
+                display: None,
+                key: ClaimKey::new(ClaimType::Username, value),
+                owner_type: OwnerType::USER,
+                owner_value: "1".into(),
+                table_name: TableName::USERS,
+                table_record_id: 1,
+            }],
+            destroys: vec![],
+            updates: vec![],
+            local_transaction: None,
+        }
+    }
+
+    /// The race the chaos campaign found (TLS campaign, seed 1795894829676418659): during the
+    /// quarantine a create passed the look-up because a pre-restore lease held its claim, a
+    /// verifier rolled that lease back before the create's store transaction, and the store
+    /// granted the now absent claim to a second cell. The gate now undoes such a grant.
+    #[tokio::test]
+    async fn a_create_whose_claim_went_away_after_the_look_up_is_undone_and_refused() {
+        let store: Arc<dyn ClaimStore> = Arc::new(MemoryClaimStore::new());
+        // Cell b's lease from before the backup holds the claim when the restore is marked.
+        let held = store.begin_update(create("b", "taken")).await.unwrap();
+        let gate = RestoreGate::new(Arc::clone(&store), true);
+        let mut state = epoch(1);
+        state.expected_cells = ["a", "b"]
+            .iter()
+            .map(|c| CellId::parse(c).unwrap())
+            .collect();
+        gate.set(Some(state));
+        let request = create("a", "taken");
+        // The look-up finds the claim: not absent, so not refused here.
+        gate.check_begin(&request, false).await.unwrap();
+        // Cell b's verifier rolls its lease back; then cell a's transaction runs.
+        store
+            .rollback_update(&held.cell_id, held.lease_id, None)
+            .await
+            .unwrap();
+        let granted = store.begin_update(request.clone()).await.unwrap();
+        let error = gate
+            .check_granted(&request, false, granted)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, ClaimsError::RestoreQuarantine { claim, .. } if claim.value == "taken"),
+            "{error:?}"
+        );
+        // The grant was rolled back: the name is free for cell b's correction.
+        assert!(matches!(
+            store.lookup_claim(&request.creates[0].key).await,
+            Err(ClaimsError::ClaimNotFound { .. })
+        ));
     }
 
     #[test]

@@ -185,16 +185,20 @@ impl ClaimsService for ClaimsServiceImpl {
                 convert::duration_from_pb(request.wait_for_leased.as_ref(), "wait_for_leased")?;
             let request = convert::begin_update_from_pb(request)?;
             domain::check_batch(&request, self.config.max_batch)?;
-            self.restore.check_begin(&request, correction).await?;
-            let lease = match self.store.begin_update(request.clone()).await {
+            // The restore gate before and after the store (`RestoreGate::check_granted`).
+            let begin = || async {
+                self.restore.check_begin(&request, correction).await?;
+                let lease = self.store.begin_update(request.clone()).await?;
+                self.restore
+                    .check_granted(&request, correction, lease)
+                    .await
+            };
+            let lease = match begin().await {
                 Err(refusal) => match self.waits.wait_for(Some(wait), deadline_left) {
                     Some(wait) => {
                         // Each ask is a BeginUpdate of its own: the restore gate too (a restore
                         // may have been marked while it waited).
-                        let ask = || async {
-                            self.restore.check_begin(&request, correction).await?;
-                            self.store.begin_update(request.clone()).await
-                        };
+                        let ask = begin;
                         self.waits
                             .wait(&self.store, &request, refusal, wait, ask)
                             .await
