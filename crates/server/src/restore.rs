@@ -233,22 +233,8 @@ mod tests {
     }
 
     fn create(cell: &str, value: &str) -> BeginUpdate {
-        use topology_claims::domain::{ClaimRecord, ClaimType, OwnerType, TableName};
-        BeginUpdate {
-            cell_id: CellId::parse(cell).unwrap(),
-            lease_id: None,
-            creates: vec![ClaimRecord {
-                display: None,
-                key: ClaimKey::new(ClaimType::Username, value),
-                owner_type: OwnerType::USER,
-                owner_value: "1".into(),
-                table_name: TableName::USERS,
-                table_record_id: 1,
-            }],
-            destroys: vec![],
-            updates: vec![],
-            local_transaction: None,
-        }
+        use topology_claims::fixtures;
+        fixtures::creates(&fixtures::cell(cell), &[fixtures::username(value)])
     }
 
     /// The race the chaos campaign found (TLS campaign, seed 1795894829676418659): during the
