@@ -400,8 +400,8 @@ struct LimitArgs {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_anonymous_connections: Option<u32>,
 
-    /// Most TLS handshakes in flight from one peer address; one more connection from it is
-    /// closed at once. Default: 1/8 of --max-connections.
+    /// Most TLS handshakes in flight from one peer address (IPv6: from one /64); one more
+    /// connection from it is closed at once. Default: 1/8 of --max-connections.
     #[arg(long, env = "TOPOLOGY_CLAIMS_MAX_HANDSHAKES_PER_ADDRESS",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_handshakes_per_address: Option<u32>,

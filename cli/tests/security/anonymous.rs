@@ -423,6 +423,69 @@ async fn connections_that_never_finish_their_handshake_cannot_take_the_cells_pla
     drop(held);
 }
 
+/// Peers from many addresses that open connections and never finish a handshake can fill every
+/// place (`--max-handshakes-per-address` counts one address). Once every place is taken, a new
+/// connection takes the place of the oldest handshake in flight that began a tenth of
+/// `--handshake-timeout` ago or more: a cell gets in without waiting out the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_closes_its_oldest_unfinished_handshake_for_a_new_connection() {
+    let pki = Pki::new();
+    pki.cell("cell-1");
+    let server = pki.start_with(&["--max-connections", "64", "--handshake-timeout", "20s"]);
+    let addr: std::net::SocketAddr = server.addr.parse().unwrap();
+    // 72 peers, one connection each, from 127.0.0.2 ..= 127.0.0.73: 64 places taken, 8 refused.
+    let mut held = Vec::new();
+    for n in 2..74u8 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, n], 0)))
+            .unwrap();
+        held.push(socket.connect(addr).await.unwrap());
+    }
+    // Older than a tenth of the handshake timeout (2 s): they may now give way.
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
+    // cell-1 opens 20 connections and keeps them: each needs a place of its own.
+    let started = Instant::now();
+    let (mut ok, tried, mut kept) = (0, 20, Vec::new());
+    for _ in 0..tried {
+        if let Ok(channel) = pki.channel(&server, Some("cell-1")).await {
+            let answer = ClaimsServiceClient::new(channel.clone())
+                .lookup_claim(pb::LookupClaimRequest {
+                    claim_type: 2,
+                    claim_value: "nobody".into(),
+                    ..Default::default()
+                })
+                .await;
+            if answer.is_err_and(|s| s.code() == Code::NotFound) {
+                ok += 1;
+            }
+            kept.push(channel);
+        }
+    }
+    let took = started.elapsed();
+    let mut closed = 0;
+    for stream in &mut held {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(50), stream.read(&mut byte)).await;
+        if matches!(read, Ok(Ok(0) | Err(_))) {
+            closed += 1;
+        }
+    }
+    println!(
+        "72 peers from 72 addresses that never start TLS, --max-connections 64: cell-1's new \
+         connections {ok}/{tried} OK in {took:?}; {closed} of the peers' connections closed"
+    );
+    assert_eq!(ok, tried, "{ok}/{tried} of cell-1's connections");
+    // Waiting for the peers' places to free would take the whole --handshake-timeout (20 s).
+    assert!(took < Duration::from_secs(10), "cell-1 waited {took:?}");
+    // The 8 refused at once, and one closed per place a cell connection took.
+    assert!(
+        closed >= 8 + 20,
+        "{closed} of the peers' connections closed"
+    );
+    drop(held);
+}
+
 /// A TLS connection over `--max-connections` is refused after its handshake with a GOAWAY that
 /// names the limit, which the client can read (it was written in plaintext before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

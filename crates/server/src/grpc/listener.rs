@@ -37,6 +37,8 @@ use futures::Stream;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::handshakes::{HandshakeSlot, HandshakeSlots};
 use tokio::time::Sleep;
 use tonic::transport::server::Connected;
 
@@ -58,6 +60,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Refusals being written at once; past it a connection over the limit is closed without its
 /// GOAWAY (each refusal holds a descriptor for up to a second).
 const REFUSALS_IN_FLIGHT: usize = 64;
+/// Longest the acceptor waits for the place of a handshake it closed ([`Acceptor::evict_for`]).
+const EVICTION_WAIT: Duration = Duration::from_millis(200);
 
 /// What the transport refused or cut off, since start. Read by operators through the logs (and
 /// by the metrics endpoint once there is one).
@@ -66,6 +70,8 @@ pub struct ServerStats {
     pub accept_errors: AtomicU64,
     pub connections_refused: AtomicU64,
     pub handshake_timeouts: AtomicU64,
+    /// Connections closed in their TLS handshake to give their place to a new one.
+    pub handshakes_evicted: AtomicU64,
     pub idle_timeouts: AtomicU64,
     pub requests_over_byte_budget: AtomicU64,
     pub requests_timed_out: AtomicU64,
@@ -108,12 +114,10 @@ pub fn incoming(
         failures_since_success: 0,
         accept_log: RateLimitedLog::default(),
         refuse_log: Arc::new(RateLimitedLog::default()),
-        handshakes: tls.as_ref().map(|_| {
-            Arc::new(HandshakeSlots {
-                per_address: limits.max_handshakes_per_address,
-                counts: std::sync::Mutex::default(),
-            })
-        }),
+        evict_log: RateLimitedLog::default(),
+        handshakes: tls
+            .as_ref()
+            .map(|_| Arc::new(HandshakeSlots::new(limits.max_handshakes_per_address))),
     };
     let anonymous = Anonymous {
         permits: Arc::new(Semaphore::new(limits.max_anonymous_connections)),
@@ -164,52 +168,6 @@ struct Anonymous {
     log: Arc<RateLimitedLog>,
 }
 
-/// The TLS handshakes in flight per peer address (`--max-handshakes-per-address`).
-struct HandshakeSlots {
-    per_address: usize,
-    counts: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
-}
-
-/// One handshake's place, given back when the handshake ends (or the connection is dropped).
-struct HandshakeSlot {
-    slots: Arc<HandshakeSlots>,
-    address: std::net::IpAddr,
-}
-
-impl HandshakeSlots {
-    fn counts(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<std::net::IpAddr, usize>> {
-        self.counts.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A place for a handshake from `address`, unless it has `per_address` in flight already.
-    fn take(self: &Arc<Self>, address: std::net::IpAddr) -> Option<HandshakeSlot> {
-        let mut counts = self.counts();
-        let count = counts.entry(address).or_default();
-        if *count >= self.per_address {
-            return None;
-        }
-        *count += 1;
-        Some(HandshakeSlot {
-            slots: Arc::clone(self),
-            address,
-        })
-    }
-}
-
-impl Drop for HandshakeSlot {
-    fn drop(&mut self) {
-        let mut counts = self.slots.counts();
-        if let Some(count) = counts.get_mut(&self.address) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                counts.remove(&self.address);
-            }
-        }
-    }
-}
-
 /// The TLS handshake of one connection, by the connection's handshake deadline; `None` (logged
 /// at debug) when it fails (a client with a certificate of another CA, an expired one, or plain
 /// HTTP/2), or when a caller without a verified identity finds no place left (told GOAWAY).
@@ -221,8 +179,19 @@ async fn handshake(
     let mut info = conn.info.clone();
     let deadline = conn.handshake_deadline;
     let slot = conn.handshake_slot.take();
+    let evicted = slot.as_ref().map(|slot| Arc::clone(&slot.evicted));
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-    let accepted = tokio::time::timeout_at(deadline, acceptor.accept(conn)).await;
+    let accepting = tokio::time::timeout_at(deadline, acceptor.accept(conn));
+    let accepted = match evicted {
+        Some(evicted) => tokio::select! {
+            accepted = accepting => accepted,
+            () = evicted.notified() => {
+                tracing::debug!(peer = ?info.remote_addr, "TLS handshake closed: its place went to a new connection");
+                return None;
+            }
+        },
+        None => accepting.await,
+    };
     drop(slot);
     match accepted {
         Ok(Ok(mut stream)) => {
@@ -512,11 +481,37 @@ struct Acceptor {
     failures_since_success: u64,
     accept_log: RateLimitedLog,
     refuse_log: Arc<RateLimitedLog>,
+    evict_log: RateLimitedLog,
     /// On a TLS listener: the handshakes in flight per peer address.
     handshakes: Option<Arc<HandshakeSlots>>,
 }
 
 impl Acceptor {
+    /// Every place taken: the place of the oldest TLS handshake in flight, if it began a tenth
+    /// of `--handshake-timeout` ago or more. Peers from many addresses that never finish their
+    /// handshakes would otherwise keep the cells out until their timeout; now they must keep
+    /// opening connections faster than a cell finishes its handshake.
+    async fn evict_for(&self, peer: SocketAddr) -> Option<OwnedSemaphorePermit> {
+        let slots = self.handshakes.as_ref()?;
+        let age = slots.evict_oldest(self.limits.handshake_timeout / 10)?;
+        ServerStats::count(&self.stats.handshakes_evicted);
+        if let Some(held_back) = self.evict_log.ready() {
+            tracing::warn!(
+                %peer,
+                handshake_age = ?age,
+                max_connections = self.limits.max_connections,
+                evicted_since_last_line = held_back,
+                "every connection place taken (--max-connections): the oldest connection still \
+                 in its TLS handshake was closed to make room"
+            );
+        }
+        // Its task sees the notice at once and drops the connection, giving back its place.
+        tokio::time::timeout(EVICTION_WAIT, Arc::clone(&self.connections).acquire_owned())
+            .await
+            .ok()?
+            .ok()
+    }
+
     async fn next(&mut self) -> LimitedConn {
         loop {
             match self.listener.accept().await {
@@ -550,13 +545,17 @@ impl Acceptor {
                         },
                         None => None,
                     };
-                    match Arc::clone(&self.connections).try_acquire_owned() {
+                    let permit = match Arc::clone(&self.connections).try_acquire_owned() {
+                        Ok(permit) => Ok(permit),
+                        Err(_) => self.evict_for(peer).await.ok_or(()),
+                    };
+                    match permit {
                         Ok(permit) => {
                             let mut conn = LimitedConn::new(tcp, permit, &self.limits, &self.stats);
                             conn.handshake_slot = slot;
                             return conn;
                         }
-                        Err(_) => {
+                        Err(()) => {
                             ServerStats::count(&self.stats.connections_refused);
                             if let Some(held_back) = self.refuse_log.ready() {
                                 tracing::warn!(

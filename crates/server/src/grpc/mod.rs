@@ -8,6 +8,7 @@ pub mod audit;
 pub mod authz;
 pub mod cell_limits;
 pub mod guard;
+mod handshakes;
 pub mod health;
 pub mod lease_wait;
 pub mod limits;
