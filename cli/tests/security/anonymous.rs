@@ -325,19 +325,22 @@ async fn new_cell_connections(pki: &Pki, server: &Server, tried: u32) -> u32 {
     let mut ok = 0;
     for _ in 0..tried {
         if let Ok(channel) = pki.channel(server, Some("cell-1")).await {
-            let answer = ClaimsServiceClient::new(channel)
-                .lookup_claim(pb::LookupClaimRequest {
-                    claim_type: 2,
-                    claim_value: "nobody".into(),
-                    ..Default::default()
-                })
-                .await;
-            if answer.is_err_and(|s| s.code() == Code::NotFound) {
-                ok += 1;
-            }
+            ok += u32::from(answers_a_lookup(channel).await);
         }
     }
     ok
+}
+
+/// Whether a LookupClaim on `channel` gets the service's answer (NOT_FOUND for nobody).
+async fn answers_a_lookup(channel: Channel) -> bool {
+    let answer = ClaimsServiceClient::new(channel)
+        .lookup_claim(pb::LookupClaimRequest {
+            claim_type: 2,
+            claim_value: "nobody".into(),
+            ..Default::default()
+        })
+        .await;
+    answer.is_err_and(|s| s.code() == Code::NotFound)
 }
 
 /// With `--max-connections 64` a certificate-less caller holding 72 TLS connections keeps at
@@ -446,19 +449,10 @@ async fn a_full_server_closes_its_oldest_unfinished_handshake_for_a_new_connecti
     tokio::time::sleep(Duration::from_millis(2_300)).await;
     // cell-1 opens 20 connections and keeps them: each needs a place of its own.
     let started = Instant::now();
-    let (mut ok, tried, mut kept) = (0, 20, Vec::new());
+    let (mut ok, tried, mut kept) = (0u32, 20, Vec::new());
     for _ in 0..tried {
         if let Ok(channel) = pki.channel(&server, Some("cell-1")).await {
-            let answer = ClaimsServiceClient::new(channel.clone())
-                .lookup_claim(pb::LookupClaimRequest {
-                    claim_type: 2,
-                    claim_value: "nobody".into(),
-                    ..Default::default()
-                })
-                .await;
-            if answer.is_err_and(|s| s.code() == Code::NotFound) {
-                ok += 1;
-            }
+            ok += u32::from(answers_a_lookup(channel.clone()).await);
             kept.push(channel);
         }
     }
