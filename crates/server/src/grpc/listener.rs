@@ -37,12 +37,11 @@ use futures::Stream;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-use super::handshakes::{HandshakeSlot, HandshakeSlots};
 use tokio::time::Sleep;
 use tonic::transport::server::Connected;
 
 use crate::auth::Caller;
+use crate::grpc::handshakes::{HandshakeSlot, HandshakeSlots};
 use crate::grpc::limits::ServerLimits;
 use crate::grpc::tls::ServerTls;
 use topology_claims_proto::log::RateLimitedLog;
@@ -489,8 +488,8 @@ struct Acceptor {
 impl Acceptor {
     /// Every place taken: the place of the oldest TLS handshake in flight, if it began a tenth
     /// of `--handshake-timeout` ago or more. Peers from many addresses that never finish their
-    /// handshakes would otherwise keep the cells out until their timeout; now they must keep
-    /// opening connections faster than a cell finishes its handshake.
+    /// handshakes would otherwise keep the cells out until their timeout; now each of their
+    /// places is open to a new connection a tenth of the timeout after they took it.
     async fn evict_for(&self, peer: SocketAddr) -> Option<OwnedSemaphorePermit> {
         let slots = self.handshakes.as_ref()?;
         let age = slots.evict_oldest(self.limits.handshake_timeout / 10)?;
