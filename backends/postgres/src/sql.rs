@@ -224,6 +224,30 @@ macro_rules! claim_columns {
     };
 }
 
+/// The claim rows of the keys `$keys` yields (a `FROM` item of columns `t`, `v`: claim type,
+/// value), each once, locked in key order: the sorted, distinct keys drive a primary-key probe
+/// each in a `LATERAL` subquery that locks, which PostgreSQL cannot flatten into a join of its
+/// choice, so the plan does not depend on the table's statistics (decision 122).
+macro_rules! lock_claims_of_keys {
+    ($keys:literal) => {
+        concat!(
+            "SELECT ",
+            claim_columns!(),
+            " FROM (
+    SELECT DISTINCT k.t, k.v COLLATE \"C\" AS v
+    FROM ",
+            $keys,
+            "
+    ORDER BY 1, 2) AS k
+CROSS JOIN LATERAL (
+    SELECT ",
+            claim_columns!(),
+            " FROM claims AS c WHERE c.claim_type = k.t AND c.claim_value = k.v FOR UPDATE) AS c
+ORDER BY claim_type, claim_value"
+        )
+    };
+}
+
 /// The change feed's bounds in one snapshot: the revision below which every transaction has
 /// ended (the snapshot's xmin), and the compacted history.
 pub const WATCH_BOUNDS: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, \
@@ -277,19 +301,8 @@ WHERE lease_id = $1::uuid FOR UPDATE";
 /// Written as `claims … IN (unnest …)`, a store that was never analysed planned a hash join over
 /// a scan of the whole table: 0.35 ms at 1,840 claims, growing with the table, against 0.03 ms
 /// (decision 122).
-pub const SELECT_CLAIMS_FOR_UPDATE: &str = concat!(
-    "SELECT ",
-    claim_columns!(),
-    " FROM (
-    SELECT DISTINCT k.t, k.v COLLATE \"C\" AS v
-    FROM unnest($1::smallint[], $2::text[]) AS k(t, v)
-    ORDER BY 1, 2) AS k
-CROSS JOIN LATERAL (
-    SELECT ",
-    claim_columns!(),
-    " FROM claims AS c WHERE c.claim_type = k.t AND c.claim_value = k.v FOR UPDATE) AS c
-ORDER BY claim_type, claim_value"
-);
+pub const SELECT_CLAIMS_FOR_UPDATE: &str =
+    lock_claims_of_keys!("unnest($1::smallint[], $2::text[]) AS k(t, v)");
 
 /// Locks the claims carried by a lease (`$1`) in key order before Commit/Rollback rewrites them.
 pub const LOCK_CLAIMS_OF_LEASE: &str = "\
@@ -475,23 +488,13 @@ WHERE lease_id = ANY($1::uuid[]) ORDER BY lease_id FOR UPDATE";
 /// probe per lease id), sorted and made distinct, and each drives a primary-key probe that locks
 /// its row, as in [`SELECT_CLAIMS_FOR_UPDATE`]: the `LATERAL` subqueries fix the plan whatever
 /// the statistics (decision 122); an `OR` of the two conditions would scan the table.
-pub const GROUP_SELECT_CLAIMS_FOR_UPDATE: &str = concat!(
-    "SELECT ",
-    claim_columns!(),
-    " FROM (
-    SELECT DISTINCT k.t, k.v COLLATE \"C\" AS v
-    FROM (
+pub const GROUP_SELECT_CLAIMS_FOR_UPDATE: &str = lock_claims_of_keys!(
+    "(
         SELECT u.t, u.v FROM unnest($1::smallint[], $2::text[]) AS u(t, v)
         UNION ALL
         SELECT l.claim_type, l.claim_value FROM unnest($3::uuid[]) AS i(id)
         CROSS JOIN LATERAL (
-            SELECT claim_type, claim_value FROM claims WHERE lease_id = i.id OFFSET 0) AS l) AS k
-    ORDER BY 1, 2) AS k
-CROSS JOIN LATERAL (
-    SELECT ",
-    claim_columns!(),
-    " FROM claims AS c WHERE c.claim_type = k.t AND c.claim_value = k.v FOR UPDATE) AS c
-ORDER BY claim_type, claim_value"
+            SELECT claim_type, claim_value FROM claims WHERE lease_id = i.id OFFSET 0) AS l) AS k"
 );
 
 /// New leases from parallel arrays: id, cell, request payload, created, last renewed.
