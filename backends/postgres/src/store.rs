@@ -90,9 +90,8 @@
 //! → lease / outcome rows (a group: in id order) → claim rows in (claim_type, claim_value) order
 //! (the sorted keys drive a `LATERAL … FOR UPDATE` probe each, decision 122) → inserts of absent
 //! claims, also in key order. Commit/Rollback lock the lease's claims in key order before
-//! rewriting them. A decommission step takes only its
-//! cell stripe, then deletes claim rows; it never waits for a lease lock, and BeginUpdate never
-//! waits for a cell lock while holding rows. Every advisory lock is taken before any row lock,
+//! rewriting them. A decommission step takes only its cell stripe, then deletes claim rows; it
+//! never waits for a lease lock, and BeginUpdate never waits for a cell lock while holding rows. Every advisory lock is taken before any row lock,
 //! by every kind of transaction and in the one order above, whether a class is held shared,
 //! exact or exclusive, so a lone operation and a group order alike. Deadlocks the planner could
 //! still produce are retried like any contention.
