@@ -59,6 +59,8 @@ pub struct WatchArgs {
     pub watch_retention: Duration,
 
     /// Most change-feed events kept, whatever their age (the oldest revisions go first).
+    /// PostgreSQL estimates the log's length from its event sequence, where aborted writes
+    /// count too, so it may keep a few fewer (decision 124).
     #[arg(long, env = "TOPOLOGY_CLAIMS_WATCH_MAX_EVENTS", default_value_t = 1_000_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub watch_max_events: u64,

@@ -57,8 +57,9 @@ pub use local::{ensure_local_schema, record_in, PostgresLocalLeaseStore, LOCAL_L
 pub use locks::ADVISORY_LOCKS_PER_TRANSACTION;
 pub use options::{redacted_url, PostgresOptions, DEFAULT_APPLICATION_NAME};
 pub use session::StoreStats;
-pub use sql::REPLAN_EVERY;
+pub use sql::{ESTIMATE_EVENTS, OLDEST_EVENTS, REPLAN_EVERY};
 pub use store::PostgresClaimStore;
+pub use watch::COMPACT_BATCH;
 /// The driver and pool versions this crate is built on (for `Tx` and `pool()` users).
 pub use {deadpool_postgres, tokio_postgres};
 

@@ -263,14 +263,21 @@ WHERE (revision, seq) >= ($1::bigint, $2::bigint) AND revision < $3::bigint
 ORDER BY revision, seq LIMIT $4::bigint"
 );
 
-/// How many events were recorded more than `$1` µs ago (store clock), and how many there are.
-pub const COUNT_EVENTS: &str = "SELECT \
-     count(*) FILTER (WHERE recorded_at < now() - $1::bigint * interval '1 microsecond'), \
-     count(*) FROM claim_events";
+/// The change feed's length for compaction, read from the event sequence and the oldest event
+/// (two index probes), not by counting the log (decision 124): the sequence's last value minus
+/// the oldest event's number, plus one. Numbers taken by transactions that rolled back count as
+/// events, so the estimate errs towards keeping fewer events than `--watch-max-events`; writers
+/// that interleave their numbers can make it a few events short of the real length.
+pub const ESTIMATE_EVENTS: &str = "SELECT greatest(coalesce(\
+     (SELECT last_value FROM claim_events_seq) \
+     - (SELECT seq FROM claim_events ORDER BY revision, seq LIMIT 1) + 1, 0), 0)";
 
-/// The revision of the `$1`-th oldest event (0-based).
-pub const NTH_EVENT_REVISION: &str =
-    "SELECT revision FROM claim_events ORDER BY revision, seq LIMIT 1 OFFSET $1::bigint";
+/// The oldest events after position (`$2`, `$3`), at most `$4`, in log order, each with whether
+/// it was recorded more than `$1` µs ago (store clock). A compaction pass walks the log's start
+/// page by page and stops as soon as it knows what to remove.
+pub const OLDEST_EVENTS: &str = "SELECT revision, seq, \
+     recorded_at < now() - $1::bigint * interval '1 microsecond' FROM claim_events \
+     WHERE (revision, seq) > ($2::bigint, $3::bigint) ORDER BY revision, seq LIMIT $4::bigint";
 
 /// Compacts through revision `$1`: its events and every older one go.
 pub const COMPACT_EVENTS: &str =

@@ -80,33 +80,83 @@ fn internal_claims(error: &tokio_postgres::Error) -> topology_claims::ClaimsErro
     topology_claims::ClaimsError::internal(format!("unexpected PostgreSQL answer: {error}"))
 }
 
-/// `ClaimStore::compact_events`: whole revisions, oldest first, in one statement once the
-/// revision to compact through is known.
+/// Most events one compaction pass removes; a larger backlog goes in passes the server runs
+/// back to back (`WatchHub`), with requests between them.
+pub const COMPACT_BATCH: u64 = 20_000;
+
+/// The first page of the log's start a pass reads, and the largest.
+const FIRST_PAGE: u64 = 64;
+const LARGEST_PAGE: u64 = 4_096;
+
+/// `ClaimStore::compact_events`: whole revisions, oldest first, at most about
+/// [`COMPACT_BATCH`] events a pass (decision 124). Every read is proportional to what the pass
+/// removes, never to the log's length: the length is estimated from the event sequence
+/// ([`sql::ESTIMATE_EVENTS`]), and the pass walks the log from its oldest event, in pages of
+/// index order ([`sql::OLDEST_EVENTS`]), only as far as the events it removes (and the first
+/// one it keeps). The retention counts the old events before the first recent one, so an event
+/// younger than the retention never goes for its age, even behind older ones.
 pub(crate) async fn compact_attempt(
     shared: &Shared,
     retention: Duration,
     max_events: u64,
 ) -> Result<u64, Failure> {
     let session = shared.session().await?;
-    let [count, nth, compact] = session
+    let [estimate, oldest, compact] = session
         .prepare([
-            sql::COUNT_EVENTS,
-            sql::NTH_EVENT_REVISION,
+            sql::ESTIMATE_EVENTS,
+            sql::OLDEST_EVENTS,
             sql::COMPACT_EVENTS,
         ])
         .await?;
     let client = session.client()?;
     let micros = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
-    let counted = client.query_one(&count, &[&micros]).await?;
+    let kept = unsigned(
+        client
+            .query_one(&estimate, &[])
+            .await?
+            .try_get(0)
+            .map_err(internal)?,
+    );
     session.round_trip();
-    let older = unsigned(counted.try_get(0).map_err(internal)?);
-    let kept = unsigned(counted.try_get(1).map_err(internal)?);
-    let remove = events::events_to_compact(older, kept, max_events);
+    // Over the cap, that many go whatever their age.
+    let over = events::events_to_compact(0, kept, max_events).min(COMPACT_BATCH);
+    // The revisions of the oldest events, in log order, and how many of them were old before
+    // the first recent one.
+    let (mut revisions, mut older, mut recent_seen) = (Vec::<i64>::new(), 0_u64, false);
+    let (mut after, mut page) = ((i64::MIN, i64::MIN), FIRST_PAGE);
+    loop {
+        let rows = client
+            .query(&oldest, &[&micros, &after.0, &after.1, &signed(page)])
+            .await?;
+        session.round_trip();
+        let last_page = (rows.len() as u64) < page;
+        for row in &rows {
+            let revision: i64 = row.try_get(0).map_err(internal)?;
+            let old: bool = row.try_get(2).map_err(internal)?;
+            after = (revision, row.try_get(1).map_err(internal)?);
+            recent_seen |= !old;
+            if !recent_seen {
+                older += 1;
+            }
+            revisions.push(revision);
+            let walked = revisions.len() as u64;
+            if walked >= COMPACT_BATCH || (recent_seen && walked >= over) {
+                break;
+            }
+        }
+        let walked = revisions.len() as u64;
+        if last_page || walked >= COMPACT_BATCH || (recent_seen && walked >= over) {
+            break;
+        }
+        page = (page * 4).min(LARGEST_PAGE);
+    }
+    let remove = events::events_to_compact(older, kept, max_events)
+        .min(COMPACT_BATCH)
+        .min(revisions.len() as u64);
     if remove == 0 {
         return Ok(0);
     }
-    let nth_row = client.query_one(&nth, &[&signed(remove - 1)]).await?;
-    let through: i64 = nth_row.try_get(0).map_err(internal)?;
+    let through = revisions[usize::try_from(remove - 1).unwrap_or(usize::MAX)];
     let removed = client.query_one(&compact, &[&through]).await?;
     session.round_trip();
     Ok(unsigned(removed.try_get(0).map_err(internal)?))

@@ -7,14 +7,19 @@
 //!   a semi-join, it scanned the whole table: 248 pages at 20,000 claims);
 //! - a pooled connection still plans its statements again every `REPLAN_EVERY` uses (decision
 //!   120), for the statements whose plans follow the table sizes.
+//!
+//! And, on another private cluster, that a compaction pass of the change feed reads what it
+//! removes, not the whole log (decision 124).
 #![cfg(unix)]
 
+use std::time::Duration;
 use tokio_postgres::Client;
+
 use topology_claims::{ClaimStore, MigrationPolicy};
 use topology_claims_harness::postgres as pg;
 use topology_claims_harness::private_postgres::PrivatePostgres;
 use topology_claims_postgres::baseline::SELECT_CLAIMS_FOR_UPDATE;
-use topology_claims_postgres::{PostgresClaimStore, PostgresOptions, REPLAN_EVERY};
+use topology_claims_postgres::{PostgresClaimStore, PostgresOptions, COMPACT_BATCH, REPLAN_EVERY};
 use topology_claims_testkit::fixtures::{cell, creates, username};
 
 /// Executions, plans made, and pages read per execution of BeginUpdate's claims read since the
@@ -55,8 +60,9 @@ async fn pairs(store: &PostgresClaimStore, from: usize, n: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plans_made_on_an_empty_store_are_made_again_as_it_grows() {
+/// A private cluster with `pg_stat_statements`, and a connection to its database; `None` (the
+/// test passes without running) outside CI when no private cluster can start.
+async fn cluster_with_statistics(test: &str) -> Option<(PrivatePostgres, Client)> {
     let cluster = match tokio::task::block_in_place(|| {
         PrivatePostgres::start_with_settings(
             "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track_planning = on",
@@ -64,19 +70,27 @@ async fn plans_made_on_an_empty_store_are_made_again_as_it_grows() {
     }) {
         Ok(cluster) => cluster,
         Err(why) if !topology_claims_harness::in_ci() => {
-            println!("replan test skipped: no private PostgreSQL: {why}");
-            return;
+            println!("{test} skipped: no private PostgreSQL: {why}");
+            return None;
         }
         Err(why) => panic!("CI=true needs a private PostgreSQL cluster: {why}"),
     };
-    let url = cluster.url();
-    let admin = pg::connect(&url)
+    let admin = pg::connect(&cluster.url())
         .await
         .expect("connect to the private cluster");
     admin
         .batch_execute("CREATE EXTENSION pg_stat_statements")
         .await
         .expect("pg_stat_statements");
+    Some((cluster, admin))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_made_on_an_empty_store_are_made_again_as_it_grows() {
+    let Some((cluster, admin)) = cluster_with_statistics("replan test").await else {
+        return;
+    };
+    let url = cluster.url();
     // One connection, so every pair below uses the same one and its plan cache.
     let options = PostgresOptions {
         pool_size: 1,
@@ -173,4 +187,98 @@ async fn bulk_load(admin: &Client, n: i32) {
         )
         .await
         .expect("bulk load of claims");
+}
+
+/// Pages read by every statement since the last reset (the store's compaction pass: nothing
+/// else runs on the cluster meanwhile), and the statements' texts.
+async fn pages_read(admin: &Client) -> (f64, Vec<String>) {
+    let rows = admin
+        .query(
+            "SELECT (shared_blks_hit + shared_blks_read)::float8, query FROM pg_stat_statements \
+             WHERE query NOT LIKE '%pg_stat_statements%'",
+            &[],
+        )
+        .await
+        .expect("read pg_stat_statements");
+    let pages = rows.iter().map(|row| row.get::<_, f64>(0)).sum();
+    (pages, rows.iter().map(|row| row.get(1)).collect())
+}
+
+async fn events(admin: &Client) -> i64 {
+    admin
+        .query_one("SELECT count(*) FROM claim_events", &[])
+        .await
+        .expect("count the events")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_pass_reads_what_it_removes_not_the_log() {
+    let Some((cluster, admin)) = cluster_with_statistics("compaction test").await else {
+        return;
+    };
+    let options = PostgresOptions {
+        pool_size: 1,
+        ..PostgresOptions::default()
+    };
+    let store = PostgresClaimStore::connect(&cluster.url(), options, MigrationPolicy::Apply)
+        .await
+        .expect("open the store");
+    // 30,000 events in 30 revisions: 30 transactions of 1,000 claims each (the change feed's
+    // triggers write one event per claim).
+    let claim_type = username("x").key.namespace_number() as i16;
+    for batch in 0..30 {
+        admin
+            .execute(
+                "INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, \
+                 table_name, table_record_id, cell_id, created_at, updated_at) \
+                 SELECT $1::int2, 'feed-' || g, 1, g::text, 1, g, 'cell-a', now(), now() \
+                 FROM generate_series($2::int4 * 1000 + 1, $2::int4 * 1000 + 1000) AS g",
+                &[&claim_type, &batch],
+            )
+            .await
+            .expect("write 1,000 claims");
+    }
+    assert_eq!(events(&admin).await, 30_000);
+    let pages: i64 = admin
+        .query_one(
+            "SELECT pg_relation_size('claim_events') / current_setting('block_size')::bigint",
+            &[],
+        )
+        .await
+        .expect("the log's size")
+        .get(0);
+    let hour = Duration::from_secs(3600);
+
+    // Nothing to remove: the pass reads the oldest events and the sequence, not the log. (A
+    // first pass fills the connection's caches, whose catalog reads would count too.)
+    assert_eq!(store.compact_events(hour, 1_000_000).await.unwrap(), 0);
+    reset(&admin).await;
+    assert_eq!(store.compact_events(hour, 1_000_000).await.unwrap(), 0);
+    let (idle, statements) = pages_read(&admin).await;
+    println!("a compaction pass with nothing to remove read {idle} pages (the log has {pages})");
+    assert!(
+        statements.iter().any(|q| q.contains("claim_events_seq")),
+        "the estimate from the sequence ran: {statements:#?}"
+    );
+    assert!(
+        idle < 20.0 && (idle as i64) < pages / 10,
+        "a pass with nothing to remove read {idle} pages of a {pages}-page log: {statements:#?}"
+    );
+
+    // Over the cap by 20,000: one pass removes the 20 oldest revisions, no more.
+    let removed = store.compact_events(hour, 10_000).await.unwrap();
+    assert_eq!(removed, COMPACT_BATCH.min(20_000));
+    assert_eq!(events(&admin).await, 10_000);
+    // At the cap now, as the estimate from the sequence sees it too.
+    assert_eq!(store.compact_events(hour, 10_000).await.unwrap(), 0);
+
+    // Past the retention: the rest goes, whole revisions, oldest first.
+    let removed = store
+        .compact_events(Duration::ZERO, u64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(removed, 10_000);
+    assert_eq!(events(&admin).await, 0);
+    assert_eq!(store.compact_events(Duration::ZERO, 1).await.unwrap(), 0);
 }
