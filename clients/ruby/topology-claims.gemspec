@@ -4,8 +4,9 @@ require_relative "lib/topology_claims/version"
 
 # The files below are relative to this directory, and `gem build` reads them from the current
 # one: a build from anywhere else would list nothing (Debian's rubygems does not change
-# directory itself).
-Dir.chdir(__dir__)
+# directory itself). Bundler already loads a gemspec from its own directory, inside a chdir
+# block of its own, where another chdir only warns ("conflicting chdir").
+Dir.chdir(__dir__) unless File.identical?(Dir.pwd, __dir__)
 
 Gem::Specification.new do |spec|
   spec.name = "topology-claims"

@@ -118,45 +118,32 @@ pub(crate) async fn compact_attempt(
             .map_err(internal)?,
     );
     session.round_trip();
-    // Over the cap, that many go whatever their age.
-    let over = events::events_to_compact(0, kept, max_events).min(COMPACT_BATCH);
-    // The revisions of the oldest events, in log order, and how many of them were old before
-    // the first recent one.
-    let (mut revisions, mut older, mut recent_seen) = (Vec::<i64>::new(), 0_u64, false);
+    let mut walk = events::CompactionWalk::new(kept, max_events, COMPACT_BATCH);
     let (mut after, mut page) = ((i64::MIN, i64::MIN), FIRST_PAGE);
-    loop {
+    'pages: loop {
         let rows = client
             .query(&oldest, &[&micros, &after.0, &after.1, &signed(page)])
             .await?;
         session.round_trip();
         let last_page = (rows.len() as u64) < page;
         for row in &rows {
-            let revision: i64 = row.try_get(0).map_err(internal)?;
-            let old: bool = row.try_get(2).map_err(internal)?;
-            after = (revision, row.try_get(1).map_err(internal)?);
-            recent_seen |= !old;
-            if !recent_seen {
-                older += 1;
-            }
-            revisions.push(revision);
-            let walked = revisions.len() as u64;
-            if walked >= COMPACT_BATCH || (recent_seen && walked >= over) {
-                break;
+            after = (
+                row.try_get(0).map_err(internal)?,
+                row.try_get(1).map_err(internal)?,
+            );
+            if walk.see(unsigned(after.0), row.try_get(2).map_err(internal)?) {
+                break 'pages;
             }
         }
-        let walked = revisions.len() as u64;
-        if last_page || walked >= COMPACT_BATCH || (recent_seen && walked >= over) {
+        if last_page {
             break;
         }
         page = (page * 4).min(LARGEST_PAGE);
     }
-    let remove = events::events_to_compact(older, kept, max_events)
-        .min(COMPACT_BATCH)
-        .min(revisions.len() as u64);
-    if remove == 0 {
+    let Some(through) = walk.through() else {
         return Ok(0);
-    }
-    let through = revisions[usize::try_from(remove - 1).unwrap_or(usize::MAX)];
+    };
+    let through = signed(through);
     let removed = client.query_one(&compact, &[&through]).await?;
     session.round_trip();
     Ok(unsigned(removed.try_get(0).map_err(internal)?))

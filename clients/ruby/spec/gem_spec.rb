@@ -17,6 +17,15 @@ RSpec.describe "the gem as Bundler sees it" do
     expect(files.grep(%r{\Alib/})).to match_array(expected)
     expect(files).to include("lib/topology-claims.rb", "lib/topology_claims.rb")
 
+    # Bundler loads a path gem's gemspec inside a chdir block of its own: no "conflicting
+    # chdir" warning on every `bin/rails` command.
+    _, err, status = Open3.capture3(
+      RbConfig.ruby, "-e", "Dir.chdir(ARGV[0]) { Gem::Specification.load(ARGV[1]) or abort 'not loaded' }",
+      SpecSupport::ROOT, gemspec
+    )
+    expect(status).to be_success, err
+    expect(err).not_to include("chdir")
+
     # `gem "topology-claims"` requires "topology-claims": the module and its configure exist.
     loaded, err, status = Open3.capture3(
       RbConfig.ruby, "-I", File.join(SpecSupport::ROOT, "lib"), "-e",

@@ -13,7 +13,10 @@ module TopologyClaims
       debug do
         detail = payload[:reason] ? " #{payload[:reason]}" : ""
         retries = payload[:attempts].to_i > 1 ? ", #{payload[:attempts]} attempts" : ""
-        "  TopologyClaims #{payload[:method]} #{payload[:code]}#{detail} (#{format('%.1f', event.duration)}ms#{retries})"
+        # The call's own time (seconds, every attempt), measured by the client: the event is
+        # instrumented once the call has ended, so event.duration would be ~0.
+        "  TopologyClaims #{payload[:method]} #{payload[:code]}#{detail} " \
+          "(#{format('%.1f', payload[:duration].to_f * 1000)}ms#{retries})"
       end
     end
 
