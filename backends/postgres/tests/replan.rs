@@ -102,7 +102,7 @@ async fn plans_made_on_an_empty_store_are_made_again_as_it_grows() {
 
     // Planned while `claims` is empty, then 20,000 claims arrive (a bulk load, another server).
     pairs(&store, 0, 10).await;
-    bulk_load(&admin, 20_000).await;
+    bulk_load(&admin, 1, 20_000).await;
     reset(&admin).await;
     pairs(&store, 10, 10).await;
     let (calls, plans, early) = claims_read(&admin).await;
@@ -158,7 +158,7 @@ async fn plans_made_on_an_empty_store_are_made_again_as_it_grows() {
     let young_admin = pg::connect(&young_url)
         .await
         .expect("connect to the young store");
-    bulk_load(&young_admin, 2_000).await;
+    bulk_load(&young_admin, 1, 2_000).await;
     // The first pair plans on the 2,000 claims; the next ten are counted (without planning).
     pairs(&young, 0, 1).await;
     reset(&admin).await;
@@ -174,16 +174,17 @@ async fn plans_made_on_an_empty_store_are_made_again_as_it_grows() {
     );
 }
 
-/// `n` claims of cell-a (usernames `bulk-1`…), written straight to the table (a bulk load).
-async fn bulk_load(admin: &Client, n: i32) {
+/// The claims of cell-a numbered `first..=last` (usernames `bulk-N`), written straight to the
+/// table in one transaction (a bulk load; the change feed's triggers write one event per claim).
+async fn bulk_load(admin: &Client, first: i32, last: i32) {
     let claim_type = username("x").key.namespace_number() as i16;
     admin
         .execute(
             "INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, table_name, \
              table_record_id, cell_id, created_at, updated_at) \
              SELECT $1::int2, 'bulk-' || g, 1, g::text, 1, g, 'cell-a', now(), now() \
-             FROM generate_series(1, $2::int4) AS g",
-            &[&claim_type, &n],
+             FROM generate_series($2::int4, $3::int4) AS g",
+            &[&claim_type, &first, &last],
         )
         .await
         .expect("bulk load of claims");
@@ -224,20 +225,9 @@ async fn a_compaction_pass_reads_what_it_removes_not_the_log() {
     let store = PostgresClaimStore::connect(&cluster.url(), options, MigrationPolicy::Apply)
         .await
         .expect("open the store");
-    // 30,000 events in 30 revisions: 30 transactions of 1,000 claims each (the change feed's
-    // triggers write one event per claim).
-    let claim_type = username("x").key.namespace_number() as i16;
+    // 30,000 events in 30 revisions: 30 transactions of 1,000 claims each.
     for batch in 0..30 {
-        admin
-            .execute(
-                "INSERT INTO claims (claim_type, claim_value, owner_type, owner_value, \
-                 table_name, table_record_id, cell_id, created_at, updated_at) \
-                 SELECT $1::int2, 'feed-' || g, 1, g::text, 1, g, 'cell-a', now(), now() \
-                 FROM generate_series($2::int4 * 1000 + 1, $2::int4 * 1000 + 1000) AS g",
-                &[&claim_type, &batch],
-            )
-            .await
-            .expect("write 1,000 claims");
+        bulk_load(&admin, batch * 1000 + 1, batch * 1000 + 1000).await;
     }
     assert_eq!(events(&admin).await, 30_000);
     let pages: i64 = admin
