@@ -14,6 +14,10 @@ module TopologyClaims
     # 7.2: Model.connection is soft-deprecated for with_connection / lease_connection
     # (connection_handling.rb).
     LEASE_API = VERSION >= Gem::Version.new("7.2")
+    # Up to 7.0 the PostgreSQL adapter's BEGIN is `execute("BEGIN", "TRANSACTION")` from
+    # begin_db_transaction, which BeginWithRow extends (decision 125). 7.1 sends it through
+    # internal_execute, which the specs have not run on: there the row keeps its own statement.
+    BEGIN_WITH_ROW = VERSION < Gem::Version.new("7.1")
 
     module_function
 
@@ -40,6 +44,23 @@ module TopologyClaims
     # Enlists `hook` in the connection's current transaction: it gets before_committed! before the
     # outermost COMMIT (raising rolls the transaction back), then committed! or rolledback!.
     def enlist(connection, hook) = connection.add_transaction_record(hook)
+
+    # Sends `sql`, a BEGIN and one statement after it, as the BEGIN of the transaction being
+    # materialized (BeginWithRow); returns the first value the statement returned, or nil.
+    def execute_begin(connection, sql)
+      result = connection.execute(sql, "TRANSACTION")
+      value = result.ntuples.zero? ? nil : result.getvalue(0, 0)
+      result.clear
+      value
+    end
+
+    # The driver's connection (a PG::Connection) under `connection`, as a cache key only, or nil.
+    # Not `raw_connection`: up to 7.0 that turns off the adapter's lazy transactions (BEGIN is
+    # then sent even for a transaction that runs no statement, and BeginWithRow cannot apply)
+    # until the connection goes back to its pool.
+    def driver_connection(connection)
+      connection.instance_variable_get(:@raw_connection) || connection.instance_variable_get(:@connection)
+    end
 
     # The records enlisted in the connection's current transaction (read in before_committed!).
     def transaction_records(connection)

@@ -3,6 +3,7 @@
 require "active_record"
 require "active_support/concern"
 require "topology_claims/active_record_compat"
+require "topology_claims/begin_with_row"
 require "securerandom"
 
 module TopologyClaims
@@ -112,10 +113,14 @@ module TopologyClaims
     # save returns false when the service refused a claim (the refusal is in errors), as a
     # uniqueness validation would; save! and create! raise ActiveRecord::RecordInvalid.
     def save(**options, &block)
-      super
+      _topology_claims_row_at_begin { super }
     rescue ClaimsInvalid => e
       errors.add(:base, e.record.errors.full_messages.join(", ")) unless e.record.equal?(self)
       false
+    end
+
+    def save!(**options, &block)
+      _topology_claims_row_at_begin { super }
     end
 
     # update(attrs) is save inside a transaction of its own: the service's refusal comes at that
@@ -167,6 +172,43 @@ module TopologyClaims
           **Names.table_fields(table), table_record_id: record_id.to_i
         }]
       end
+    end
+
+    # On PostgreSQL, a save about to claim asks the BEGIN it causes, if any, to write the
+    # leases_outstanding row in its round trip (BeginWithRow). "About to claim": a new record
+    # with a declared value, or a change to a declared attribute; anything else (an owner or a
+    # condition that changed alone) writes the row on its own before BeginUpdate, as always.
+    def _topology_claims_row_at_begin
+      collector = _topology_claims_row_collector
+      return yield unless collector
+
+      collector.want_row
+      begin
+        yield
+      ensure
+        collector.unwant_row
+      end
+    end
+
+    def _topology_claims_row_collector
+      return unless ActiveRecordCompat::BEGIN_WITH_ROW && TopologyClaims.enabled?(self.class.topology_claims_configuration)
+
+      declarations = self.class.topology_claims_declarations
+      claiming = if new_record?
+                   declarations.any? { |d| !public_send(d.attribute).to_s.empty? }
+                 else
+                   declarations.any? { |d| will_save_change_to_attribute?(d.attribute) }
+                 end
+      return unless claiming
+
+      connection = ActiveRecordCompat.connection(self.class)
+      return if connection.open_transactions > 1 || LocalTables.dialect(connection) != :postgresql
+
+      collector = Collector.for(connection)
+      return if collector.row_wanted? # an enclosing save asked already
+
+      BeginWithRow.install(connection)
+      collector
     end
 
     # The claims the record implied when its transaction began (its values in the database).
@@ -311,33 +353,69 @@ module TopologyClaims
 
     def initialize(connection)
       @connection = connection
+      @row_wanted = false
+      @prewritten = nil
       reset
     end
 
     def trigger_transactional_callbacks? = true
 
+    # A save about to claim (Claimable#save): the outermost BEGIN it causes writes the
+    # leases_outstanding row in its round trip (BeginWithRow).
+    def want_row = @row_wanted = true
+    def unwant_row = @row_wanted = false
+    def row_wanted? = @row_wanted
+
+    # Whether the BEGIN being sent on `connection` is to write the row: a save asked, and the
+    # BEGIN is that of a lazily begun outermost transaction with no savepoint yet (it is then
+    # the current transaction, where the collector enlists; a savepoint's rollback must not take
+    # the row away). A transaction begun eagerly (lazy transactions off) is not on the stack yet
+    # at its BEGIN: it keeps the row's own statement.
+    def row_at_begin?(connection) = @row_wanted && connection.open_transactions == 1
+
+    # The BEGIN with the row (in one round trip), under a lease id chosen now; the rows of
+    # leases committed since go in the same statement. Enlisted in the transaction, so that a
+    # rollback gives them back and a commit with nothing to lease deletes the row.
+    def begin_with_row
+      @row_wanted = false
+      lease_id = SecureRandom.uuid
+      cleaned = Committed.take(@connection)
+      begin
+        xid = ActiveRecordCompat.execute_begin(
+          @connection, "BEGIN; #{LocalTables.record_statement(@connection, lease_id, cleaned)}"
+        )
+      rescue StandardError
+        Committed.give_back(@connection, cleaned)
+        # The BEGIN may have opened a transaction the statement then failed in: ActiveRecord
+        # believes none is open, so close it here.
+        begin
+          @connection.execute("ROLLBACK", "TRANSACTION")
+        rescue StandardError
+          nil
+        end
+        raise
+      end
+      @prewritten = [lease_id, xid, @connection.current_transaction]
+      @cleaned = cleaned
+      ActiveRecordCompat.enlist(@connection, self)
+    end
+
     # Inside the transaction, after the application's writes, before COMMIT: BeginUpdate, the
     # leases_outstanding row, the staleness guard. Raising here makes ActiveRecord roll back.
+    # A row the BEGIN wrote for a transaction with nothing to lease is deleted.
     def before_committed!
       reset
-      records = ActiveRecordCompat.transaction_records(@connection)
-      claimables = records.select { |r| r.is_a?(Claimable) && r._topology_claims_enlisted? }
-      return if claimables.empty?
-
-      config = claimables.first.class.topology_claims_configuration
-      return unless TopologyClaims.enabled?(config)
-
-      batch = Batch.new
-      claimables.each { |record| batch.add(record) }
-      batch.finish
-      return if batch.empty?
-
-      begin_lease(batch, config)
+      prewritten = @prewritten
+      @prewritten = nil
+      # Only this transaction's own row (its commit or rollback clears it in any case).
+      prewritten = nil unless prewritten && prewritten[2].equal?(@connection.current_transaction)
+      LocalTables.delete(@connection, prewritten[0]) if !lease_claims(prewritten) && prewritten
     end
 
     def committed!(should_run_callbacks: true, **)
       client, lease_id, keys = @lease
       @cleaned = []
+      @prewritten = nil
       reset
       return unless client
 
@@ -353,6 +431,10 @@ module TopologyClaims
     # A lease exists only between before_committed! and the end of that same transaction, so
     # a rollback that finds one is that transaction's (a savepoint rolled back earlier finds none).
     def rolledback!(force_restore_state: false, should_run_callbacks: true, **)
+      # A savepoint's rollback: the transaction, and whatever it wrote before, goes on.
+      return unless force_restore_state
+
+      @prewritten = nil
       lease = @lease&.first(2)
       unconfirmed = @unconfirmed
       Committed.give_back(@connection, @cleaned || [])
@@ -380,17 +462,41 @@ module TopologyClaims
     # The same, by the reason a listed conflict names.
     CONFLICT_ERRORS = { "CLAIM_TAKEN" => :taken, "CLAIM_LEASED" => :claim_leased }.freeze
 
-    def begin_lease(batch, config)
+    # BeginUpdate of the transaction's claims; false when it has none to lease.
+    def lease_claims(prewritten)
+      records = ActiveRecordCompat.transaction_records(@connection)
+      claimables = records.select { |r| r.is_a?(Claimable) && r._topology_claims_enlisted? }
+      return false if claimables.empty?
+
+      config = claimables.first.class.topology_claims_configuration
+      return false unless TopologyClaims.enabled?(config)
+
+      batch = Batch.new
+      claimables.each { |record| batch.add(record) }
+      batch.finish
+      return false if batch.empty?
+
+      begin_lease(batch, config, prewritten)
+      true
+    end
+
+    def begin_lease(batch, config, prewritten)
       client = TopologyClaims.client(config)
       # A claim this process's last saves still commit in the background: wait for that commit
       # rather than meet its lease (CLAIM_LEASED).
       Committer.instance.wait_for(batch.keys, config.timeout) if config.commit_in_background
-      lease_id = SecureRandom.uuid
       # The row first (it commits or rolls back with the transaction, whatever BeginUpdate
       # answers), in one statement that also names the local transaction and deletes the rows
-      # of leases committed since (given back if the transaction rolls back).
-      @cleaned = Committed.take(@connection)
-      local_transaction = LocalTables.record(@connection, lease_id, @cleaned)
+      # of leases committed since (given back if the transaction rolls back); or already
+      # written by the BEGIN (BeginWithRow).
+      if prewritten
+        lease_id, xid, = prewritten
+        local_transaction = LocalTables.named(@connection, xid)
+      else
+        lease_id = SecureRandom.uuid
+        @cleaned = Committed.take(@connection)
+        local_transaction = LocalTables.record(@connection, lease_id, @cleaned)
+      end
       sent = monotonic
       begin
         client.begin_update(creates: batch.creates.values, destroys: batch.destroys.values,

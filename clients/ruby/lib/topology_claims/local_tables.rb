@@ -59,18 +59,7 @@ module TopologyClaims
     # `committed`: rows of leases the service has committed, deleted by the same statement.
     def record(connection, lease_id, committed = [])
       if dialect(connection) == :postgresql
-        now = zoned?(connection) ? "clock_timestamp()" : "(clock_timestamp() AT TIME ZONE 'UTC')"
-        cleaned = if committed.empty? then ""
-                  else
-                    "WITH cleaned AS (DELETE FROM leases_outstanding WHERE lease_id IN " \
-                      "(#{committed.map { |id| "#{connection.quote(id)}::uuid" }.join(', ')})) "
-                  end
-        xid = connection.select_value(
-          "#{cleaned}INSERT INTO leases_outstanding (lease_id, created_at, updated_at) " \
-          "VALUES (#{connection.quote(lease_id)}::uuid, #{now}, #{now}) " \
-          "ON CONFLICT (lease_id) DO NOTHING RETURNING pg_current_xact_id()::text"
-        )
-        xid ? "pg:#{system_identifier(connection)}:#{xid}" : local_transaction(connection)
+        named(connection, connection.select_value(record_statement(connection, lease_id, committed)))
       else
         delete_committed(connection, committed)
         micros = Process.clock_gettime(Process::CLOCK_REALTIME, :microsecond)
@@ -82,13 +71,34 @@ module TopologyClaims
       end
     end
 
+    # The PostgreSQL statement of `record`: the row of `lease_id`, the deletion of the rows of
+    # `committed`, and the transaction's id (xid8) as it returns. Sent on its own, or in the
+    # round trip of the transaction's BEGIN (BeginWithRow).
+    def record_statement(connection, lease_id, committed)
+      now = zoned?(connection) ? "clock_timestamp()" : "(clock_timestamp() AT TIME ZONE 'UTC')"
+      cleaned = if committed.empty? then ""
+                else
+                  "WITH cleaned AS (DELETE FROM leases_outstanding WHERE lease_id IN " \
+                    "(#{committed.map { |id| "#{connection.quote(id)}::uuid" }.join(', ')})) "
+                end
+      "#{cleaned}INSERT INTO leases_outstanding (lease_id, created_at, updated_at) " \
+        "VALUES (#{connection.quote(lease_id)}::uuid, #{now}, #{now}) " \
+        "ON CONFLICT (lease_id) DO NOTHING RETURNING pg_current_xact_id()::text"
+    end
+
+    # The local_transaction of the open transaction whose record_statement returned `xid` (nil:
+    # the row was there already, and the transaction is asked for its id).
+    def named(connection, xid)
+      xid ? "pg:#{system_identifier(connection)}:#{xid}" : local_transaction(connection)
+    end
+
     # The cluster's system identifier, read once per connection (pg_control_system() reads the
     # control file: a file read per save otherwise). A connection talks to one cluster for its
     # life; a reconnect (another server after a failover) reads it again.
     def system_identifier(connection)
-      raw = connection.raw_connection
+      raw = ActiveRecordCompat.driver_connection(connection)
       cached = connection.instance_variable_get(:@topology_claims_system_identifier)
-      return cached[1] if cached && cached[0].equal?(raw)
+      return cached[1] if raw && cached && cached[0].equal?(raw)
 
       id = connection.select_value("SELECT system_identifier::text FROM pg_control_system()")
       connection.instance_variable_set(:@topology_claims_system_identifier, [raw, id])
