@@ -153,6 +153,18 @@ RSpec.describe "TopologyClaims::BeginWithRow (the row at BEGIN, PostgreSQL)" do
     expect(cell.leases_outstanding).to eq(0)
   end
 
+  it "keeps the row's own statement with row_at_begin = false" do
+    config = cell.config.dup_with(row_at_begin: false)
+    SpecSupport.const_set(:RowApartUser, Class.new(cell.user) { claims_configuration config }) unless SpecSupport.const_defined?(:RowApartUser)
+    name = unique("row-apart")
+    statements, sent = traced { SpecSupport::RowApartUser.create!(username: name) }
+
+    expect(statements.first).to eq("BEGIN")
+    expect(statements.grep(/leases_outstanding/).size).to eq(1)
+    expect(sent.first).to match(/\Apg:\d+:\d+\z/)
+    expect(lookup(cell, :username, name)).to eq([cell.cell_id, "active"])
+  end
+
   it "leaves ActiveRecord's lazy transactions on: a save that writes nothing sends no BEGIN" do
     user = cell.user.create!(username: unique("lazy"))
     statements, sent = traced { expect(user.save).to be(true) }

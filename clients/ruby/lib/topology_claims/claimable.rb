@@ -191,7 +191,8 @@ module TopologyClaims
     end
 
     def _topology_claims_row_collector
-      return unless ActiveRecordCompat::BEGIN_WITH_ROW && TopologyClaims.enabled?(self.class.topology_claims_configuration)
+      config = self.class.topology_claims_configuration
+      return unless ActiveRecordCompat::BEGIN_WITH_ROW && config.row_at_begin && TopologyClaims.enabled?(config)
 
       declarations = self.class.topology_claims_declarations
       claiming = if new_record?

@@ -25,7 +25,8 @@ module TopologyClaims
       breaker_cooldown: ["TOPOLOGY_CLAIMS_BREAKER_COOLDOWN", 5.0, :duration],
       enabled: ["TOPOLOGY_CLAIMS_ENABLED", true, :boolean],
       commit_in_background: ["TOPOLOGY_CLAIMS_COMMIT_IN_BACKGROUND", true, :boolean],
-      max_background_commits: ["TOPOLOGY_CLAIMS_MAX_BACKGROUND_COMMITS", 1000, :integer]
+      max_background_commits: ["TOPOLOGY_CLAIMS_MAX_BACKGROUND_COMMITS", 1000, :integer],
+      row_at_begin: ["TOPOLOGY_CLAIMS_ROW_AT_BEGIN", true, :boolean]
     }.freeze
     TLS_ENV = {
       ca: "TOPOLOGY_CLAIMS_CLIENT_TLS_CA", cert: "TOPOLOGY_CLAIMS_CLIENT_TLS_CERT",
