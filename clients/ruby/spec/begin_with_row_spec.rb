@@ -68,6 +68,23 @@ RSpec.describe "TopologyClaims::BeginWithRow (the row at BEGIN, PostgreSQL)" do
     expect(cell.leases_outstanding).to eq(0)
   end
 
+  it "sends a destroy that frees claims in a plain destroy's three statements" do
+    name = unique("leaving")
+    user = cell.user.create!(username: name, email: "#{name}@example.com")
+    TopologyClaims::Committer.instance.drain
+    TopologyClaims.clean_up!(cell.connection)
+    statements, sent = traced { expect(user.destroy).to be_truthy }
+
+    expect(statements.size).to eq(3), statements.join("\n")
+    expect(statements[0]).to start_with("BEGIN; WITH cleaned AS").or start_with("BEGIN; INSERT INTO leases_outstanding")
+    expect(statements[1]).to start_with('DELETE FROM "users"')
+    expect(statements[2]).to eq("COMMIT")
+    expect(sent.size).to eq(1)
+    expect(lookup(cell, :username, name)).to be_nil
+    expect(lookup(cell, :email, "#{name}@example.com")).to be_nil
+    expect(cell.leases_outstanding).to eq(0)
+  end
+
   it "deletes the row again before COMMIT when the transaction has nothing to lease" do
     statements, sent = traced { unclaimed_model.create!(username: unique("unclaimed")) }
 

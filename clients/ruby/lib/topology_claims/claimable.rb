@@ -137,7 +137,7 @@ module TopologyClaims
     end
 
     def destroy
-      super
+      _topology_claims_row_at_begin(destroying: true) { super }
     rescue ClaimsInvalid => e
       errors.add(:base, e.record.errors.full_messages.join(", ")) unless e.record.equal?(self)
       false
@@ -174,12 +174,13 @@ module TopologyClaims
       end
     end
 
-    # On PostgreSQL, a save about to claim asks the BEGIN it causes, if any, to write the
-    # leases_outstanding row in its round trip (BeginWithRow). "About to claim": a new record
-    # with a declared value, or a change to a declared attribute; anything else (an owner or a
-    # condition that changed alone) writes the row on its own before BeginUpdate, as always.
-    def _topology_claims_row_at_begin
-      collector = _topology_claims_row_collector
+    # On PostgreSQL, a save or destroy about to claim asks the BEGIN it causes, if any, to write
+    # the leases_outstanding row in its round trip (BeginWithRow). "About to claim": a new record
+    # with a declared value, a change to a declared attribute, or the destroy of a record that
+    # holds claims; anything else (an owner or a condition that changed alone) writes the row on
+    # its own before BeginUpdate, as always.
+    def _topology_claims_row_at_begin(destroying: false)
+      collector = _topology_claims_row_collector(destroying)
       return yield unless collector
 
       collector.want_row
@@ -190,12 +191,14 @@ module TopologyClaims
       end
     end
 
-    def _topology_claims_row_collector
+    def _topology_claims_row_collector(destroying)
       config = self.class.topology_claims_configuration
       return unless ActiveRecordCompat::BEGIN_WITH_ROW && config.row_at_begin && TopologyClaims.enabled?(config)
 
       declarations = self.class.topology_claims_declarations
-      claiming = if new_record?
+      claiming = if destroying
+                   persisted? && declarations.any? { |d| !attribute_in_database(d.attribute.to_s).to_s.empty? }
+                 elsif new_record?
                    declarations.any? { |d| !public_send(d.attribute).to_s.empty? }
                  else
                    declarations.any? { |d| will_save_change_to_attribute?(d.attribute) }
