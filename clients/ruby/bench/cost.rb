@@ -9,12 +9,19 @@
 #
 #   ruby clients/ruby/bench/cost.rb [--creates 150] [--rounds 3] [--adapter postgresql|sqlite]
 #                                   [--store postgres://…|sqlite:|memory:] [--serve-flag=--FLAG=VALUE …]
+#                                   [--variant-flag=--FLAG=VALUE …] [--without-commit]
 #
 # The server is `topology-claims serve` ($TOPOLOGY_CLAIMS_BIN, default target/release, else
 # target/debug) on its own store: by default a fresh PostgreSQL database tc_ruby_bench_store,
 # like the cell's (tc_ruby_bench_cell), at TC_RUBY_PGHOST/PGPORT/PGUSER (127.0.0.1:5432,
 # postgres). Rounds alternate plain and claimed so that both see the same machine; each round
 # reports its median per create, and the summary the median of the rounds' medians.
+#
+# --variant-flag starts a second server with those flags (after the --serve-flag ones) on a store
+# of its own (…_b), and adds a model "variant" that claims through it: an A/B of a server setting
+# in the same rounds (`--variant-flag=--worker-threads=1`). --without-commit adds a model whose
+# CommitUpdate is never sent: what the save would cost without the background commit beside it
+# (its leases are left to expire; a measurement, not a mode of the gem).
 require "optparse"
 require "securerandom"
 
@@ -36,6 +43,10 @@ OptionParser.new do |o|
   o.on("--serve-flag FLAG", "a flag for topology-claims serve (repeatable), e.g. --serve-flag=--group-commit=off") do |v|
     (options[:serve_flags] ||= []) << v
   end
+  o.on("--variant-flag FLAG", "a flag for a second server, measured in the same rounds (repeatable)") do |v|
+    (options[:variant_flags] ||= []) << v
+  end
+  o.on("--without-commit", "also measure a model whose CommitUpdate is never sent") { options[:without_commit] = true }
 end.parse!
 
 require "topology_claims"
@@ -66,6 +77,13 @@ TopologyClaims::Client.prepend(Module.new do
   def begin_update(**kwargs) = Parts.time(:begin_update) { super }
   def commit_update(*args, **kwargs) = Parts.time(:commit_update) { super }
 end)
+# The --without-commit model's configuration: its CommitUpdates are dropped.
+SKIPPED_COMMITS = []
+TopologyClaims::Client.prepend(Module.new do
+  def commit_update(*args, **kwargs)
+    SKIPPED_COMMITS.any? { |c| c.equal?(config) } ? nil : super
+  end
+end)
 TopologyClaims::LocalTables.singleton_class.prepend(Module.new do
   def record(*args) = Parts.time(:local_row) { super }
 end)
@@ -88,7 +106,18 @@ if options[:store].start_with?("postgres")
   Cells.prepare_database(:postgresql, options[:store].split("/").last.split("?").first)
 end
 server = TopologyClaims::Testing::Server.start(*options.fetch(:serve_flags, []), store: options[:store])
+variant_server = nil
 begin
+  if options[:variant_flags]
+    variant_store = options[:store]
+    if variant_store.start_with?("postgres")
+      database = variant_store.split("/").last.split("?").first
+      variant_store = variant_store.sub("/#{database}", "/#{database}_b")
+      Cells.prepare_database(:postgresql, "#{database}_b")
+    end
+    variant_server = TopologyClaims::Testing::Server.start(*options.fetch(:serve_flags, []), *options[:variant_flags],
+                                                           store: variant_store)
+  end
   database = options[:adapter] == :sqlite ? File.join(Dir.tmpdir, "tc_ruby_bench_cell.sqlite3") : "tc_ruby_bench_cell"
   cell = Cells.build(adapter: options[:adapter], name: "bench-#{SecureRandom.hex(2)}", cell_id: "bench-cell",
                      database: database, address: server.url, config: { in_transaction_deadline: 2.0 })
@@ -106,10 +135,22 @@ begin
   Object.const_set(:RowApartUser, apart)
   models = { "without claims" => plain, "with two claims" => cell.user, "commit inline" => inline,
              "row on its own" => apart }
+  if variant_server
+    variant_config = cell.config.dup_with(address: variant_server.url)
+    models["variant"] = Class.new(cell.user) { claims_configuration variant_config }
+    Object.const_set(:VariantServerUser, models["variant"])
+  end
+  if options[:without_commit]
+    skipped_config = cell.config.dup_with
+    SKIPPED_COMMITS << skipped_config
+    models["no CommitUpdate"] = Class.new(cell.user) { claims_configuration skipped_config }
+    Object.const_set(:NoCommitUser, models["no CommitUpdate"])
+  end
 
   puts "#{options[:creates]} sequential creates x #{options[:rounds]} rounds per model; " \
        "cell: #{options[:adapter]}, server store: #{options[:store].sub(/\?.*/, '')}, " \
        "binary: #{ENV['TOPOLOGY_CLAIMS_BIN']}"
+  puts "variant server: #{options[:variant_flags].join(' ')}" if variant_server
   # One warm-up round each (connections, prepared statements, the gRPC channel).
   models.each_value { |model| 20.times { |i| model.create!(username: "warm-#{SecureRandom.hex(6)}-#{i}") } }
 
@@ -141,6 +182,14 @@ begin
   apart_median = median(per_create["row on its own"])
   puts "with the leases_outstanding row as a statement of its own (row_at_begin = false) " \
        "#{ms(apart_median)} (#{format('%.2f', apart_median / without)}x)"
+  { "variant" => "the variant server (#{options[:variant_flags]&.join(' ')})",
+    "no CommitUpdate" => "its CommitUpdate never sent (--without-commit)" }.each do |label, what|
+    next unless per_create.key?(label)
+
+    value = median(per_create[label])
+    puts "with two claims, #{what}: #{ms(value)} (#{format('%.2f', value / without)}x), " \
+         "BeginUpdate #{ms(median(parts[[:begin_update, label]]))}"
+  end
   { "with two claims" => "CommitUpdate in the background", "commit inline" => "CommitUpdate inline" }.each do |label, how|
     total = median(per_create[label])
     puts "the save with two claims (#{how}), per create:"
@@ -159,4 +208,5 @@ begin
   end
 ensure
   server.stop
+  variant_server&.stop
 end
