@@ -102,18 +102,17 @@ end
 
 def ms(seconds) = format("%.2f ms", seconds * 1000)
 
-if options[:store].start_with?("postgres")
-  Cells.prepare_database(:postgresql, options[:store].split("/").last.split("?").first)
-end
+# The store's PostgreSQL database (fresh for this run), or nil.
+store_database = options[:store].start_with?("postgres") ? options[:store].split("/").last.split("?").first : nil
+Cells.prepare_database(:postgresql, store_database) if store_database
 server = TopologyClaims::Testing::Server.start(*options.fetch(:serve_flags, []), store: options[:store])
 variant_server = nil
 begin
   if options[:variant_flags]
     variant_store = options[:store]
-    if variant_store.start_with?("postgres")
-      database = variant_store.split("/").last.split("?").first
-      variant_store = variant_store.sub("/#{database}", "/#{database}_b")
-      Cells.prepare_database(:postgresql, "#{database}_b")
+    if store_database
+      variant_store = variant_store.sub("/#{store_database}", "/#{store_database}_b")
+      Cells.prepare_database(:postgresql, "#{store_database}_b")
     end
     variant_server = TopologyClaims::Testing::Server.start(*options.fetch(:serve_flags, []), *options[:variant_flags],
                                                            store: variant_store)
