@@ -9,7 +9,8 @@
 #
 #   ruby clients/ruby/bench/cost.rb [--creates 150] [--rounds 3] [--adapter postgresql|sqlite]
 #                                   [--store postgres://…|sqlite:|memory:] [--serve-flag=--FLAG=VALUE …]
-#                                   [--variant-flag=--FLAG=VALUE …] [--without-commit]
+#                                   [--variant-flag=--FLAG=VALUE …] [--variant-store URL]
+#                                   [--without-commit] [--cpu]
 #
 # The server is `topology-claims serve` ($TOPOLOGY_CLAIMS_BIN, default target/release, else
 # target/debug) on its own store: by default a fresh PostgreSQL database tc_ruby_bench_store,
@@ -19,9 +20,14 @@
 #
 # --variant-flag starts a second server with those flags (after the --serve-flag ones) on a store
 # of its own (…_b), and adds a model "variant" that claims through it: an A/B of a server setting
-# in the same rounds (`--variant-flag=--worker-threads=1`). --without-commit adds a model whose
+# in the same rounds (`--variant-flag=--worker-threads=1`); --variant-store gives that server
+# another store (`--variant-store memory:`: the save's cost with a store that costs nothing, the
+# floor of the ratio on this machine). --without-commit adds a model whose
 # CommitUpdate is never sent: what the save would cost without the background commit beside it
-# (its leases are left to expire; a measurement, not a mode of the gem).
+# (its leases are left to expire; a measurement, not a mode of the gem). --cpu reports, per model,
+# the CPU time per create of this Ruby process, of the servers and of every PostgreSQL process on
+# the machine (from /proc, Linux only), its background commits included: where a save's time
+# goes when the cores are shared.
 require "optparse"
 require "securerandom"
 
@@ -46,8 +52,16 @@ OptionParser.new do |o|
   o.on("--variant-flag FLAG", "a flag for a second server, measured in the same rounds (repeatable)") do |v|
     (options[:variant_flags] ||= []) << v
   end
+  o.on("--variant-store URL", "the variant server's store (default the store's, a database of its own)") do |v|
+    options[:variant_store] = v
+  end
   o.on("--without-commit", "also measure a model whose CommitUpdate is never sent") { options[:without_commit] = true }
+  o.on("--cpu", "report the CPU per create of Ruby, the servers and PostgreSQL (Linux /proc)") { options[:cpu] = true }
 end.parse!
+if options[:variant_store] && !options[:variant_flags]
+  options[:variant_flags] = [] # a variant server that differs only by its store
+end
+abort "cost.rb: --cpu reads /proc, which this system lacks" if options[:cpu] && !File.exist?("/proc/self/stat")
 
 require "topology_claims"
 require "topology_claims/testing"
@@ -102,6 +116,24 @@ end
 
 def ms(seconds) = format("%.2f ms", seconds * 1000)
 
+# CPU seconds used so far by the processes `pick` accepts (given a pid and its command name),
+# threads included, from /proc/PID/stat (utime + stime, in clock ticks of 1/100 s on Linux).
+def cpu_seconds(pick)
+  Dir["/proc/[0-9]*/stat"].sum do |path|
+    stat = begin
+      File.read(path)
+    rescue SystemCallError
+      next 0.0 # the process ended meanwhile
+    end
+    pid = path.split("/")[2].to_i
+    command = stat[/\((.*)\)/m, 1]
+    next 0.0 unless pick.call(pid, command)
+
+    fields = stat[(stat.rindex(")") + 2)..].split
+    (fields[11].to_i + fields[12].to_i) / 100.0
+  end
+end
+
 # The store's PostgreSQL database (fresh for this run), or nil.
 store_database = options[:store].start_with?("postgres") ? options[:store].split("/").last.split("?").first : nil
 Cells.prepare_database(:postgresql, store_database) if store_database
@@ -109,8 +141,8 @@ server = TopologyClaims::Testing::Server.start(*options.fetch(:serve_flags, []),
 variant_server = nil
 begin
   if options[:variant_flags]
-    variant_store = options[:store]
-    if store_database
+    variant_store = options[:variant_store] || options[:store]
+    if store_database && !options[:variant_store]
       variant_store = variant_store.sub("/#{store_database}", "/#{store_database}_b")
       Cells.prepare_database(:postgresql, "#{store_database}_b")
     end
@@ -149,15 +181,21 @@ begin
   puts "#{options[:creates]} sequential creates x #{options[:rounds]} rounds per model; " \
        "cell: #{options[:adapter]}, server store: #{options[:store].sub(/\?.*/, '')}, " \
        "binary: #{ENV['TOPOLOGY_CLAIMS_BIN']}"
-  puts "variant server: #{options[:variant_flags].join(' ')}" if variant_server
+  variant_is = [*options[:variant_flags], options[:variant_store] && "store #{options[:variant_store]}"].compact.join(" ")
+  puts "variant server: #{variant_is}" if variant_server
   # One warm-up round each (connections, prepared statements, the gRPC channel).
   models.each_value { |model| 20.times { |i| model.create!(username: "warm-#{SecureRandom.hex(6)}-#{i}") } }
 
   per_create = Hash.new { |h, k| h[k] = [] }
   parts = Hash.new { |h, k| h[k] = [] }
+  server_pids = [server.pid, variant_server&.pid].compact
+  processes = { "ruby" => ->(pid, _) { pid == Process.pid }, "servers" => ->(pid, _) { server_pids.include?(pid) },
+                "postgresql" => ->(_, command) { command == "postgres" } }
+  cpu = Hash.new { |h, k| h[k] = [] } # [label, process] => CPU per create of each round
   options[:rounds].times do |round|
     models.each do |label, model|
       Parts.reset
+      before = options[:cpu] && processes.transform_values { |pick| cpu_seconds(pick) }
       times = Array.new(options[:creates]) do
         name = "u#{SecureRandom.hex(8)}"
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -165,6 +203,7 @@ begin
         Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
       end
       TopologyClaims::Committer.instance.drain
+      before&.each { |name, used| cpu[[label, name]] << (cpu_seconds(processes[name]) - used) / options[:creates] }
       per_create[label] << median(times)
       Parts.spent.each { |part, total| parts[[part, label]] << total / options[:creates] }
       puts format("round %d %-16s median %s per create", round + 1, label, ms(median(times)))
@@ -181,13 +220,21 @@ begin
   apart_median = median(per_create["row on its own"])
   puts "with the leases_outstanding row as a statement of its own (row_at_begin = false) " \
        "#{ms(apart_median)} (#{format('%.2f', apart_median / without)}x)"
-  { "variant" => "the variant server (#{options[:variant_flags]&.join(' ')})",
+  { "variant" => "the variant server (#{variant_is})",
     "no CommitUpdate" => "its CommitUpdate never sent (--without-commit)" }.each do |label, what|
     next unless per_create.key?(label)
 
     value = median(per_create[label])
     puts "with two claims, #{what}: #{ms(value)} (#{format('%.2f', value / without)}x), " \
          "BeginUpdate #{ms(median(parts[[:begin_update, label]]))}"
+  end
+  if options[:cpu]
+    puts "CPU per create (mean of each round, median of the rounds; PostgreSQL: every postgres process on the machine):"
+    models.each_key do |label|
+      used = processes.keys.to_h { |name| [name, median(cpu[[label, name]])] }
+      puts format("  %-16s %s", label,
+                  (used.map { |name, value| "#{name} #{ms(value)}" } + ["in all #{ms(used.values.sum)}"]).join(", "))
+    end
   end
   { "with two claims" => "CommitUpdate in the background", "commit inline" => "CommitUpdate inline" }.each do |label, how|
     total = median(per_create[label])
