@@ -28,6 +28,7 @@
 # the CPU time per create of this Ruby process, of the servers and of every PostgreSQL process on
 # the machine (from /proc, Linux only), its background commits included: where a save's time
 # goes when the cores are shared.
+require "etc"
 require "optparse"
 require "securerandom"
 
@@ -117,8 +118,9 @@ end
 def ms(seconds) = format("%.2f ms", seconds * 1000)
 
 # CPU seconds used so far by the processes `pick` accepts (given a pid and its command name),
-# threads included, from /proc/PID/stat (utime + stime, in clock ticks of 1/100 s on Linux).
+# threads included, from /proc/PID/stat (utime + stime, in clock ticks).
 def cpu_seconds(pick)
+  tick = Etc.sysconf(Etc::SC_CLK_TCK).to_f
   Dir["/proc/[0-9]*/stat"].sum do |path|
     stat = begin
       File.read(path)
@@ -130,7 +132,7 @@ def cpu_seconds(pick)
     next 0.0 unless pick.call(pid, command)
 
     fields = stat[(stat.rindex(")") + 2)..].split
-    (fields[11].to_i + fields[12].to_i) / 100.0
+    (fields[11].to_i + fields[12].to_i) / tick
   end
 end
 
