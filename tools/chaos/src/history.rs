@@ -323,7 +323,8 @@ impl History {
 
     /// Ghosts: for every lease whose end no client saw succeed and whose final probe found it
     /// ended, a [`Call::Ghost`] from its BeginUpdate's invocation to the probe's answer (the end
-    /// happened in between).
+    /// happened in between). A lease whose probe got no answer may have been ended either way by
+    /// a reconciler, or not at all: it gets both ghosts, with unknown answers.
     pub fn add_ghosts(&self) {
         let events = self.snapshot();
         let mut ended_ok = BTreeSet::new();
@@ -349,6 +350,17 @@ impl History {
             let (committed, seen_at) = match fate.get(&lease) {
                 Some((Answer::Err(ErrorKind::LeaseCommitted), Some(at))) => (true, *at),
                 Some((Answer::Err(ErrorKind::LeaseRolledBack), Some(at))) => (false, *at),
+                Some((Answer::Unknown | Answer::Pending, _)) => {
+                    for committed in [true, false] {
+                        let ghost = Call::Ghost {
+                            lease,
+                            key,
+                            committed,
+                        };
+                        self.push(begin.cell, ghost, begin.invoke, None, Answer::Unknown);
+                    }
+                    continue;
+                }
                 _ => continue,
             };
             let ghost = Call::Ghost {

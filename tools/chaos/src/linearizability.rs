@@ -663,4 +663,51 @@ mod tests {
             Verdict::Linearizable
         ));
     }
+
+    /// The 2026-11-29 CI failure's shape: a destroy lease that a reconciler rolled back, seen
+    /// ended by a lookup, whose probe got no answer. Without its fate the lease has no ghost, and
+    /// a correct history reads as a violation; the unknown fate now adds both possible ends.
+    #[test]
+    fn a_lease_whose_probe_got_no_answer_may_have_been_ended_either_way() {
+        use crate::history::History;
+        let (a, b) = (LeaseId::generate(), LeaseId::generate());
+        let check = |probe_b: Answer| {
+            let history = History::new();
+            let begin = |lease, op| Call::Begin { lease, op, key: 13 };
+            let commit_a = Call::Commit { lease: a, key: 13 };
+            history.push(0, begin(a, TxOp::Create), 0, Some(10), Answer::Ok);
+            history.push(0, commit_a, 10, Some(20), Answer::Ok);
+            history.push(0, begin(b, TxOp::Destroy), 30, Some(40), Answer::Ok);
+            let active = Answer::Found {
+                cell: 0,
+                state: ClaimState::Active,
+            };
+            history.push(2, Call::Lookup { key: 13 }, 8_000, Some(8_010), active);
+            let (probe_a, probe_b_call) = (
+                Call::Probe { lease: a, key: 13 },
+                Call::Probe { lease: b, key: 13 },
+            );
+            let committed = Answer::Err(ErrorKind::LeaseCommitted);
+            history.push(0, probe_a, 20_000, Some(20_010), committed);
+            history.push(0, probe_b_call, 20_000, Some(20_500), probe_b);
+            history.add_ghosts();
+            let events = simplify(&history.snapshot());
+            let ghosts = events
+                .iter()
+                .filter(|e| matches!(e.call, Call::Ghost { lease, .. } if lease == b))
+                .count();
+            (ghosts, check_key(&events, BUDGET, SHRINK))
+        };
+        let (ghosts, verdict) = check(Answer::Unknown);
+        assert_eq!(ghosts, 2);
+        assert!(matches!(verdict, Verdict::Linearizable), "{verdict:?}");
+        // The probe's answer known (rolled back): one ghost, and it explains the lookup.
+        let (ghosts, verdict) = check(Answer::Err(ErrorKind::LeaseRolledBack));
+        assert_eq!(ghosts, 1);
+        assert!(matches!(verdict, Verdict::Linearizable), "{verdict:?}");
+        // The lease never ended: the lookup contradicts it.
+        let (ghosts, verdict) = check(Answer::Ok);
+        assert_eq!(ghosts, 0);
+        assert!(matches!(verdict, Verdict::Violation { .. }), "{verdict:?}");
+    }
 }

@@ -44,7 +44,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
-use futures::StreamExt;
 use tokio::sync::watch;
 use topology_claims::LeasesQuery;
 use topology_claims_client::{
@@ -54,11 +53,11 @@ use topology_claims_client::{
 use crate::cell::{Boundary, CellContext, Crash, Sabotage, SimCell, Tally};
 use crate::faults::{FaultKind, Injector};
 use crate::fleet::{Backing, Fleet};
-use crate::history::{Answer, Call, ErrorKind, Event, History, TxOp};
+use crate::history::{Answer, Call, ErrorKind, History, TxOp};
 use crate::invariants::FinalState;
 use crate::linearizability::Verdict;
 use crate::local::LocalDbSpec;
-use crate::phases::{sidecar, sweep_case, worker};
+use crate::phases::{probe_fates, sidecar, sweep_case, worker};
 use crate::proxy::Proxy;
 use crate::recovery::Recovery;
 use crate::router::Router;
@@ -648,29 +647,7 @@ async fn campaign(args: ChaosArgs) -> Result<bool, String> {
 
     // 4. Probes: each lease's final fate and each key's final claim, into the history.
     let probe = &probes[0];
-    let leases: Vec<Event> = history
-        .snapshot()
-        .into_iter()
-        .filter(|e| matches!(e.call, Call::Begin { .. }))
-        .collect();
-    futures::stream::iter(leases.iter().map(|begin| {
-        let history = Arc::clone(&history);
-        let probe = probes[usize::from(begin.cell)].clone();
-        async move {
-            let Call::Begin { lease, key, .. } = begin.call else {
-                return;
-            };
-            let id = history.invoke(begin.cell, Call::Probe { lease, key });
-            let answer = match probe.renew_lease(&model::cell_id(begin.cell), lease).await {
-                Ok(_) => Answer::Ok,
-                Err(e) => Answer::from_error(&e),
-            };
-            history.complete(id, answer);
-        }
-    }))
-    .buffer_unordered(16)
-    .collect::<Vec<()>>()
-    .await;
+    probe_fates(&history, &probes).await;
     let mut final_state = FinalState::default();
     for key in 0..keys {
         let id = history.invoke(u16::MAX, Call::Lookup { key });

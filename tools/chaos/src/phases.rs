@@ -1,5 +1,5 @@
 //! What runs on each cell during the campaign: its worker (the random phase), the sweep's
-//! cases, and its reconciler sidecar.
+//! cases, its reconciler sidecar, and the probes of its leases' fates after healing.
 //!
 //! Owns the cells' loops. Must not hold protocol rules (the client, the reconciler and the
 //! service are the real ones) nor checks.
@@ -8,13 +8,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use tokio::sync::watch;
-use topology_claims_client::Reconciler;
+use topology_claims_client::{ClaimsClient, Reconciler};
 
 use crate::cell::{Boundary, Crash, Drift, SimCell, Tally};
 use crate::faults::{FaultKind, Injector};
-use crate::history::{Answer, ErrorKind, TxOp};
+use crate::history::{Answer, Call, ErrorKind, Event, History, TxOp};
 use crate::local::CellLeases;
+use crate::model;
 use crate::restore::Hold;
 use crate::CRASH_RATE;
 
@@ -212,4 +214,48 @@ pub async fn final_reconcile(reconcilers: &[Reconciler<CellLeases>], tally: &Tal
         }
     }
     (passes, errors)
+}
+
+/// Attempts of one lease's probe while it has no answer (an unavailable store: the Spanner
+/// emulator aborting a crowd of read-write transactions, say), [`PROBE_PAUSE`] apart.
+const PROBE_ATTEMPTS: u32 = 10;
+const PROBE_PAUSE: Duration = Duration::from_millis(300);
+
+/// Probes every lease of the history (RenewLease by its cell, after healing) and records its
+/// fate: committed, rolled back, never heard of. An ended lease is unchanged by the probe, so an
+/// attempt without an answer is repeated; a fate still unknown after that is recorded unknown
+/// (the checker then assumes nothing about how the lease ended).
+pub async fn probe_fates(history: &Arc<History>, probes: &[ClaimsClient]) {
+    let begins: Vec<Event> = history
+        .snapshot()
+        .into_iter()
+        .filter(|e| matches!(e.call, Call::Begin { .. }))
+        .collect();
+    futures::stream::iter(begins.iter().map(|begin| {
+        let history = Arc::clone(history);
+        let probe = probes[usize::from(begin.cell)].clone();
+        async move {
+            let Call::Begin { lease, key, .. } = begin.call else {
+                return;
+            };
+            let id = history.invoke(begin.cell, Call::Probe { lease, key });
+            let mut answer = Answer::Unknown;
+            for attempt in 1..=PROBE_ATTEMPTS {
+                answer = match probe.renew_lease(&model::cell_id(begin.cell), lease).await {
+                    Ok(_) => Answer::Ok,
+                    Err(e) => Answer::from_error(&e),
+                };
+                if answer != Answer::Unknown {
+                    break;
+                }
+                if attempt < PROBE_ATTEMPTS {
+                    tokio::time::sleep(PROBE_PAUSE).await;
+                }
+            }
+            history.complete(id, answer);
+        }
+    }))
+    .buffer_unordered(16)
+    .collect::<Vec<()>>()
+    .await;
 }

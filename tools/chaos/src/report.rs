@@ -193,6 +193,24 @@ impl Summary<'_> {
             for event in minimal {
                 let _ = writeln!(out, "  {event}");
             }
+            // The rest of those leases' calls, past the cut: above all each probe, the fate that
+            // decides the lease's ghost.
+            let leases: Vec<_> = minimal.iter().filter_map(|e| e.call.lease()).collect();
+            let rest: Vec<&Event> = self
+                .events
+                .iter()
+                .filter(|e| e.call.lease().is_some_and(|l| leases.contains(&l)))
+                .filter(|e| !minimal.iter().any(|m| m.id == e.id))
+                .collect();
+            if !rest.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "  the same leases' later calls (probes give their fates):"
+                );
+                for event in rest {
+                    let _ = writeln!(out, "  {event}");
+                }
+            }
         }
         for violation in self.invariants {
             let _ = writeln!(out, "\n{violation}");
