@@ -372,6 +372,28 @@ impl History {
         }
     }
 
+    /// Leases whose BeginUpdate answered OK and whose final probe found no such lease:
+    /// (cell, key, lease).
+    pub fn forgotten_leases(&self) -> Vec<(u16, u32, LeaseId)> {
+        let events = self.snapshot();
+        let not_found: BTreeSet<LeaseId> = events
+            .iter()
+            .filter_map(|e| match (e.call, e.answer) {
+                (Call::Probe { lease, .. }, Answer::Err(ErrorKind::LeaseNotFound)) => Some(lease),
+                _ => None,
+            })
+            .collect();
+        events
+            .iter()
+            .filter_map(|e| match (e.call, e.answer) {
+                (Call::Begin { lease, key, .. }, Answer::Ok) if not_found.contains(&lease) => {
+                    Some((e.cell, key, lease))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     /// A copy of every event so far, pending ones turned unknown.
     pub fn snapshot(&self) -> Vec<Event> {
         self.events()

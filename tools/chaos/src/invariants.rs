@@ -5,6 +5,8 @@
 //! - no claim exists without the local record of the cell that holds it;
 //! - no lease is outstanding on the service and no row is left in any `leases_outstanding`;
 //! - no lease was reported lost (local commit after the service rolled the lease back);
+//! - no lease whose BeginUpdate a cell saw succeed is unknown to the service at the end (its
+//!   probe: LEASE_NOT_FOUND), except across a store restore;
 //! - no verifier freed a claim whose record its cell had committed before the correction began,
 //!   and every correction a verifier committed is explained by drift the campaign injected;
 //! - after healing, a verify pass of each cell finds nothing but the drift the campaign injected
@@ -33,6 +35,9 @@ pub struct FinalState {
     pub outstanding_leases: Vec<usize>,
     /// Leases whose claims were lost (reported by a cell's CommitUpdate or a reconciler).
     pub lost: Vec<(u16, LeaseId)>,
+    /// Leases a cell saw taken (BeginUpdate answered OK) that the service did not know after
+    /// healing: (cell, key, lease).
+    pub forgotten: Vec<(u16, u32, LeaseId)>,
     /// Destroys a verifier committed of a claim its cell's committed record held: (cell, key,
     /// the correction's lease).
     pub verifier_freed_held: Vec<(u16, u32, LeaseId)>,
@@ -148,6 +153,15 @@ pub fn check(state: &FinalState) -> Vec<Violation> {
             ),
         });
     }
+    for &(cell, key, lease) in &state.forgotten {
+        violations.push(Violation {
+            rule: "lease forgotten by the service",
+            key: Some(key),
+            detail: format!(
+                "cell c{cell:02} lease {lease}: BeginUpdate answered OK, the final probe found no such lease"
+            ),
+        });
+    }
     for &(cell, key, lease) in &state.verifier_freed_held {
         violations.push(Violation {
             rule: "verifier freed a held claim",
@@ -220,6 +234,7 @@ mod tests {
             local_lease_rows: vec![0, 0],
             outstanding_leases: vec![0, 0],
             lost: vec![],
+            forgotten: vec![],
             verifier_freed_held: vec![],
             unexplained_corrections: vec![],
             unexplained_repairs: vec![],
@@ -257,6 +272,7 @@ mod tests {
         leftovers.outstanding_leases[1] = 2;
         leftovers.local_lease_rows[0] = 1;
         leftovers.lost.push((0, LeaseId::generate()));
+        leftovers.forgotten.push((1, 2, LeaseId::generate()));
         leftovers
             .verifier_freed_held
             .push((0, 1, LeaseId::generate()));
@@ -275,6 +291,7 @@ mod tests {
                 "outstanding lease left",
                 "local lease row left",
                 "claims lost",
+                "lease forgotten by the service",
                 "verifier freed a held claim",
                 "verifier correction no drift explains",
                 "discrepancy after healing that is not injected drift",

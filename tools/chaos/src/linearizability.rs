@@ -710,4 +710,30 @@ mod tests {
         assert_eq!(ghosts, 0);
         assert!(matches!(verdict, Verdict::Violation { .. }), "{verdict:?}");
     }
+
+    /// A lease the cell saw taken and the service no longer knows is named by checker 1; a
+    /// refused BeginUpdate's lease, never taken, is not.
+    #[test]
+    fn a_taken_lease_the_service_does_not_know_is_forgotten() {
+        use crate::history::History;
+        let (a, b) = (LeaseId::generate(), LeaseId::generate());
+        let history = History::new();
+        let begin = |lease| Call::Begin {
+            lease,
+            op: TxOp::Create,
+            key: 5,
+        };
+        let not_found = Answer::Err(ErrorKind::LeaseNotFound);
+        history.push(1, begin(a), 0, Some(10), Answer::Ok);
+        history.push(
+            2,
+            begin(b),
+            5,
+            Some(15),
+            Answer::Err(ErrorKind::ClaimLeased),
+        );
+        history.push(1, Call::Probe { lease: a, key: 5 }, 90, Some(95), not_found);
+        history.push(2, Call::Probe { lease: b, key: 5 }, 90, Some(95), not_found);
+        assert_eq!(history.forgotten_leases(), [(1, 5, a)]);
+    }
 }
