@@ -27,7 +27,8 @@
 # (its leases are left to expire; a measurement, not a mode of the gem). --cpu reports, per model,
 # the CPU time per create of this Ruby process, of the servers and of every PostgreSQL process on
 # the machine (from /proc, Linux only), its background commits included: where a save's time
-# goes when the cores are shared.
+# goes when the cores are shared; the Ruby process's share is also split by thread (the saves'
+# main thread, the gem's commit thread, gRPC's and Ruby's other threads).
 require "etc"
 require "optparse"
 require "securerandom"
@@ -136,6 +137,29 @@ def cpu_seconds(pick)
   end
 end
 
+# CPU seconds used so far by each thread of this process, in three groups: the main thread (the
+# saves), the gem's commit thread (its background CommitUpdates; Ruby names it "topology_claims
+# committer", which Linux cuts to 15 bytes) and every other thread (gRPC's and Ruby's own).
+def thread_cpu_seconds
+  tick = Etc.sysconf(Etc::SC_CLK_TCK).to_f
+  Dir["/proc/self/task/[0-9]*/stat"].each_with_object(Hash.new(0.0)) do |path, used|
+    stat = begin
+      File.read(path)
+    rescue SystemCallError
+      next # the thread ended meanwhile
+    end
+    tid = path.split("/")[4].to_i
+    group = if tid == Process.pid then "main"
+            elsif stat[/\((.*)\)/m, 1] == "topology_claims" then "commit thread"
+            else "other threads"
+            end
+    fields = stat[(stat.rindex(")") + 2)..].split
+    used[group] += (fields[11].to_i + fields[12].to_i) / tick
+  end
+end
+
+THREAD_GROUPS = ["main", "commit thread", "other threads"].freeze
+
 # The store's PostgreSQL database (fresh for this run), or nil.
 store_database = options[:store].start_with?("postgres") ? options[:store].split("/").last.split("?").first : nil
 Cells.prepare_database(:postgresql, store_database) if store_database
@@ -198,6 +222,7 @@ begin
     models.each do |label, model|
       Parts.reset
       before = options[:cpu] && processes.transform_values { |pick| cpu_seconds(pick) }
+      threads_before = options[:cpu] && thread_cpu_seconds
       times = Array.new(options[:creates]) do
         name = "u#{SecureRandom.hex(8)}"
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -206,6 +231,12 @@ begin
       end
       TopologyClaims::Committer.instance.drain
       before&.each { |name, used| cpu[[label, name]] << (cpu_seconds(processes[name]) - used) / options[:creates] }
+      if threads_before
+        threads_after = thread_cpu_seconds
+        THREAD_GROUPS.each do |group|
+          cpu[[label, group]] << (threads_after[group] - threads_before[group]) / options[:creates]
+        end
+      end
       per_create[label] << median(times)
       Parts.spent.each { |part, total| parts[[part, label]] << total / options[:creates] }
       puts format("round %d %-16s median %s per create", round + 1, label, ms(median(times)))
@@ -236,6 +267,8 @@ begin
       used = processes.keys.to_h { |name| [name, median(cpu[[label, name]])] }
       puts format("  %-16s %s", label,
                   (used.map { |name, value| "#{name} #{ms(value)}" } + ["in all #{ms(used.values.sum)}"]).join(", "))
+      threads = THREAD_GROUPS.map { |group| "#{group} #{ms(median(cpu[[label, group]]))}" }
+      puts format("  %-16s (ruby by thread: %s)", "", threads.join(", "))
     end
   end
   { "with two claims" => "CommitUpdate in the background", "commit inline" => "CommitUpdate inline" }.each do |label, how|
