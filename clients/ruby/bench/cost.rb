@@ -132,9 +132,14 @@ def cpu_seconds(pick)
     command = stat[/\((.*)\)/m, 1]
     next 0.0 unless pick.call(pid, command)
 
-    fields = stat[(stat.rindex(")") + 2)..].split
-    (fields[11].to_i + fields[12].to_i) / tick
+    stat_cpu_seconds(stat, tick)
   end
+end
+
+# utime + stime of one /proc stat line (fields 14 and 15, in clock ticks), in seconds.
+def stat_cpu_seconds(stat, tick)
+  fields = stat[(stat.rindex(")") + 2)..].split
+  (fields[11].to_i + fields[12].to_i) / tick
 end
 
 # CPU seconds used so far by each thread of this process, in three groups: the main thread (the
@@ -153,8 +158,7 @@ def thread_cpu_seconds
             elsif stat[/\((.*)\)/m, 1] == "topology_claims" then "commit thread"
             else "other threads"
             end
-    fields = stat[(stat.rindex(")") + 2)..].split
-    used[group] += (fields[11].to_i + fields[12].to_i) / tick
+    used[group] += stat_cpu_seconds(stat, tick)
   end
 end
 
